@@ -1,0 +1,70 @@
+"""Rollout correlation: the one id grammar, the ``/ng-rollout/<id>/`` URL prefix and W3C baggage.
+
+Every place that accepts a rollout id (middleware, store, collector) validates it here, with the same rule.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote
+
+ROLLOUT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+ROLLOUT_ID_RULE = (
+    "a rollout id is 1-200 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit"
+)
+ROLLOUT_PATH_PREFIX = "ng-rollout"
+BAGGAGE_ROLLOUT_KEY = "rollout.id"
+
+_ROLLOUT_ID_RE = re.compile(ROLLOUT_ID_PATTERN)
+_PREFIX = "/" + ROLLOUT_PATH_PREFIX + "/"
+
+
+class InvalidRolloutIdError(ValueError):
+    """A rollout id that breaks :data:`ROLLOUT_ID_PATTERN`."""
+
+    def __init__(self, rollout_id: object) -> None:
+        super().__init__(f"invalid rollout id {rollout_id!r}: {ROLLOUT_ID_RULE}")
+        self.rollout_id = rollout_id
+
+
+def is_valid_rollout_id(rollout_id: object) -> bool:
+    return isinstance(rollout_id, str) and _ROLLOUT_ID_RE.fullmatch(rollout_id) is not None
+
+
+def validate_rollout_id(rollout_id: object) -> str:
+    """Return ``rollout_id`` if it follows the grammar, else raise :class:`InvalidRolloutIdError`."""
+    if not is_valid_rollout_id(rollout_id):
+        raise InvalidRolloutIdError(rollout_id)
+    return rollout_id  # type: ignore[return-value]  # narrowed by is_valid_rollout_id
+
+
+def split_rollout_prefix(path: str) -> tuple[str, str] | None:
+    """Split ``/ng-rollout/<id>/rest`` into ``(id, "/rest")``; ``None`` when there is no prefix.
+
+    The id is returned percent-decoded and *unvalidated*: the caller answers 400 for a bad one, so that
+    ``/ng-rollout/a%2Fb/v1/...`` is refused rather than silently routed.
+    """
+    if not path.startswith(_PREFIX):
+        return None
+    rest_start = path.find("/", len(_PREFIX))
+    if rest_start == -1:
+        return unquote(path[len(_PREFIX) :]), "/"
+    return unquote(path[len(_PREFIX) : rest_start]), path[rest_start:]
+
+
+def rollout_id_from_baggage(header_values: list[bytes]) -> str | None:
+    """The ``rollout.id`` entry of W3C ``baggage`` header values, or ``None``.
+
+    Parsed by hand (it is a comma-separated list of ``key=value;props``) because the middleware must
+    read it even when no propagator extracted it into the context.
+    """
+    for raw in header_values:
+        for member in raw.decode("latin-1").split(","):
+            key, sep, value = member.partition("=")
+            if sep and key.strip() == BAGGAGE_ROLLOUT_KEY:
+                return unquote(value.split(";", 1)[0].strip())
+    return None
+
+
+def rollout_path_prefix(rollout_id: str) -> str:
+    return _PREFIX + validate_rollout_id(rollout_id)
