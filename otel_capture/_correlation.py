@@ -39,7 +39,8 @@ def validate_rollout_id(rollout_id: object) -> str:
 
 
 def split_rollout_prefix(path: str) -> tuple[str, str] | None:
-    """Split ``/ng-rollout/<id>/rest`` into ``(id, "/rest")``; ``None`` when there is no prefix.
+    """Split the raw (percent-encoded) ``/ng-rollout/<id>/rest`` into ``(id, "/rest")``: the id decoded,
+    the rest still raw; ``None`` when there is no prefix.
 
     The id is returned percent-decoded and *unvalidated*: the caller answers 400 for a bad one, so that
     ``/ng-rollout/a%2Fb/v1/...`` is refused rather than silently routed.

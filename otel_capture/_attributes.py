@@ -1,0 +1,44 @@
+"""Span attribute names, in one table (GenAI semantic conventions v1.41.1 plus ours).
+
+Defined here rather than imported from ``opentelemetry.semconv._incubating``: that module is explicitly
+unstable and renames keys between releases (vLLM keeps its own table for the same reason).
+"""
+
+from __future__ import annotations
+
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_REQUEST_STREAM = "gen_ai.request.stream"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P = "gen_ai.request.top_p"
+GEN_AI_REQUEST_TOP_K = "gen_ai.request.top_k"
+GEN_AI_REQUEST_SEED = "gen_ai.request.seed"
+GEN_AI_REQUEST_FREQUENCY_PENALTY = "gen_ai.request.frequency_penalty"
+GEN_AI_REQUEST_PRESENCE_PENALTY = "gen_ai.request.presence_penalty"
+GEN_AI_REQUEST_STOP_SEQUENCES = "gen_ai.request.stop_sequences"
+GEN_AI_REQUEST_CHOICE_COUNT = "gen_ai.request.choice.count"
+GEN_AI_RESPONSE_ID = "gen_ai.response.id"
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
+GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.usage.reasoning.output_tokens"
+OPENAI_API_TYPE = "openai.api.type"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
+ERROR_TYPE = "error.type"
+
+# Ours: the correlation and the link to the JSONL record.
+ROLLOUT_ID = "rollout.id"
+ROLLOUT_ID_BAGGAGE = "rollout.id.baggage"  # set only when baggage disagreed with the URL prefix
+MODEL_CALL_ID = "otel_capture.model_call.id"
+MODEL_CALL_DIALECT = "otel_capture.model_call.dialect"
+MODEL_CALL_ROLLOUT_SOURCE = "otel_capture.rollout.source"  # "url_prefix" or "baggage"
+
+OPERATION_CHAT = "chat"

@@ -1,0 +1,350 @@
+"""One model call being captured: what arrives, what leaves, and what it becomes (a record line and
+span attributes). No I/O here: the middleware feeds bytes in and takes dicts and bytes out.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+import orjson
+
+from . import _attributes as A
+from ._derive import cache_signal, finish_reasons, token_stats
+from ._reassembly import StreamAccumulator, accumulator_for
+from ._settings import CaptureSettings
+from ._sse import SSEDecoder
+
+Dialect = Literal["responses", "chat", "messages"]
+SCHEMA_VERSION = 1
+
+DIALECT_PATHS: dict[str, Dialect] = {
+    "/v1/responses": "responses",
+    "/v1/chat/completions": "chat",
+    "/v1/messages": "messages",
+}
+_PROVIDER = {"responses": "openai", "chat": "openai", "messages": "anthropic"}
+_OPENAI_API_TYPE = {"responses": "responses", "chat": "chat_completions"}
+_MODEL_REF_TYPE = "responses_api_models"  # the only type NeMo Gym's reader accepts
+
+# request key -> span attribute, numbers only (GenAI semconv "gen_ai.request.*")
+_REQUEST_NUMBERS = (
+    ("temperature", A.GEN_AI_REQUEST_TEMPERATURE, float),
+    ("top_p", A.GEN_AI_REQUEST_TOP_P, float),
+    ("top_k", A.GEN_AI_REQUEST_TOP_K, float),
+    ("seed", A.GEN_AI_REQUEST_SEED, int),
+    ("frequency_penalty", A.GEN_AI_REQUEST_FREQUENCY_PENALTY, float),
+    ("presence_penalty", A.GEN_AI_REQUEST_PRESENCE_PENALTY, float),
+    ("n", A.GEN_AI_REQUEST_CHOICE_COUNT, int),
+)
+_MAX_TOKENS_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+class _Body:
+    """Raw bytes kept up to a cap; past it they are counted, not kept."""
+
+    __slots__ = ("cap", "chunks", "size", "truncated")
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.truncated = False
+
+    def add(self, chunk: bytes) -> None:
+        room = self.cap - self.size
+        if room <= 0:
+            self.truncated = self.truncated or bool(chunk)
+        elif len(chunk) > room:
+            self.chunks.append(chunk[:room])
+            self.truncated = True
+        else:
+            self.chunks.append(chunk)
+        self.size += len(chunk)
+
+    def bytes(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+def parse_object(raw: bytes) -> dict[str, Any] | None:
+    """A JSON object, or None for anything else (malformed, a list, a scalar, empty)."""
+    if not raw:
+        return None
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _as_fragment(raw: bytes, parsed: dict[str, Any]) -> Any:
+    """Embed the exact body bytes in the line (no re-serialisation, no int/float drift) when they are one
+    line of JSON; else the parsed object."""
+    if b"\n" in raw or b"\r" in raw:
+        return parsed
+    return orjson.Fragment(raw)
+
+
+def classify_status(status: int | None) -> str | None:
+    """NeMo Gym's HTTP status classes (its reader and health checks key on these names)."""
+    if status is None or status < 400:
+        return None
+    if status in (408, 504):
+        return "timeout"
+    if status == 429:
+        return "rate_limit"
+    if status in (401, 403):
+        return "auth"
+    if status == 404:
+        return "not_found"
+    return "client_error" if status < 500 else "upstream_error"
+
+
+def classify_exception(exc: BaseException) -> str:
+    name = type(exc).__name__.lower()
+    if "cancel" in name:
+        return "cancelled"
+    if "timeout" in name:
+        return "timeout"
+    if "conn" in name or isinstance(exc, ConnectionError):
+        return "connection"
+    return "exception"
+
+
+class CallCapture:
+    """State of one captured call, from request receipt to its finished record."""
+
+    def __init__(
+        self,
+        dialect: Dialect,
+        rollout_id: str,
+        settings: CaptureSettings,
+        *,
+        session_id: str | None = None,
+    ) -> None:
+        self.model_call_id = uuid.uuid4().hex
+        self.dialect = dialect
+        self.rollout_id = rollout_id
+        self.settings = settings
+        self.session_id = session_id
+        self.started_at = time.time()
+        self._t0 = time.perf_counter()
+        self.request = _Body(settings.max_body_bytes)
+        self.request_obj: dict[str, Any] | None = None
+        self.response = _Body(settings.max_body_bytes)
+        self.status_code: int | None = None
+        self.stream = False
+        self._decoder: SSEDecoder | None = None
+        self._accumulator: StreamAccumulator | None = None
+        self.ttft_ms: float | None = None
+        self._first_byte_ms: float | None = None
+        self.error_category: str | None = None
+        self.failure: dict[str, Any] | None = None
+        self.completed_at: float | None = None
+        self.latency_ms: float | None = None
+        self.response_obj: dict[str, Any] | None = None
+
+    # -- request ------------------------------------------------------------------------------------
+
+    def set_request(self, raw: bytes) -> None:
+        """The whole request body (the middleware reads it before the app does). Parsed in full even
+        past the cap, for the span's request attributes; the record keeps at most the cap."""
+        self.request.add(raw)
+        self.request_obj = parse_object(raw)
+
+    @property
+    def request_model(self) -> str | None:
+        model = self.request_obj.get("model") if self.request_obj else None
+        return model if isinstance(model, str) else None
+
+    # -- response -----------------------------------------------------------------------------------
+
+    def on_response_start(self, status: int, content_type: str) -> None:
+        self.status_code = status
+        if content_type.lower().lstrip().startswith("text/event-stream"):
+            self.stream = True
+            self._decoder = SSEDecoder()
+            self._accumulator = accumulator_for(self.dialect)
+
+    def on_body(self, chunk: bytes) -> bool:
+        """Take one response chunk; True once the dialect's terminal event has been seen."""
+        if not chunk:
+            return self._accumulator is not None and self._accumulator.terminal is not None
+        now_ms = (time.perf_counter() - self._t0) * 1000
+        if self._first_byte_ms is None:
+            self._first_byte_ms = now_ms
+        self.response.add(chunk)
+        if self._decoder is None or self._accumulator is None:
+            if self.ttft_ms is None:
+                self.ttft_ms = now_ms
+            return False
+        for event in self._decoder.feed(chunk):
+            if self._accumulator.add(event) and self.ttft_ms is None:
+                self.ttft_ms = now_ms
+        return self._accumulator.terminal is not None
+
+    # -- end ----------------------------------------------------------------------------------------
+
+    def finish(self, *, exception: BaseException | None = None, cancelled: bool = False) -> None:
+        """Close the call: timings, the reassembled response, the error category."""
+        self.latency_ms = round((time.perf_counter() - self._t0) * 1000, 2)
+        self.completed_at = time.time()
+        if self.ttft_ms is None:
+            self.ttft_ms = self._first_byte_ms
+        category = classify_status(self.status_code)
+        if self._accumulator is not None and self._decoder is not None:
+            for event in self._decoder.close():
+                self._accumulator.add(event)
+            self.response_obj = self._accumulator.result()
+            terminal = self._accumulator.terminal
+            if category is None and terminal in ("failed", "error"):
+                category = "upstream_error"
+            elif category is None and terminal == "incomplete":
+                category = "incomplete"
+            if terminal is None and category is None:
+                category = "cancelled" if cancelled else "stream_truncated"
+            if self._accumulator.error is not None:
+                self.failure = {"error": self._accumulator.error}
+        elif not self.response.truncated:
+            self.response_obj = parse_object(self.response.bytes())
+        if exception is not None:
+            if self.status_code is None:
+                self.status_code = 500  # what the server answers for an exception before the response start
+            category = classify_exception(exception) if cancelled is False else "cancelled"
+            self.failure = {"exception": type(exception).__name__, "message": str(exception)[:1000]}
+        elif cancelled and category is None:
+            category = "cancelled"
+        if category is None and self.response.size and self.response_obj is None:
+            category = "capture_parse_error"
+        self.error_category = category
+
+    def _request_kept(self) -> bool:
+        return self.request_obj is not None and not self.request.truncated
+
+    def _raw_response_needed(self) -> bool:
+        if self.stream:
+            partial = self.error_category is not None or self.response_obj is None or self.response.truncated
+            return partial or self.settings.keep_raw_stream
+        return self.response.size > 0 and self.response_obj is None
+
+    def line(self, trace_id: int, span_id: int) -> bytes:
+        """The record as one NeMo Gym 0.7.0 line (its keys first, in its order; ours after)."""
+        record: dict[str, Any] = {
+            "model_call_id": self.model_call_id,
+            "dialect": self.dialect,
+            "model_ref": (
+                {"type": _MODEL_REF_TYPE, "name": self.settings.service_name}
+                if self.settings.service_name
+                else None
+            ),
+            "started_at": self.started_at,
+            "completed_at": self.completed_at,
+            "latency_ms": self.latency_ms,
+            "latency_ttft_ms": None if self.ttft_ms is None else round(self.ttft_ms, 2),
+            "status_code": self.status_code,
+            "error_category": self.error_category,
+            "request": (
+                _as_fragment(self.request.bytes(), self.request_obj) if self._request_kept() else None
+            ),
+            "response": self._response_value(),
+        }
+        if self.session_id:
+            record["client_session_id"] = self.session_id
+        if not self._request_kept() and self.request.size:
+            record["request_raw"] = self.request.bytes().decode("utf-8", errors="replace")
+        if self._raw_response_needed():
+            record["response_raw"] = self.response.bytes().decode("utf-8", errors="replace")
+        record["schema_version"] = SCHEMA_VERSION
+        record["rollout_id"] = self.rollout_id
+        record["trace_id"] = format(trace_id, "032x")
+        record["span_id"] = format(span_id, "016x")
+        record["stream"] = self.stream
+        record["stream_truncated"] = self.error_category in ("stream_truncated", "cancelled") and self.stream
+        truncated = [name for name, body in (("request", self.request), ("response", self.response)) if body.truncated]
+        if truncated:
+            record["truncated"] = {name: True for name in truncated}
+        if self.failure is not None:
+            record["failure"] = self.failure
+        return orjson.dumps(record, default=str, option=orjson.OPT_APPEND_NEWLINE)
+
+    def _response_value(self) -> Any:
+        if self.response_obj is None:
+            return None
+        if self.stream:
+            return self.response_obj
+        return _as_fragment(self.response.bytes(), self.response_obj)
+
+    # -- span ---------------------------------------------------------------------------------------
+
+    def start_attributes(self) -> dict[str, Any]:
+        attributes: dict[str, Any] = {
+            A.GEN_AI_OPERATION_NAME: A.OPERATION_CHAT,
+            A.GEN_AI_PROVIDER_NAME: _PROVIDER[self.dialect],
+            A.ROLLOUT_ID: self.rollout_id,
+            A.MODEL_CALL_ID: self.model_call_id,
+            A.MODEL_CALL_DIALECT: self.dialect,
+        }
+        if self.dialect in _OPENAI_API_TYPE:
+            attributes[A.OPENAI_API_TYPE] = _OPENAI_API_TYPE[self.dialect]
+        if self.request_model:
+            attributes[A.GEN_AI_REQUEST_MODEL] = self.request_model
+        attributes.update(request_attributes(self.request_obj))
+        return attributes
+
+    def end_attributes(self) -> dict[str, Any]:
+        attributes: dict[str, Any] = {A.GEN_AI_REQUEST_STREAM: self.stream}
+        if self.status_code is not None:
+            attributes[A.HTTP_RESPONSE_STATUS_CODE] = self.status_code
+        if self.stream and self.ttft_ms is not None:
+            attributes[A.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = self.ttft_ms / 1000
+        response = self.response_obj
+        if response is not None:
+            if isinstance(response.get("id"), str):
+                attributes[A.GEN_AI_RESPONSE_ID] = response["id"]
+            if isinstance(response.get("model"), str):
+                attributes[A.GEN_AI_RESPONSE_MODEL] = response["model"]
+            reasons = finish_reasons(response, self.dialect)
+            if reasons:
+                attributes[A.GEN_AI_RESPONSE_FINISH_REASONS] = reasons
+            attributes.update(usage_attributes(response))
+        if self.error_category is not None:
+            attributes[A.ERROR_TYPE] = self.error_category
+        return attributes
+
+
+def request_attributes(request: dict[str, Any] | None) -> dict[str, Any]:
+    """``gen_ai.request.*`` parameters present in the request body."""
+    if not request:
+        return {}
+    attributes: dict[str, Any] = {}
+    for key, name, kind in _REQUEST_NUMBERS:
+        value = request.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            attributes[name] = kind(value)
+    for key in _MAX_TOKENS_KEYS:
+        value = request.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            attributes[A.GEN_AI_REQUEST_MAX_TOKENS] = value
+            break
+    stop = request.get("stop", request.get("stop_sequences"))
+    if isinstance(stop, str):
+        attributes[A.GEN_AI_REQUEST_STOP_SEQUENCES] = [stop]
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        attributes[A.GEN_AI_REQUEST_STOP_SEQUENCES] = stop
+    return attributes
+
+
+def usage_attributes(response: dict[str, Any]) -> dict[str, Any]:
+    """``gen_ai.usage.*`` from a response, with NeMo Gym's token rules (Anthropic input includes cache)."""
+    usage = response.get("usage")
+    stats = token_stats(usage)
+    _, cached = cache_signal(usage)
+    values = (
+        (A.GEN_AI_USAGE_INPUT_TOKENS, stats["tokens_in"]),
+        (A.GEN_AI_USAGE_OUTPUT_TOKENS, stats["tokens_out"]),
+        (A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, cached),
+        (A.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, stats["cache_creation_tokens"]),
+        (A.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, stats["tokens_reasoning"]),
+    )
+    return {name: value for name, value in values if value is not None}

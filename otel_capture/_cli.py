@@ -1,0 +1,109 @@
+"""``otel-capture``: the command line. Library errors become one clear line on stderr and an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+_logger = logging.getLogger(__name__)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="otel-capture",
+        description="Capture LLM model calls as OpenTelemetry spans and durable ModelCallRecord JSONL.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    proxy = commands.add_parser("proxy", help="serve the capture proxy in front of a model server")
+    proxy.add_argument("--upstream", required=True, help="the model server's base URL, e.g. http://127.0.0.1:8000")
+    proxy.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    proxy.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default)")
+    proxy.add_argument(
+        "--capture-dir",
+        help="where records go (default: $OTEL_EXPORTER_MODEL_CALL_JSONL_DIR; without either, spans only)",
+    )
+
+    show = commands.add_parser("show", help="list a capture directory's rollouts, or one rollout's calls")
+    show.add_argument("dir")
+    show.add_argument("rollout_id", nargs="?")
+
+    demo = commands.add_parser("demo", help="run a few rollouts against a real tiny model through the proxy")
+    demo.add_argument("--upstream", help="use this model server instead of starting the embedded tiny model")
+    demo.add_argument("--capture-dir", help="where records go (default: a new temporary directory)")
+    demo.add_argument("--rollouts", type=int, default=3, help="how many rollouts (default 3)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "proxy":
+            return _proxy(args)
+        if args.command == "show":
+            return _show(args)
+        if args.command == "demo":
+            from ._demo import run_demo
+
+            return run_demo(upstream=args.upstream, capture_dir=args.capture_dir, rollouts=args.rollouts)
+    except (ValueError, OSError) as exc:
+        print(f"otel-capture: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return EXIT_ERROR
+    return EXIT_USAGE
+
+
+def _proxy(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from ._proxy import bind_socket, build_proxy_app, socket_url
+    from ._settings import CaptureSettings
+
+    settings = CaptureSettings.from_environ(capture_dir=args.capture_dir)
+    sock = bind_socket(args.host, args.port)
+    if args.host not in ("127.0.0.1", "::1", "localhost"):
+        print(
+            f"otel-capture: warning: binding {args.host}: the proxy is reachable from other machines",
+            file=sys.stderr,
+        )
+    app = build_proxy_app(args.upstream, settings=settings)
+    print(f"listening on {socket_url(sock)}", flush=True)
+    where = settings.capture_dir if settings.capture_dir is not None else "nowhere (spans only)"
+    print(f"upstream {args.upstream}; records to {where}", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False))
+    server.run(sockets=[sock])
+    return EXIT_OK
+
+
+def _show(args: argparse.Namespace) -> int:
+    from ._records import read_available_model_call_records
+    from ._show import format_calls_table, format_rollouts_table
+    from ._store import CaptureStore
+
+    store = CaptureStore(args.dir)
+    if not store.root.is_dir():
+        print(f"otel-capture: error: {args.dir} is not a directory", file=sys.stderr)
+        return EXIT_ERROR
+    if args.rollout_id is None:
+        print(format_rollouts_table(store))
+        return EXIT_OK
+    available = read_available_model_call_records(store, args.rollout_id)
+    print(format_calls_table(available.records))
+    if available.invalid:
+        print(f"{len(available.invalid)} damaged line(s):", file=sys.stderr)
+        for number, reason, _raw in available.invalid:
+            print(f"  line {number}: {reason}", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

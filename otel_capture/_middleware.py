@@ -1,0 +1,273 @@
+"""``ModelCallCaptureMiddleware``: a pure ASGI middleware that turns each model call into a span and a
+durable record, without delaying or changing the response.
+
+Per request:
+
+1. ``/ng-rollout/<id>/...`` is stripped before routing (an id that breaks the grammar gets ``400``);
+   without a prefix, the W3C ``baggage`` entry ``rollout.id`` correlates the call.
+2. Only ``POST`` to ``/v1/responses``, ``/v1/chat/completions``, ``/v1/messages`` (a trailing slash
+   tolerated) with a rollout id is captured; everything else goes to the app untouched.
+3. Response chunks are forwarded as they come; only the terminal chunk (the final SSE event, or the last
+   body message of a JSON response) and what follows it wait until the record is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+from urllib.parse import unquote
+
+import orjson
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from . import _attributes as A
+from . import _handoff
+from ._call import DIALECT_PATHS, CallCapture, Dialect
+from ._correlation import ROLLOUT_ID_RULE, is_valid_rollout_id, rollout_id_from_baggage, split_rollout_prefix
+from ._settings import CaptureSettings
+from ._version import __version__
+
+_logger = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class ModelCallCaptureMiddleware:
+    """Wraps any ASGI model-server app. Records go to the active ``model_call_jsonl`` exporter; spans go
+    to ``tracer_provider`` (the global one by default)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        settings: CaptureSettings | None = None,
+        span_kind: SpanKind = SpanKind.INTERNAL,
+    ) -> None:
+        self.app = app
+        self.settings = settings if settings is not None else CaptureSettings.from_environ()
+        self._tracer = trace.get_tracer(__name__, __version__, tracer_provider)
+        self._span_kind = span_kind
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rollout_id: str | None = None
+        # Split on the raw path: in the decoded one, /ng-rollout/a%2Fb/... would look like id "a".
+        raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
+        split = split_rollout_prefix(raw_path.decode("latin-1"))
+        if split is not None:
+            rollout_id, raw_rest = split
+            if not is_valid_rollout_id(rollout_id):
+                await _send_json(send, 400, _invalid_id_error(rollout_id))
+                return
+            scope = dict(scope, path=unquote(raw_rest), raw_path=raw_rest.encode("latin-1"))
+        dialect = _dialect_of(scope)
+        if dialect is None:
+            await self.app(scope, receive, send)
+            return
+        headers = _headers(scope)
+        baggage_id = rollout_id_from_baggage(headers.get("baggage", []))
+        source = "url_prefix"
+        if rollout_id is None:
+            if baggage_id is None:
+                await self.app(scope, receive, send)
+                return
+            if not is_valid_rollout_id(baggage_id):
+                # Baggage is ambient context from any upstream system: a bad value must not fail the call.
+                _logger.warning("not capturing a call with invalid baggage rollout.id %r", baggage_id[:64])
+                await self.app(scope, receive, send)
+                return
+            rollout_id, source = baggage_id, "baggage"
+        await self._capture(scope, receive, send, dialect, rollout_id, source, baggage_id, headers)
+
+    async def _capture(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        dialect: Dialect,
+        rollout_id: str,
+        source: str,
+        baggage_id: str | None,
+        headers: dict[str, list[bytes]],
+    ) -> None:
+        call = CallCapture(dialect, rollout_id, self.settings, session_id=_session_id(headers))
+        body_messages, disconnected = await _read_request(receive)
+        call.set_request(b"".join(m.get("body", b"") for m in body_messages))
+        span = self._start_span(call, scope, headers, source, baggage_id)
+        token = otel_context.attach(trace.set_span_in_context(span))
+        state = _SendState()
+        cancelled = disconnected
+
+        async def replay_receive() -> Message:
+            nonlocal cancelled
+            if body_messages:
+                return body_messages.pop(0)
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                cancelled = True
+            return message
+
+        async def capture_send(message: Message) -> None:
+            if state.holding:
+                state.held.append(message)
+                return
+            kind = message["type"]
+            if kind == "http.response.start":
+                call.on_response_start(message["status"], _content_type(message.get("headers", ())))
+            elif kind == "http.response.body":
+                terminal = call.on_body(message.get("body", b""))
+                if terminal or not message.get("more_body", False):
+                    state.holding = True
+                    state.held.append(message)
+                    return
+            await send(message)
+
+        exception: BaseException | None = None
+        try:
+            await self.app(scope, replay_receive, capture_send)
+        except BaseException as exc:  # recorded, then re-raised unchanged
+            exception = exc
+            if isinstance(exc, asyncio.CancelledError):
+                cancelled = True
+        finally:
+            otel_context.detach(token)
+            await self._finish(call, span, exception, cancelled)
+            # Capture never changes the response: what was held goes out now, durable or not.
+            for message in state.held:
+                await send(message)
+        if exception is not None:
+            raise exception
+
+    def _start_span(
+        self, call: CallCapture, scope: Scope, headers: dict[str, list[bytes]], source: str, baggage_id: str | None
+    ) -> trace.Span:
+        parent = None
+        if not trace.get_current_span().get_span_context().is_valid:
+            # No HTTP server span around us: continue the caller's trace from its traceparent header.
+            parent = propagate.extract({k: b",".join(v).decode("latin-1") for k, v in headers.items()})
+        attributes = call.start_attributes()
+        attributes[A.MODEL_CALL_ROLLOUT_SOURCE] = source
+        if baggage_id is not None and baggage_id != call.rollout_id:
+            attributes[A.ROLLOUT_ID_BAGGAGE] = baggage_id
+        server = scope.get("server")
+        if server and server[0]:
+            attributes[A.SERVER_ADDRESS] = server[0]
+            if server[1] is not None:
+                attributes[A.SERVER_PORT] = server[1]
+        name = f"{A.OPERATION_CHAT} {call.request_model}" if call.request_model else A.OPERATION_CHAT
+        return self._tracer.start_span(name, context=parent, kind=self._span_kind, attributes=attributes)
+
+    async def _finish(
+        self, call: CallCapture, span: trace.Span, exception: BaseException | None, cancelled: bool
+    ) -> None:
+        """End the span exactly once and wait until the record is durable (or failed). Never raises."""
+        try:
+            call.finish(exception=exception, cancelled=cancelled)
+            span.set_attributes(call.end_attributes())
+            if call.error_category is not None:
+                span.set_status(Status(StatusCode.ERROR, call.error_category))
+            if exception is not None and not isinstance(exception, asyncio.CancelledError):
+                span.record_exception(exception)
+            context = span.get_span_context()
+            sink_present = _handoff.active_sink() is not None
+            if sink_present:
+                _handoff.offer(context.span_id, _handoff.CapturedCall(
+                    call.rollout_id, call.model_call_id, call.line(context.trace_id, context.span_id)
+                ))
+        except Exception:
+            _logger.exception("model-call capture failed while finishing a %s call", call.dialect)
+            sink_present = False
+        finally:
+            span.end()
+        if not sink_present:
+            return
+        future = _handoff.settle(context.span_id)
+        if future is None:
+            return
+        try:
+            await asyncio.shield(asyncio.wrap_future(future))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            pass  # the writer logged it, counted it and marked the rollout incomplete
+
+
+class _SendState:
+    __slots__ = ("holding", "held")
+
+    def __init__(self) -> None:
+        self.holding = False
+        self.held: list[Message] = []
+
+
+async def _read_request(receive: Receive) -> tuple[list[Message], bool]:
+    """Every request body message, read before the app runs (it reads the whole JSON body anyway), so the
+    span starts with the request's model and parameters."""
+    messages: list[Message] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            messages.append(message)
+            return messages, True
+        messages.append(message)
+        if not message.get("more_body", False):
+            return messages, False
+
+
+def _dialect_of(scope: Scope) -> Dialect | None:
+    if scope.get("method") != "POST":
+        return None
+    path: str = scope["path"]
+    if len(path) > 1 and path.endswith("/"):
+        path = path[:-1]
+    return DIALECT_PATHS.get(path)
+
+
+def _headers(scope: Scope) -> dict[str, list[bytes]]:
+    headers: dict[str, list[bytes]] = {}
+    for key, value in scope.get("headers", ()):
+        headers.setdefault(key.decode("latin-1").lower(), []).append(value)
+    return headers
+
+
+def _session_id(headers: dict[str, list[bytes]]) -> str | None:
+    values = {v.decode("latin-1").strip() for v in headers.get("x-session-id", [])} - {""}
+    return values.pop() if len(values) == 1 else None
+
+
+def _content_type(headers: Any) -> str:
+    for key, value in headers:
+        if key.lower() == b"content-type":
+            return bytes(value).decode("latin-1")
+    return ""
+
+
+def _invalid_id_error(rollout_id: str) -> dict[str, Any]:
+    return {
+        "error": {
+            "type": "invalid_rollout_id",
+            "message": f"invalid rollout id {rollout_id[:256]!r} in /ng-rollout/<id>/: {ROLLOUT_ID_RULE}",
+            "rule": ROLLOUT_ID_RULE,
+        }
+    }
+
+
+async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
+    body = orjson.dumps(payload)
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+    })
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,42 @@
+"""Shared fixtures: a tracer provider with both the in-memory exporter and the real JSONL exporter, and
+the replaying model server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from exporters.model_call_jsonl import ModelCallJsonlExporter
+from otel_capture import CaptureStore
+from support import ReplayModelServer
+
+
+@dataclass
+class Telemetry:
+    provider: TracerProvider
+    spans: InMemorySpanExporter
+    jsonl: ModelCallJsonlExporter
+    store: CaptureStore
+
+
+@pytest.fixture
+def telemetry(tmp_path: Path) -> Iterator[Telemetry]:
+    capture_dir = tmp_path / "calls"
+    provider = TracerProvider()
+    spans = InMemorySpanExporter()
+    jsonl = ModelCallJsonlExporter(capture_dir)
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    provider.add_span_processor(SimpleSpanProcessor(jsonl))
+    yield Telemetry(provider, spans, jsonl, CaptureStore(capture_dir))
+    provider.shutdown()
+
+
+@pytest.fixture
+def replay_server() -> ReplayModelServer:
+    return ReplayModelServer()
