@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -78,9 +80,30 @@ def _proxy(args: argparse.Namespace) -> int:
     print(f"listening on {socket_url(sock)}", flush=True)
     where = settings.capture_dir if settings.capture_dir is not None else "nowhere (spans only)"
     print(f"upstream {args.upstream}; records to {where}", flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False))
+    server = _server_class()(uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False))
     server.run(sockets=[sock])
+    print("stopped; every acknowledged record is on disk", flush=True)
     return EXIT_OK
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, minus re-raising the signal after its graceful shutdown: SIGINT and SIGTERM
+        end the proxy with exit code 0 once in-flight calls are done and records are flushed."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            handled = (signal.SIGINT, signal.SIGTERM)
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return Server
 
 
 def _show(args: argparse.Namespace) -> int:
