@@ -211,7 +211,12 @@ class CallCapture:
         if exception is not None:
             if self.status_code is None:
                 self.status_code = 500  # what the server answers for an exception before the response start
-            category = classify_exception(exception) if cancelled is False else "cancelled"
+            if cancelled:
+                category = "cancelled"
+            elif category != "stream_truncated":
+                # A stream the exception cut before its terminal event stays `stream_truncated` (its
+                # partial reconstruction is kept); the exception itself goes to `failure`.
+                category = classify_exception(exception)
             self.failure = {"exception": type(exception).__name__, "message": str(exception)[:1000]}
         elif cancelled and category is None:
             category = "cancelled"
@@ -244,9 +249,7 @@ class CallCapture:
             "latency_ttft_ms": None if self.ttft_ms is None else round(self.ttft_ms, 2),
             "status_code": self.status_code,
             "error_category": self.error_category,
-            "request": (
-                _as_fragment(self.request.bytes(), self.request_obj) if self._request_kept() else None
-            ),
+            "request": self._request_value(),
             "response": self._response_value(),
         }
         if self.session_id:
@@ -261,12 +264,17 @@ class CallCapture:
         record["span_id"] = format(span_id, "016x")
         record["stream"] = self.stream
         record["stream_truncated"] = self.error_category in ("stream_truncated", "cancelled") and self.stream
-        truncated = [name for name, body in (("request", self.request), ("response", self.response)) if body.truncated]
-        if truncated:
-            record["truncated"] = {name: True for name in truncated}
+        if self.request.truncated or self.response.truncated:
+            # which body was cut shows in the record itself: its parsed form is null and its raw form is cut
+            record["truncated"] = True
         if self.failure is not None:
             record["failure"] = self.failure
         return orjson.dumps(record, default=str, option=orjson.OPT_APPEND_NEWLINE)
+
+    def _request_value(self) -> Any:
+        if self.request_obj is None or self.request.truncated:
+            return None
+        return _as_fragment(self.request.bytes(), self.request_obj)
 
     def _response_value(self) -> Any:
         if self.response_obj is None:

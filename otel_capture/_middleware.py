@@ -120,14 +120,27 @@ class ModelCallCaptureMiddleware:
 
         async def capture_send(message: Message) -> None:
             if state.holding:
+                if message["type"] == "http.response.body":
+                    call.on_body(message.get("body", b""))  # what follows the terminal chunk is captured too
                 state.held.append(message)
                 return
             kind = message["type"]
             if kind == "http.response.start":
-                call.on_response_start(message["status"], _content_type(message.get("headers", ())))
+                headers = message.get("headers", ())
+                call.on_response_start(message["status"], _header(headers, b"content-type"))
+                state.content_length = _content_length(headers)
             elif kind == "http.response.body":
-                terminal = call.on_body(message.get("body", b""))
-                if terminal or not message.get("more_body", False):
+                body = message.get("body", b"")
+                state.sent += len(body)
+                terminal = call.on_body(body)
+                # The end of a response is whichever comes first: the dialect's terminal event, the byte
+                # that completes Content-Length (a client may stop reading there, before any final empty
+                # message), or the last body message.
+                if (
+                    terminal
+                    or not message.get("more_body", False)
+                    or (state.content_length is not None and state.sent >= state.content_length)
+                ):
                     state.holding = True
                     state.held.append(message)
                     return
@@ -142,7 +155,8 @@ class ModelCallCaptureMiddleware:
                 cancelled = True
         finally:
             otel_context.detach(token)
-            await self._finish(call, span, exception, cancelled)
+            # A disconnect after the app produced the whole response is not a cancelled call.
+            await self._finish(call, span, exception, cancelled and not state.holding)
             # Capture never changes the response: what was held goes out now, durable or not.
             for message in state.held:
                 await send(message)
@@ -204,11 +218,13 @@ class ModelCallCaptureMiddleware:
 
 
 class _SendState:
-    __slots__ = ("holding", "held")
+    __slots__ = ("content_length", "held", "holding", "sent")
 
     def __init__(self) -> None:
         self.holding = False
         self.held: list[Message] = []
+        self.sent = 0
+        self.content_length: int | None = None
 
 
 async def _read_request(receive: Receive) -> tuple[list[Message], bool]:
@@ -246,11 +262,16 @@ def _session_id(headers: dict[str, list[bytes]]) -> str | None:
     return values.pop() if len(values) == 1 else None
 
 
-def _content_type(headers: Any) -> str:
+def _header(headers: Any, name: bytes) -> str:
     for key, value in headers:
-        if key.lower() == b"content-type":
+        if key.lower() == name:
             return bytes(value).decode("latin-1")
     return ""
+
+
+def _content_length(headers: Any) -> int | None:
+    value = _header(headers, b"content-length").strip()
+    return int(value) if value.isdigit() else None
 
 
 def _invalid_id_error(rollout_id: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind
 
-from ._middleware import ASGIApp, Message, ModelCallCaptureMiddleware, Receive, Scope, Send
+from ._middleware import ASGIApp, ModelCallCaptureMiddleware, Receive, Scope, Send
 from ._settings import CaptureSettings
 from ._telemetry import build_tracer_provider
 

@@ -8,13 +8,25 @@ only checks that the marker exists; we append one JSON line per failed call to i
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 from ._correlation import validate_rollout_id
 
 CAPTURE_SUFFIX = ".capture.jsonl"
 INCOMPLETE_SUFFIX = ".capture.incomplete"
+
+
+class RawLines(NamedTuple):
+    """A data file split at ``\\n``: the complete lines (newline removed) and what follows the last one.
+
+    A non-blank ``tail`` is a torn final line: a writer died (or the disk filled) mid-append.
+    """
+
+    lines: list[bytes]
+    tail: bytes
 
 
 class CaptureStore:
@@ -45,3 +57,25 @@ class CaptureStore:
                 if name.endswith(suffix):
                     ids.add(name[: -len(suffix)])
         return sorted(ids)
+
+    def read_lines(self, rollout_id: str) -> RawLines | None:
+        """The rollout's data file split into lines, read whole under ``flock(LOCK_SH)``; ``None`` if absent.
+
+        The shared lock is the one NeMo Gym's readers take: appenders hold ``LOCK_EX`` for a whole line, so
+        under it every line is either complete or was torn by a writer that died. One ``read()`` and one
+        ``split`` cost no more than iterating the file, and make the torn tail plain to see.
+        """
+        path = self.data_path(rollout_id)
+        try:
+            handle = path.open("rb")
+        except FileNotFoundError:
+            return None
+        with handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_SH)
+            try:
+                data = handle.read()
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        lines = data.split(b"\n")
+        tail = lines.pop()
+        return RawLines(lines, tail)

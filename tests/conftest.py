@@ -4,25 +4,16 @@ the replaying model server."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from support import ReplayModelServer, Telemetry
 
 from exporters.model_call_jsonl import ModelCallJsonlExporter
 from otel_capture import CaptureStore
-from support import ReplayModelServer
-
-
-@dataclass
-class Telemetry:
-    provider: TracerProvider
-    spans: InMemorySpanExporter
-    jsonl: ModelCallJsonlExporter
-    store: CaptureStore
 
 
 @pytest.fixture

@@ -44,18 +44,63 @@ def recorded_json(dialect: str) -> bytes:
     return json.dumps(json.loads((RECORDED / name).read_text())).encode()
 
 
+class Gate:
+    """Holds the replaying upstream at a point of its stream until the test opens it, from any thread.
+
+    ``reached`` is set once the upstream is waiting at the gate (everything before it has been sent)."""
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self._opened = False
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    @property
+    def is_open(self) -> bool:
+        return self._opened
+
+    def open(self) -> None:
+        with self._lock:
+            self._opened = True
+            waiters, self._waiters = self._waiters, []
+        for loop, event in waiters:
+            with contextlib.suppress(RuntimeError):  # that server's loop is already closed
+                loop.call_soon_threadsafe(event.set)
+
+    async def wait(self) -> None:
+        event = asyncio.Event()
+        with self._lock:
+            if self._opened:
+                return
+            self._waiters.append((asyncio.get_running_loop(), event))
+        self.reached.set()
+        await event.wait()
+
+
+class UpstreamFailure(RuntimeError):
+    """What the replaying upstream raises mid-stream when told to (uvicorn then aborts the connection)."""
+
+
 @dataclass
 class Reply:
     status: int = 200
     content_type: str = "application/json"
     chunks: list[bytes] = field(default_factory=list)
     hang_after: int | None = None  # stop sending (but keep the connection) after this many chunks
+    raise_after: int | None = None  # raise UpstreamFailure after this many chunks: the connection is cut
+    gate: Gate | None = None  # wait at this gate ...
+    gate_after: int = 1  # ... after this many chunks
 
 
 class ReplayModelServer:
     """An ASGI model server that answers the three dialects with recorded bodies or SSE chunks.
 
-    Tests set ``replies[dialect]`` to change what a dialect answers; ``seen`` lists (method, path, body)."""
+    Tests set ``replies[dialect]`` to change what a dialect answers; ``seen`` lists (method, path, body).
+
+    Like a real server (Starlette's ``StreamingResponse``), it listens for ``http.disconnect`` while it
+    streams and stops streaming when the client has gone (uvicorn does not cancel the app; it only delivers
+    the disconnect on ``receive()``). ``outcomes`` lists how each dialect call ended: ``"complete"``,
+    ``"disconnected"`` or ``"raised"``; ``finished`` is set (and cleared by the test) after each one."""
 
     def __init__(self) -> None:
         self.replies: dict[str, Reply] = {
@@ -63,6 +108,8 @@ class ReplayModelServer:
         }
         self.seen: list[tuple[str, str, bytes]] = []
         self.chunk_delay = 0.0
+        self.outcomes: list[str] = []
+        self.finished = threading.Event()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -88,7 +135,30 @@ class ReplayModelServer:
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
             await send({"type": "http.response.body", "body": payload})
             return
-        reply = self.replies[dialect]
+        outcome = "raised"
+        try:
+            outcome = await self._reply(self.replies[dialect], receive, send)
+        finally:
+            self.outcomes.append(outcome)
+            self.finished.set()
+
+    async def _reply(self, reply: Reply, receive: Any, send: Any) -> str:
+        streaming = asyncio.ensure_future(self._stream(reply, send))
+        watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+        try:
+            done, _ = await asyncio.wait({streaming, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (streaming, watcher):
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+        if streaming in done:
+            streaming.result()  # re-raises what the stream raised
+            return "complete"
+        return "disconnected"
+
+    async def _stream(self, reply: Reply, send: Any) -> None:
         await send({
             "type": "http.response.start",
             "status": reply.status,
@@ -96,11 +166,24 @@ class ReplayModelServer:
         })
         for i, chunk in enumerate(reply.chunks):
             if reply.hang_after is not None and i >= reply.hang_after:
-                await asyncio.Event().wait()  # hang until the client goes away (cancelled by the server)
+                await asyncio.Event().wait()  # hang until the client goes away
+            if reply.raise_after is not None and i >= reply.raise_after:
+                raise UpstreamFailure(f"the model server failed after {i} chunks")
+            if reply.gate is not None and i == reply.gate_after:
+                await reply.gate.wait()
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
             if self.chunk_delay:
                 await asyncio.sleep(self.chunk_delay)
+        if reply.raise_after is not None and reply.raise_after >= len(reply.chunks):
+            raise UpstreamFailure("the model server failed before the end of its body")
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _wait_for_disconnect(receive: Any) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
 
 
 @contextlib.contextmanager
@@ -122,3 +205,42 @@ def serve(app: Any) -> Iterator[str]:
         thread.join(10)
 
 
+
+
+def recorded_streams() -> list[tuple[str, str, bytes]]:
+    """Every recorded stream as (name, dialect, raw bytes): the SSE files and the SSE bodies inside the
+    Anthropic HTTP cassettes."""
+    found: list[tuple[str, str, bytes]] = []
+    for path in sorted((RECORDED / "openai-python" / "chat_completions_sse").glob("*.sse")):
+        found.append((path.name, "chat", path.read_bytes()))
+    for path in sorted((RECORDED / "third_party_swiftagent" / "responses_sse").glob("*.sse")):
+        found.append((path.name, "responses", path.read_bytes()))
+    for path in sorted((RECORDED / "anthropic-sdk-python").glob("messages_sse*/*.sse")):
+        found.append((f"{path.parent.name}/{path.name}", "messages", path.read_bytes()))
+    for path in sorted((RECORDED / "anthropic-sdk-python" / "http_cassettes").glob("*.json")):
+        for number, exchange in enumerate(json.loads(path.read_text())):
+            response = exchange["response"]
+            if response["headers"].get("content-type", "").startswith("text/event-stream"):
+                found.append((f"{path.stem}#{number}", "messages", response["body"].encode()))
+    return found
+
+
+def sse_chunks(raw: bytes) -> list[bytes]:
+    """``raw`` cut after each blank line (one SSE event per chunk, as servers flush them); the chunks
+    join back to exactly ``raw``."""
+    chunks: list[bytes] = []
+    start = 0
+    while start < len(raw):
+        end = raw.find(b"\n\n", start)
+        end = len(raw) if end < 0 else end + 2
+        chunks.append(raw[start:end])
+        start = end
+    return chunks
+
+
+@dataclass
+class Telemetry:
+    provider: TracerProvider
+    spans: InMemorySpanExporter
+    jsonl: ModelCallJsonlExporter
+    store: CaptureStore

@@ -7,13 +7,16 @@ import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
 import openai
 import pytest
+from support import Telemetry
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from support import ReplayModelServer, recorded_json, serve
 
 from exporters.model_call_jsonl import ModelCallJsonlExporter
 from otel_capture import (
@@ -24,9 +27,6 @@ from otel_capture import (
     read_model_call_records,
 )
 from otel_capture._correlation import ROLLOUT_ID_RULE
-
-from conftest import Telemetry
-from support import ReplayModelServer, recorded_json, serve
 
 
 @pytest.fixture
@@ -202,8 +202,23 @@ def test_secret_headers_are_never_written(server: str, telemetry: Telemetry) -> 
         assert not any("sk-very-secret" in str(v) for v in span.attributes.values())
 
 
+async def _content_length_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Sends the whole JSON body with more_body=True and Content-Length, then an empty final message:
+    a client has the full response once Content-Length is reached."""
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    body = recorded_json("chat")
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+@pytest.mark.parametrize("app_kind", ["chunked", "content-length"])
 def test_client_gets_the_terminal_chunk_only_after_the_record_is_durable(
-    tmp_path: Path, replay_server: ReplayModelServer
+    tmp_path: Path, replay_server: ReplayModelServer, app_kind: str
 ) -> None:
     entered, release = threading.Event(), threading.Event()
     synced: list[int] = []
@@ -216,7 +231,8 @@ def test_client_gets_the_terminal_chunk_only_after_the_record_is_durable(
     provider = TracerProvider()
     exporter = ModelCallJsonlExporter(tmp_path / "calls", fsync=slow_fsync)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    app = ModelCallCaptureMiddleware(replay_server, tracer_provider=provider)
+    inner = replay_server if app_kind == "chunked" else _content_length_app
+    app = ModelCallCaptureMiddleware(inner, tracer_provider=provider)
     results: list[httpx.Response] = []
     with serve(app) as url:
         thread = threading.Thread(

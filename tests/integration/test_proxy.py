@@ -15,11 +15,9 @@ import anthropic
 import httpx
 import openai
 import pytest
+from support import Telemetry, RECORDED, ReplayModelServer, recorded_json, serve
 
 from otel_capture import CaptureSettings, CaptureStore, read_model_call_records, start_proxy
-
-from conftest import Telemetry
-from support import RECORDED, ReplayModelServer, recorded_json, serve
 
 
 @pytest.fixture
@@ -157,3 +155,20 @@ def test_cli_show_exits_nonzero_on_a_damaged_file(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert "line 2" in result.stderr
+
+
+def test_a_client_that_closes_right_after_reading_a_json_body_is_not_a_cancelled_call(
+    upstream: str, telemetry: Telemetry
+) -> None:
+    """The upstream answers with Content-Length; each call uses a fresh connection that closes at once."""
+    settings = CaptureSettings(capture_dir=telemetry.store.root)
+    with start_proxy(upstream, settings=settings, tracer_provider=telemetry.provider) as proxy:
+        for _ in range(10):
+            with httpx.Client() as client:
+                response = client.post(f"{proxy.url}/ng-rollout/fresh/v1/chat/completions", json={"model": "m"})
+                assert response.status_code == 200
+                # the record is durable by the time the client holds the body
+                assert len(read_model_call_records(telemetry.store, "fresh")) >= 1
+    records = read_model_call_records(telemetry.store, "fresh")
+    assert len(records) == 10
+    assert [r.error_category for r in records] == [None] * 10

@@ -1,0 +1,69 @@
+"""Per-dialect stream reassembly: :class:`~otel_capture._sse.SSEEvent` in, response dict out.
+
+One accumulator per streamed call turns the events of a Responses, Chat Completions or Anthropic Messages
+stream back into the object the non-streaming endpoint would have returned, and notes the dialect's
+terminal event. The official SDKs' own accumulators are the reference (``tests/unit/test_reassembly.py``
+compares against them on every recorded stream); where they differ on purpose it is said below.
+
+Rules that fix NeMo Gym's reassembly (``reference/nemo_gym_model_call_format.md`` §4, §8):
+
+- the terminal event comes from each payload's JSON ``type`` (or ``data: [DONE]``), not from ``event:``
+  lines alone, so a ``data:``-only stream is still seen to complete; the first terminal event wins;
+- a cut Responses stream keeps what its deltas carried (text, refusals, reasoning, tool-call arguments),
+  attached by ``output_index``/``content_index`` or, for servers that omit them (llama.cpp), by ``item_id``
+  or to the last open item;
+- every chat choice is kept apart by its ``index``; logprobs, ``created`` and ``system_fingerprint`` are kept;
+- Anthropic ``server_tool_use`` input and ``signature``/``citations`` deltas are kept; a tool input that does
+  not parse as JSON (a stream cut by ``max_tokens``) stays as the block's ``partial_json`` string instead of
+  the SDK's partial parse, which silently drops the unfinished string at the end.
+
+Nothing here raises on stream content: payloads that are not JSON objects are skipped, fields of the wrong
+type are ignored, and as a last resort an unexpected exception is logged, counted in ``internal_errors``
+and the event skipped. :meth:`result` returns the accumulator's own dicts: read them, do not mutate them
+while the stream is still being fed.
+
+Layout: this module is the interface (:func:`accumulator_for`, :class:`StreamAccumulator`); the fail-safe
+shell and JSON helpers are in ``_stream_base``, one accumulator per dialect in ``_responses_stream``,
+``_chat_stream`` and ``_messages_stream``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ._chat_stream import ChatCompletionsAccumulator
+from ._messages_stream import MessagesAccumulator
+from ._responses_stream import ResponsesAccumulator
+from ._sse import SSEEvent
+from ._stream_base import Dialect, JsonDict, TerminalKind
+
+__all__ = [
+    "ChatCompletionsAccumulator",
+    "Dialect",
+    "MessagesAccumulator",
+    "ResponsesAccumulator",
+    "StreamAccumulator",
+    "TerminalKind",
+    "accumulator_for",
+]
+
+
+class StreamAccumulator(Protocol):
+    terminal: TerminalKind | None
+    error: JsonDict | None
+    internal_errors: int  # events skipped because reassembly itself failed (a bug, logged at DEBUG)
+
+    def add(self, event: SSEEvent) -> bool: ...
+
+    def result(self) -> JsonDict | None: ...
+
+
+def accumulator_for(dialect: Dialect) -> StreamAccumulator:
+    """A fresh accumulator for one stream of ``dialect``."""
+    if dialect == "responses":
+        return ResponsesAccumulator()
+    if dialect == "chat":
+        return ChatCompletionsAccumulator()
+    if dialect == "messages":
+        return MessagesAccumulator()
+    raise ValueError(f"unknown dialect {dialect!r}")

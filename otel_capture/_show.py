@@ -1,0 +1,140 @@
+"""Plain-text tables of captured calls, for ``otel-capture show`` and ``otel-capture demo``.
+
+Pure formatting: records in, aligned text out. The only I/O is ``format_rollouts_table`` reading the store.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._store import CaptureStore
+
+_logger = logging.getLogger(__name__)
+
+ReadRecords = Callable[["CaptureStore", str], Sequence[Any]]
+
+MISSING = "-"
+CALL_HEADERS = (
+    "#",
+    "dialect",
+    "model",
+    "status",
+    "tokens in",
+    "tokens out",
+    "latency ms",
+    "ttft ms",
+    "error",
+)
+CALL_RIGHT = frozenset({0, 3, 4, 5, 6, 7})
+ROLLOUT_HEADERS = ("rollout", "calls", "errors", "tokens in", "tokens out", "incomplete")
+ROLLOUT_RIGHT = frozenset({1, 2, 3, 4})
+
+
+@dataclass(frozen=True)
+class RolloutSummary:
+    rollout_id: str
+    calls: int
+    errors: int
+    tokens_in: int
+    tokens_out: int
+    incomplete: bool
+
+
+def short_model(model: str | None) -> str:
+    """The file name of a model given as a filesystem path (llama.cpp echoes its model file's path).
+
+    Hub-style names such as ``org/model`` are kept whole: there the organisation is part of the name.
+    """
+    if not model:
+        return MISSING
+    if model.startswith(("/", "~", "./", "../")) or "\\" in model:
+        return model.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    return model
+
+
+def _cell(value: object, digits: int = 1) -> str:
+    if value is None or value == "":
+        return MISSING
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def format_table(headers: Sequence[str], rows: Iterable[Sequence[str]], right: frozenset[int]) -> str:
+    """Columns padded to their widest cell; columns in ``right`` (numbers) aligned right."""
+    all_rows = [list(headers), *(list(row) for row in rows)]
+    widths = [max(len(row[i]) for row in all_rows) for i in range(len(headers))]
+
+    def line(row: Sequence[str]) -> str:
+        cells = (c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        return "  ".join(cells).rstrip()
+
+    return "\n".join(line(row) for row in all_rows)
+
+
+def is_error(record: Any) -> bool:
+    """A call failed if it has an error category or a non-2xx (or no) status."""
+    status = record.status_code
+    return bool(record.error_category) or status is None or not 200 <= status < 300
+
+
+def _call_row(record: Any) -> list[str]:
+    return [
+        _cell(record.call_index),
+        _cell(record.dialect),
+        short_model(record.model),
+        _cell(record.status_code),
+        _cell(record.tokens_in),
+        _cell(record.tokens_out),
+        _cell(record.latency_total_ms),
+        _cell(record.latency_ttft_ms),
+        _cell(record.error_category),
+    ]
+
+
+def format_calls_table(records: Iterable[Any]) -> str:
+    """One line per call: index, dialect, model, status, tokens in/out, latency, TTFT, error category."""
+    return format_table(CALL_HEADERS, (_call_row(r) for r in records), CALL_RIGHT)
+
+
+def summarize_rollout(rollout_id: str, records: Sequence[Any], incomplete: bool) -> RolloutSummary:
+    return RolloutSummary(
+        rollout_id=rollout_id,
+        calls=len(records),
+        errors=sum(1 for r in records if is_error(r)),
+        tokens_in=sum(r.tokens_in or 0 for r in records),
+        tokens_out=sum(r.tokens_out or 0 for r in records),
+        incomplete=incomplete,
+    )
+
+
+def format_rollout_summaries(summaries: Iterable[RolloutSummary]) -> str:
+    rows = [_rollout_row(s) for s in summaries]
+    return format_table(ROLLOUT_HEADERS, rows, ROLLOUT_RIGHT)
+
+
+def _rollout_row(s: RolloutSummary) -> list[str]:
+    counts = (s.calls, s.errors, s.tokens_in, s.tokens_out)
+    return [s.rollout_id, *(str(n) for n in counts), "yes" if s.incomplete else "no"]
+
+
+def _default_reader() -> ReadRecords:
+    # Imported late: the CLI imports this module, and the package's __init__ may re-export from it.
+    from . import read_model_call_records
+
+    reader: ReadRecords = read_model_call_records
+    return reader
+
+
+def format_rollouts_table(store: CaptureStore, read_records: ReadRecords | None = None) -> str:
+    """One line per rollout in the store: calls, errors, summed tokens, and whether a capture failed."""
+    read = read_records or _default_reader()
+    summaries = [
+        summarize_rollout(rollout_id, read(store, rollout_id), store.is_incomplete(rollout_id))
+        for rollout_id in store.rollout_ids()
+    ]
+    return format_rollout_summaries(summaries)

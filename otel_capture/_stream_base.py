@@ -1,0 +1,100 @@
+"""Shared pieces of stream reassembly: the fail-safe accumulator shell and the JSON helpers the three
+dialect accumulators (``_responses_stream``, ``_chat_stream``, ``_messages_stream``) use.
+
+See :mod:`otel_capture._reassembly` for the rules every accumulator follows.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+import orjson
+
+from ._sse import SSEEvent
+
+__all__ = ["Dialect", "JsonDict", "TerminalKind"]
+
+_logger = logging.getLogger("otel_capture._reassembly")
+
+Dialect = Literal["responses", "chat", "messages"]
+TerminalKind = Literal["completed", "incomplete", "failed", "error"]
+JsonDict = dict[str, Any]
+
+
+def _loads(data: str) -> JsonDict | None:
+    try:
+        obj = orjson.loads(data)
+    except ValueError:  # orjson.JSONDecodeError, and surrogates that are not valid UTF-8
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _event_type(payload: JsonDict, event: SSEEvent) -> str | None:
+    kind = payload.get("type")
+    return kind if isinstance(kind, str) else event.event
+
+
+def _cat(old: object, piece: str) -> str:
+    return old + piece if isinstance(old, str) else piece
+
+
+def _merge(old: object, new: object) -> object:
+    """Merge a delta value of a field we do not know: strings append, dicts merge, lists extend."""
+    if new is None:
+        return old
+    if isinstance(old, str) and isinstance(new, str):
+        return old + new
+    if isinstance(old, dict) and isinstance(new, dict):
+        merged = dict(old)
+        for key, value in new.items():
+            merged[key] = _merge(merged.get(key), value)
+        return merged
+    if isinstance(old, list) and isinstance(new, list):
+        return old + new
+    return new
+
+
+def _as_error(value: object) -> JsonDict:
+    return value if isinstance(value, dict) else {"message": str(value)}
+
+
+class _Accumulator:
+    """The fail-safe shell: ``add``/``result`` never raise; subclasses implement ``_add``/``_result``."""
+
+    def __init__(self) -> None:
+        self.terminal: TerminalKind | None = None
+        self.error: JsonDict | None = None
+        self.internal_errors = 0
+
+    def add(self, event: SSEEvent) -> bool:
+        """Feed one event; True if it carried model output (for time to first chunk)."""
+        try:
+            return self._add(event)
+        except Exception:  # telemetry never breaks the host app; the tests assert this stays at 0
+            self.internal_errors += 1
+            _logger.debug("skipped a stream event that could not be reassembled", exc_info=True)
+            return False
+
+    def result(self) -> JsonDict | None:
+        """The reassembled response so far; None when nothing usable arrived."""
+        try:
+            return self._result()
+        except Exception:
+            self.internal_errors += 1
+            _logger.debug("could not build the reassembled response", exc_info=True)
+            return None
+
+    def _finish(self, kind: TerminalKind) -> None:
+        if self.terminal is None:
+            self.terminal = kind
+
+    def _record_error(self, value: object) -> None:
+        if self.error is None and value is not None:
+            self.error = _as_error(value)
+
+    def _add(self, event: SSEEvent) -> bool:
+        raise NotImplementedError
+
+    def _result(self) -> JsonDict | None:
+        raise NotImplementedError
