@@ -5,7 +5,10 @@ Every place that accepts a rollout id (middleware, store, collector) validates i
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import re
+from collections.abc import Iterator
 from urllib.parse import unquote
 
 ROLLOUT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
@@ -69,3 +72,26 @@ def rollout_id_from_baggage(header_values: list[bytes]) -> str | None:
 
 def rollout_path_prefix(rollout_id: str) -> str:
     return _PREFIX + validate_rollout_id(rollout_id)
+
+
+_current_rollout_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "otel_capture_rollout_id", default=None
+)
+
+
+def current_rollout_id() -> str | None:
+    """The rollout id set by :func:`rollout_context` in this task or thread, if any."""
+    return _current_rollout_id.get()
+
+
+@contextlib.contextmanager
+def rollout_context(rollout_id: str | None) -> Iterator[str | None]:
+    """Make ``rollout_id`` the current rollout for the calls made inside the block (validated; ``None``
+    clears it). Agent-side integrations (the httpx baggage hook) read it with :func:`current_rollout_id`."""
+    if rollout_id is not None:
+        validate_rollout_id(rollout_id)
+    token = _current_rollout_id.set(rollout_id)
+    try:
+        yield rollout_id
+    finally:
+        _current_rollout_id.reset(token)
