@@ -36,6 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("dir")
     show.add_argument("rollout_id", nargs="?")
 
+    check = commands.add_parser("check", help="verify a capture directory; exit 1 on damage")
+    check.add_argument("dir")
+    check.add_argument("--strict", action="store_true", help="also fail when a rollout is marked incomplete")
+
     demo = commands.add_parser("demo", help="run a few rollouts against a real tiny model through the proxy")
     demo.add_argument("--upstream", help="use this model server instead of starting the embedded tiny model")
     demo.add_argument("--capture-dir", help="where records go (default: a new temporary directory)")
@@ -51,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _proxy(args)
         if args.command == "show":
             return _show(args)
+        if args.command == "check":
+            return _check(args)
         if args.command == "demo":
             from ._demo import run_demo
 
@@ -104,6 +110,21 @@ def _server_class() -> type:
                     signal.signal(sig, handler)
 
     return Server
+
+
+def _check(args: argparse.Namespace) -> int:
+    from ._check import check_capture_dir, format_check
+    from ._store import CaptureStore
+
+    store = CaptureStore(args.dir)
+    if not store.root.is_dir():
+        print(f"otel-capture: error: {args.dir} is not a directory", file=sys.stderr)
+        return EXIT_ERROR
+    results = check_capture_dir(store)
+    for line in format_check(results):
+        print(line)
+    failed = any(r.damaged for r in results) or (args.strict and any(r.incomplete for r in results))
+    return EXIT_ERROR if failed else EXIT_OK
 
 
 def _show(args: argparse.Namespace) -> int:

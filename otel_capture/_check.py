@@ -1,0 +1,66 @@
+"""``otel-capture check DIR``: verify a capture directory and say what is damaged.
+
+Damage is a line that is not a valid record, or a torn tail (a final line without its newline: a writer
+died inside its ``write``). An incomplete marker is not damage, it is a capture failure that was recorded
+as it should be; it is reported, and fails the check only with ``strict``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ._records import InvalidLine, read_available_model_call_records
+from ._store import CaptureStore
+
+
+@dataclass
+class RolloutCheck:
+    rollout_id: str
+    records: int = 0
+    invalid: list[InvalidLine] = field(default_factory=list)
+    torn_tail: InvalidLine | None = None
+    incomplete: bool = False
+    error: str | None = None
+
+    @property
+    def damaged(self) -> bool:
+        return bool(self.invalid) or self.torn_tail is not None or self.error is not None
+
+
+def check_capture_dir(store: CaptureStore) -> list[RolloutCheck]:
+    """One report per rollout in the directory. Never raises for a damaged file: it reports it."""
+    results = []
+    for rollout_id in store.rollout_ids():
+        result = RolloutCheck(rollout_id)
+        try:
+            available = read_available_model_call_records(store, rollout_id)
+        except (OSError, ValueError) as exc:  # unreadable file, or a file name that is not a valid id
+            result.error = f"{type(exc).__name__}: {exc}"
+        else:
+            result.records = len(available.records)
+            result.invalid = list(available.invalid)
+            result.torn_tail = available.torn_tail_line
+            result.incomplete = available.incomplete
+        results.append(result)
+    return results
+
+
+def format_check(results: list[RolloutCheck]) -> list[str]:
+    """Human-readable lines: one per problem, then a summary line."""
+    lines = []
+    for result in results:
+        for bad in result.invalid:
+            lines.append(f"{result.rollout_id}: line {bad.line_number}: damaged: {bad.reason}")
+        if result.torn_tail is not None:
+            lines.append(f"{result.rollout_id}: line {result.torn_tail.line_number}: torn tail (a writer died mid-write)")
+        if result.error is not None:
+            lines.append(f"{result.rollout_id}: unreadable: {result.error}")
+        if result.incomplete:
+            lines.append(f"{result.rollout_id}: incomplete: at least one call was not captured (see the .capture.incomplete marker)")
+    damaged = sum(r.damaged for r in results)
+    incomplete = sum(r.incomplete for r in results)
+    records = sum(r.records for r in results)
+    lines.append(
+        f"{len(results)} rollout(s), {records} record(s); {damaged} damaged, {incomplete} incomplete"
+    )
+    return lines
