@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Iterator, Sequence
@@ -27,6 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     proxy.add_argument("--upstream", required=True, help="the model server's base URL, e.g. http://127.0.0.1:8000")
     proxy.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     proxy.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default)")
+    proxy.add_argument("--workers", type=int, default=1, help="worker processes sharing the port (default 1)")
     proxy.add_argument(
         "--capture-dir",
         help="where records go (default: $OTEL_EXPORTER_MODEL_CALL_JSONL_DIR; without either, spans only)",
@@ -72,8 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _proxy(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from ._proxy import bind_socket, build_proxy_app, socket_url
-    from ._settings import CaptureSettings
+    from ._proxy import ENV_UPSTREAM, bind_socket, build_proxy_app, socket_url
+    from ._settings import ENV_CAPTURE_DIR, CaptureSettings
 
     settings = CaptureSettings.from_environ(capture_dir=args.capture_dir)
     sock = bind_socket(args.host, args.port)
@@ -82,10 +84,21 @@ def _proxy(args: argparse.Namespace) -> int:
             f"otel-capture: warning: binding {args.host}: the proxy is reachable from other machines",
             file=sys.stderr,
         )
-    app = build_proxy_app(args.upstream, settings=settings)
     print(f"listening on {socket_url(sock)}", flush=True)
     where = settings.capture_dir if settings.capture_dir is not None else "nowhere (spans only)"
     print(f"upstream {args.upstream}; records to {where}", flush=True)
+    if args.workers > 1:
+        # uvicorn's supervisor starts the workers on the socket we bound; each builds its own app and writer
+        # from the environment (they share the capture files through flock).
+        os.environ[ENV_UPSTREAM] = args.upstream
+        if settings.capture_dir is not None:
+            os.environ[ENV_CAPTURE_DIR] = str(settings.capture_dir)
+        uvicorn.run(
+            "otel_capture._proxy:proxy_app_from_environ", factory=True, fd=sock.fileno(), workers=args.workers,
+            lifespan="on", log_level="warning", access_log=False,
+        )
+        return EXIT_OK
+    app = build_proxy_app(args.upstream, settings=settings)
     server = _server_class()(uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False))
     server.run(sockets=[sock])
     print("stopped; every acknowledged record is on disk", flush=True)

@@ -260,3 +260,18 @@ def start_proxy(
             raise RuntimeError("the capture proxy failed to start; see the log")
         threading.Event().wait(0.01)
     return RunningProxy(socket_url(sock), server, thread)
+
+
+ENV_UPSTREAM = "OTEL_CAPTURE_UPSTREAM"
+
+
+def proxy_app_from_environ() -> ASGIApp:
+    """App factory for ``uvicorn --factory`` (and ``otel-capture proxy --workers N``): the upstream comes
+    from ``OTEL_CAPTURE_UPSTREAM``, everything else from the usual variables. Each worker process builds
+    its own writer; they share the capture files through ``flock``."""
+    import os
+
+    upstream = os.environ.get(ENV_UPSTREAM)
+    if not upstream:
+        raise RuntimeError(f"{ENV_UPSTREAM} is not set: it names the model server to forward to")
+    return build_proxy_app(upstream)
