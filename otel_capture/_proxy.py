@@ -206,6 +206,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    # Listen now, before the server runs: "listening on ..." is printed as soon as this returns, and a client
+    # that connects before uvicorn starts must wait in the backlog, not be refused.
+    sock.listen(2048)
     sock.set_inheritable(True)
     return sock
 
