@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import socket
 import threading
@@ -40,6 +41,10 @@ _REQUEST_DROP = {
 _RESPONSE_DROP = {b"connection", b"keep-alive", b"te", b"trailer", b"transfer-encoding", b"upgrade"}
 
 
+_SHARDS = 16
+_KEEPALIVE_PER_SHARD = 16
+
+
 class UpstreamProxy:
     """Forwards every HTTP request to ``upstream`` (scheme://host[:port][/base]), path and query kept."""
 
@@ -52,7 +57,8 @@ class UpstreamProxy:
     ) -> None:
         self.upstream = httpx.URL(upstream.rstrip("/"))
         self._timeout = timeout or httpx.Timeout(connect=30.0, read=None, write=None, pool=None)
-        self._client: httpx.AsyncClient | None = None
+        self._clients: list[httpx.AsyncClient] = []
+        self._turn = itertools.count()
         self._on_shutdown = on_shutdown or []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -76,16 +82,21 @@ class UpstreamProxy:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    def _client_for_loop(self) -> httpx.AsyncClient:
-        if self._client is None:
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-            self._client = httpx.AsyncClient(timeout=self._timeout, limits=limits, trust_env=False)
-        return self._client
+    def _next_client(self) -> httpx.AsyncClient:
+        """Round-robin over a few clients. httpcore's pool checks every pooled connection on every request
+        (a readability syscall each), so one pool of N connections costs O(N) per request: at 64
+        concurrent calls the proxy spent most of its time there. Shards keep each pool small."""
+        if not self._clients:
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=_KEEPALIVE_PER_SHARD)
+            self._clients = [
+                httpx.AsyncClient(timeout=self._timeout, limits=limits, trust_env=False) for _ in range(_SHARDS)
+            ]
+        return self._clients[next(self._turn) % _SHARDS]
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        clients, self._clients = self._clients, []
+        for client in clients:
+            await client.aclose()
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await _read_body(receive)
@@ -96,7 +107,7 @@ class UpstreamProxy:
             path += b"?" + scope["query_string"]
         url = self.upstream.copy_with(raw_path=path)
         headers = [(k, v) for k, v in scope.get("headers", ()) if k.lower() not in _REQUEST_DROP]
-        client = self._client_for_loop()
+        client = self._next_client()
         request = client.build_request(scope["method"], url, headers=headers, content=body)
         try:
             response = await client.send(request, stream=True)
@@ -203,7 +214,9 @@ def build_proxy_app(
 
 def bind_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP explicitly: asyncio turns TCP_NODELAY on only for sockets whose proto says TCP, and without
+    # it every keep-alive response waits ~40 ms for the client's delayed ACK (Nagle).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     # Listen now, before the server runs: "listening on ..." is printed as soon as this returns, and a client
