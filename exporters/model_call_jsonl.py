@@ -67,7 +67,12 @@ class ModelCallJsonlExporter(SpanExporter):
             failed: concurrent.futures.Future[None] = concurrent.futures.Future()
             failed.set_exception(RuntimeError("model_call_jsonl exporter has no directory"))
             return failed
-        return self._writer.submit(call.rollout_id, call.line, call.model_call_id)
+        return self._writer.submit(call.rollout_id, call.line, call.model_call_id, call.tokens_line)
+
+    def begin_call(self, rollout_id: str, model_call_id: str) -> None:
+        """A captured call has started: a freeze before its record lands reports the rollout incomplete."""
+        if self._writer is not None and not self._shutdown:
+            self._writer.begin(rollout_id, model_call_id)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         """Hand every model-call span's record to the writer. Never raises.

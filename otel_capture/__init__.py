@@ -1,10 +1,40 @@
 """otel-capture: every LLM model call as an OpenTelemetry span and a durable NeMo Gym ModelCallRecord line."""
 
+from ._agent import (
+    CorrelationSettings,
+    base_url_for_run,
+    capture_correlation_enabled,
+    maybe_rollout_id_from_run_body,
+    resolve_model_base_url,
+    rollout_context_for_run,
+    rollout_id_from_run,
+    url_path_for_request,
+    url_path_for_run,
+)
+from ._attach import attach_model_call_capture, build_model_call_capture, clear_model_call_captures
 from ._correlation import (
     ROLLOUT_ID_PATTERN,
     InvalidRolloutIdError,
+    current_rollout_id,
     is_valid_rollout_id,
+    rollout_context,
     validate_rollout_id,
+)
+from ._httpx_baggage import (
+    async_rollout_baggage_hook,
+    inject_rollout_baggage,
+    instrument_http_client,
+    rollout_baggage_hook,
+)
+from ._instrumentor import ModelCallInstrumentor
+from ._lifecycle_types import (
+    CaptureFrozenError,
+    CaptureRetiredError,
+    CaptureSnapshot,
+    CaptureStateError,
+    IncompleteCall,
+    RemovalResult,
+    validate_rollout_ids,
 )
 from ._middleware import ModelCallCaptureMiddleware
 from ._proxy import build_proxy_app, start_proxy
@@ -16,21 +46,49 @@ from ._records import (
 )
 from ._settings import CaptureSettings
 from ._store import CaptureStore
+from ._tokens import extract_tokens
 from ._version import __version__
 
 __all__ = [
     "ROLLOUT_ID_PATTERN",
+    "CaptureFrozenError",
+    "CaptureRetiredError",
     "CaptureSettings",
+    "CaptureSnapshot",
+    "CaptureStateError",
     "CaptureStore",
+    "CorrelationSettings",
+    "IncompleteCall",
     "InvalidRolloutIdError",
     "ModelCallCaptureMiddleware",
+    "ModelCallInstrumentor",
     "ModelCallRecord",
+    "RemovalResult",
     "__version__",
     "aggregate_model_call_metrics",
+    "async_rollout_baggage_hook",
+    "attach_model_call_capture",
+    "base_url_for_run",
+    "build_model_call_capture",
     "build_proxy_app",
+    "capture_correlation_enabled",
+    "clear_model_call_captures",
+    "current_rollout_id",
+    "extract_tokens",
+    "inject_rollout_baggage",
+    "instrument_http_client",
     "is_valid_rollout_id",
+    "maybe_rollout_id_from_run_body",
     "read_available_model_call_records",
     "read_model_call_records",
+    "resolve_model_base_url",
+    "rollout_baggage_hook",
+    "rollout_context",
+    "rollout_context_for_run",
+    "rollout_id_from_run",
     "start_proxy",
+    "url_path_for_request",
+    "url_path_for_run",
     "validate_rollout_id",
+    "validate_rollout_ids",
 ]

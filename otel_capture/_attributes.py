@@ -19,6 +19,8 @@ GEN_AI_REQUEST_FREQUENCY_PENALTY = "gen_ai.request.frequency_penalty"
 GEN_AI_REQUEST_PRESENCE_PENALTY = "gen_ai.request.presence_penalty"
 GEN_AI_REQUEST_STOP_SEQUENCES = "gen_ai.request.stop_sequences"
 GEN_AI_REQUEST_CHOICE_COUNT = "gen_ai.request.choice.count"
+GEN_AI_OUTPUT_TYPE = "gen_ai.output.type"
+GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
 GEN_AI_RESPONSE_ID = "gen_ai.response.id"
 GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
 GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
@@ -29,10 +31,19 @@ GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
 GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
 GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.usage.reasoning.output_tokens"
 OPENAI_API_TYPE = "openai.api.type"
+OPENAI_REQUEST_SERVICE_TIER = "openai.request.service_tier"
+OPENAI_RESPONSE_SERVICE_TIER = "openai.response.service_tier"
+OPENAI_RESPONSE_SYSTEM_FINGERPRINT = "openai.response.system_fingerprint"
 SERVER_ADDRESS = "server.address"
 SERVER_PORT = "server.port"
 HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
 ERROR_TYPE = "error.type"
+
+# Opt-in content (JSON text on spans, only when OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT asks).
+GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"
+GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"
+GEN_AI_SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
+GEN_AI_TOOL_DEFINITIONS = "gen_ai.tool.definitions"
 
 # Ours: the correlation and the link to the JSONL record.
 ROLLOUT_ID = "rollout.id"
@@ -42,3 +53,22 @@ MODEL_CALL_DIALECT = "otel_capture.model_call.dialect"
 MODEL_CALL_ROLLOUT_SOURCE = "otel_capture.rollout.source"  # "url_prefix" or "baggage"
 
 OPERATION_CHAT = "chat"
+
+# Metrics (GenAI semconv v1.41.1 gen-ai-metrics.md): name, unit, description, explicit bucket boundaries.
+METRIC_SERVER_REQUEST_DURATION = "gen_ai.server.request.duration"
+METRIC_SERVER_TIME_TO_FIRST_TOKEN = "gen_ai.server.time_to_first_token"
+METRIC_SERVER_TIME_PER_OUTPUT_TOKEN = "gen_ai.server.time_per_output_token"
+BUCKETS_REQUEST_DURATION = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)
+BUCKETS_TIME_TO_FIRST_TOKEN = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+)
+BUCKETS_TIME_PER_OUTPUT_TOKEN = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+)
+# The low-cardinality span attributes that metrics carry (never rollout.id: one series per rollout).
+METRIC_ATTRIBUTES = (
+    GEN_AI_OPERATION_NAME, GEN_AI_PROVIDER_NAME, GEN_AI_REQUEST_MODEL, GEN_AI_RESPONSE_MODEL,
+    SERVER_ADDRESS, SERVER_PORT, ERROR_TYPE,
+)

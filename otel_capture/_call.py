@@ -11,8 +11,8 @@ from typing import Any, Literal
 import orjson
 
 from . import _attributes as A
-from ._derive import cache_signal, finish_reasons, token_stats
 from ._reassembly import StreamAccumulator, accumulator_for
+from ._semconv import content_attributes, request_attributes, response_attributes
 from ._settings import CaptureSettings
 from ._sse import SSEDecoder
 
@@ -27,19 +27,6 @@ DIALECT_PATHS: dict[str, Dialect] = {
 _PROVIDER = {"responses": "openai", "chat": "openai", "messages": "anthropic"}
 _OPENAI_API_TYPE = {"responses": "responses", "chat": "chat_completions"}
 _MODEL_REF_TYPE = "responses_api_models"  # the only type NeMo Gym's reader accepts
-
-# request key -> span attribute, numbers only (GenAI semconv "gen_ai.request.*")
-_REQUEST_NUMBERS = (
-    ("temperature", A.GEN_AI_REQUEST_TEMPERATURE, float),
-    ("top_p", A.GEN_AI_REQUEST_TOP_P, float),
-    ("top_k", A.GEN_AI_REQUEST_TOP_K, float),
-    ("seed", A.GEN_AI_REQUEST_SEED, int),
-    ("frequency_penalty", A.GEN_AI_REQUEST_FREQUENCY_PENALTY, float),
-    ("presence_penalty", A.GEN_AI_REQUEST_PRESENCE_PENALTY, float),
-    ("n", A.GEN_AI_REQUEST_CHOICE_COUNT, int),
-)
-_MAX_TOKENS_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
-
 
 class _Body:
     """Raw bytes kept up to a cap; past it they are counted, not kept."""
@@ -283,9 +270,10 @@ class CallCapture:
             return self.response_obj
         return _as_fragment(self.response.bytes(), self.response_obj)
 
-    # -- span ---------------------------------------------------------------------------------------
+    # -- span ----------------------------------------------------------------------------------------
 
     def start_attributes(self) -> dict[str, Any]:
+        """What samplers may use (set at span start): operation, provider, model, request parameters."""
         attributes: dict[str, Any] = {
             A.GEN_AI_OPERATION_NAME: A.OPERATION_CHAT,
             A.GEN_AI_PROVIDER_NAME: _PROVIDER[self.dialect],
@@ -297,62 +285,49 @@ class CallCapture:
             attributes[A.OPENAI_API_TYPE] = _OPENAI_API_TYPE[self.dialect]
         if self.request_model:
             attributes[A.GEN_AI_REQUEST_MODEL] = self.request_model
+        if self.session_id:
+            attributes[A.GEN_AI_CONVERSATION_ID] = self.session_id
         attributes.update(request_attributes(self.request_obj))
         return attributes
 
     def end_attributes(self) -> dict[str, Any]:
-        attributes: dict[str, Any] = {A.GEN_AI_REQUEST_STREAM: self.stream}
+        attributes: dict[str, Any] = {}
+        if self.stream:
+            attributes[A.GEN_AI_REQUEST_STREAM] = True
+        elif not (self.request_obj and self.request_obj.get("stream") is True):
+            attributes[A.GEN_AI_REQUEST_STREAM] = False
         if self.status_code is not None:
             attributes[A.HTTP_RESPONSE_STATUS_CODE] = self.status_code
         if self.stream and self.ttft_ms is not None:
             attributes[A.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = self.ttft_ms / 1000
-        response = self.response_obj
-        if response is not None:
-            if isinstance(response.get("id"), str):
-                attributes[A.GEN_AI_RESPONSE_ID] = response["id"]
-            if isinstance(response.get("model"), str):
-                attributes[A.GEN_AI_RESPONSE_MODEL] = response["model"]
-            reasons = finish_reasons(response, self.dialect)
-            if reasons:
-                attributes[A.GEN_AI_RESPONSE_FINISH_REASONS] = reasons
-            attributes.update(usage_attributes(response))
+        if self.response_obj is not None:
+            attributes.update(response_attributes(self.response_obj, self.dialect))
+        if self.stream and self.error_category in ("stream_truncated", "cancelled"):
+            # a finish reason was expected but never came: the semconv's "error" in its place
+            attributes.setdefault(A.GEN_AI_RESPONSE_FINISH_REASONS, ["error"])
         if self.error_category is not None:
             attributes[A.ERROR_TYPE] = self.error_category
         return attributes
 
+    def content_attributes(self, max_length: int) -> dict[str, str]:
+        """The opt-in message content (semconv JSON text, each at most ``max_length`` characters)."""
+        return content_attributes(self.dialect, self.request_obj, self.response_obj, max_length)
 
-def request_attributes(request: dict[str, Any] | None) -> dict[str, Any]:
-    """``gen_ai.request.*`` parameters present in the request body."""
-    if not request:
-        return {}
-    attributes: dict[str, Any] = {}
-    for key, name, kind in _REQUEST_NUMBERS:
-        value = request.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            attributes[name] = kind(value)
-    for key in _MAX_TOKENS_KEYS:
-        value = request.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            attributes[A.GEN_AI_REQUEST_MAX_TOKENS] = value
-            break
-    stop = request.get("stop", request.get("stop_sequences"))
-    if isinstance(stop, str):
-        attributes[A.GEN_AI_REQUEST_STOP_SEQUENCES] = [stop]
-    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        attributes[A.GEN_AI_REQUEST_STOP_SEQUENCES] = stop
-    return attributes
+    # -- metrics ------------------------------------------------------------------------------------
 
-
-def usage_attributes(response: dict[str, Any]) -> dict[str, Any]:
-    """``gen_ai.usage.*`` from a response, with NeMo Gym's token rules (Anthropic input includes cache)."""
-    usage = response.get("usage")
-    stats = token_stats(usage)
-    _, cached = cache_signal(usage)
-    values = (
-        (A.GEN_AI_USAGE_INPUT_TOKENS, stats["tokens_in"]),
-        (A.GEN_AI_USAGE_OUTPUT_TOKENS, stats["tokens_out"]),
-        (A.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, cached),
-        (A.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, stats["cache_creation_tokens"]),
-        (A.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, stats["tokens_reasoning"]),
-    )
-    return {name: value for name, value in values if value is not None}
+    def server_timings(self) -> tuple[float | None, float | None, float | None]:
+        """``(request duration, time to first token, time per output token)`` in seconds, for the
+        ``gen_ai.server.*`` histograms. TTFT and TPOT only for streams that completed without error
+        (a non-streamed body arrives all at once: its first byte says nothing about the first token);
+        TPOT only with more than one output token: ``(duration - ttft) / (output tokens - 1)``."""
+        if self.latency_ms is None:
+            return None, None, None
+        duration = self.latency_ms / 1000
+        if not self.stream or self.error_category is not None or self.ttft_ms is None:
+            return duration, None, None
+        ttft = self.ttft_ms / 1000
+        usage = response_attributes(self.response_obj, self.dialect) if self.response_obj else {}
+        output_tokens = usage.get(A.GEN_AI_USAGE_OUTPUT_TOKENS)
+        if not isinstance(output_tokens, int) or output_tokens < 2:
+            return duration, ttft, None
+        return duration, ttft, max(duration - ttft, 0.0) / (output_tokens - 1)

@@ -6,7 +6,7 @@ Part of stream reassembly; see :mod:`otel_capture._reassembly` for the rules eve
 from __future__ import annotations
 
 from ._sse import SSEEvent
-from ._stream_base import JsonDict, _Accumulator, _cat, _loads, _merge
+from ._stream_base import JsonDict, _Accumulator, _loads, _merge
 
 __all__ = ["ChatCompletionsAccumulator"]
 
@@ -100,7 +100,7 @@ class ChatCompletionsAccumulator(_Accumulator):
         for key, value in delta.items():
             if key in _CHAT_TEXT_FIELDS:
                 if isinstance(value, str):
-                    message[key] = _cat(message.get(key), value)
+                    self._append(message, key, value)
                     carried = carried or bool(value)
             elif key == "tool_calls":
                 if isinstance(value, list):
@@ -144,8 +144,7 @@ class ChatCompletionsAccumulator(_Accumulator):
                 call[key] = _merge(call.get(key), value)
         return carried
 
-    @staticmethod
-    def _merge_function(call: JsonDict, delta: JsonDict) -> bool:
+    def _merge_function(self, call: JsonDict, delta: JsonDict) -> bool:
         function = call.get("function")
         if not isinstance(function, dict):
             function = call["function"] = {}
@@ -153,7 +152,7 @@ class ChatCompletionsAccumulator(_Accumulator):
         for key, value in delta.items():
             if key == "arguments":
                 if isinstance(value, str):
-                    function["arguments"] = _cat(function.get("arguments"), value)
+                    self._append(function, "arguments", value)
                     carried = carried or bool(value)
             elif key == "name":
                 if isinstance(value, str) and value:

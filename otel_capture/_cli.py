@@ -42,6 +42,18 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("dir")
     check.add_argument("--strict", action="store_true", help="also fail when a rollout is marked incomplete")
 
+    ls = commands.add_parser("ls", help="list a capture directory's rollouts and their lifecycle state")
+    ls.add_argument("dir")
+    ls.add_argument("--state", choices=("live", "frozen", "retired"), help="only rollouts in this state")
+
+    retire = commands.add_parser("retire", help="remove rollouts' records and keep fences that refuse late calls")
+    retire.add_argument("dir")
+    retire.add_argument("rollout_ids", nargs="+", metavar="ID")
+
+    delete = commands.add_parser("delete", help="remove rollouts' records and fences (before reusing an id)")
+    delete.add_argument("dir")
+    delete.add_argument("rollout_ids", nargs="+", metavar="ID")
+
     demo = commands.add_parser("demo", help="run a few rollouts against a real tiny model through the proxy")
     demo.add_argument("--upstream", help="use this model server instead of starting the embedded tiny model")
     demo.add_argument("--capture-dir", help="where records go (default: a new temporary directory)")
@@ -59,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _show(args)
         if args.command == "check":
             return _check(args)
+        if args.command in ("ls", "retire", "delete"):
+            return _lifecycle(args)
         if args.command == "demo":
             from ._demo import run_demo
 
@@ -160,6 +174,29 @@ def _show(args: argparse.Namespace) -> int:
             print(f"  line {number}: {reason}", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK
+
+
+def _lifecycle(args: argparse.Namespace) -> int:
+    """``ls``: one ``<id> <state>`` line per rollout. ``retire``/``delete``: one ``<outcome> <id>`` line per
+    id (``removed``, ``absent``, ``failed``); exit 1 if any id failed (the same command finishes it)."""
+    from ._store import CaptureStore
+
+    store = CaptureStore(args.dir)
+    if not store.root.is_dir():
+        print(f"otel-capture: error: {args.dir} is not a directory", file=sys.stderr)
+        return EXIT_ERROR
+    if args.command == "ls":
+        for rollout_id, state in store.list_rollouts(args.state).items():
+            print(f"{rollout_id}\t{state}")
+        return EXIT_OK
+    operation = store.retire_now if args.command == "retire" else store.delete_now
+    result = operation(args.rollout_ids)
+    for outcome in ("removed", "absent"):
+        for rollout_id in result[outcome]:
+            print(f"{outcome}\t{rollout_id}")
+    for rollout_id, reason in result["failed"].items():
+        print(f"otel-capture: error: {args.command} {rollout_id}: {reason}", file=sys.stderr)
+    return EXIT_ERROR if result["failed"] else EXIT_OK
 
 
 if __name__ == "__main__":

@@ -17,15 +17,21 @@ The path of one call:
    for an export delay and never depend on trace sampling;
 4. the middleware awaits the call's durability future before it releases the terminal chunk.
 
+Before all that, when a call starts, the middleware calls :func:`begin_call`, so that a freeze taken while
+the call is in flight reports the rollout incomplete (DESIGN §6). It never raises and never blocks.
+
 ``otel_capture`` never imports ``exporters``: exporters register themselves here as the active sink.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Protocol
+
+_logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -35,6 +41,7 @@ class CapturedCall:
     rollout_id: str
     model_call_id: str
     line: bytes  # one JSON object ending in "\n"
+    tokens_line: bytes | None = None  # the call's <id>.tokens.jsonl line, when the upstream returned tokens
 
 
 class CallSink(Protocol):
@@ -64,6 +71,19 @@ def unregister_sink(sink: CallSink) -> None:
 def active_sink() -> CallSink | None:
     with _lock:
         return _sinks[-1] if _sinks else None
+
+
+def begin_call(rollout_id: str, model_call_id: str) -> None:
+    """Tell the active sink a captured call has started (if it cares). Never raises: a late call of a
+    fenced rollout is still answered; its line is dropped when it is written."""
+    sink = active_sink()
+    begin = getattr(sink, "begin_call", None)
+    if begin is None:
+        return
+    try:
+        begin(rollout_id, model_call_id)
+    except Exception:
+        _logger.debug("begin_call failed for rollout %s", rollout_id, exc_info=True)
 
 
 def offer(span_id: int, call: CapturedCall) -> None:

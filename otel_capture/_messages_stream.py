@@ -8,7 +8,7 @@ from __future__ import annotations
 import orjson
 
 from ._sse import SSEEvent
-from ._stream_base import JsonDict, _Accumulator, _cat, _event_type, _loads, _merge
+from ._stream_base import JsonDict, _Accumulator, _event_type, _loads, _merge
 
 __all__ = ["MessagesAccumulator"]
 
@@ -101,7 +101,7 @@ class MessagesAccumulator(_Accumulator):
             if not isinstance(text, str):
                 return False
             _, block = self._block_for(payload, default_type)
-            block[key] = _cat(block.get(key), text)
+            self._append(block, key, text)
             return bool(text)
         if kind == "input_json_delta":
             piece = delta.get("partial_json")

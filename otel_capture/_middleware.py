@@ -9,6 +9,12 @@ Per request:
    tolerated) with a rollout id is captured; everything else goes to the app untouched.
 3. Response chunks are forwarded as they come; only the terminal chunk (the final SSE event, or the last
    body message of a JSON response) and what follows it wait until the record is durable.
+4. The span (GenAI semconv v1.41.1, ``_semconv``) is a child of the HTTP server span when one is current,
+   else of the caller's ``traceparent``; the ``gen_ai.server.*`` metrics are recorded when it ends.
+
+A request is captured at most once: a capture middleware that captures marks the scope, and any other
+below it (a mounted sub-app instrumented too) passes through. One that only strips the URL prefix hands
+the rollout id down in the scope, so a mounted sub-app whose route is a dialect path still captures it.
 """
 
 from __future__ import annotations
@@ -21,14 +27,16 @@ from urllib.parse import unquote
 
 import orjson
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
+from opentelemetry import metrics, propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from . import _attributes as A
 from . import _handoff
 from ._call import DIALECT_PATHS, CallCapture, Dialect
 from ._correlation import ROLLOUT_ID_RULE, is_valid_rollout_id, rollout_id_from_baggage, split_rollout_prefix
+from ._metrics import ServerMetrics
 from ._settings import CaptureSettings
+from ._tokens import tokens_line
 from ._version import __version__
 
 _logger = logging.getLogger(__name__)
@@ -39,29 +47,34 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+SCOPE_CAPTURED = "otel_capture.captured"
+SCOPE_ROLLOUT_ID = "otel_capture.rollout_id"  # from a URL prefix stripped by an outer capture middleware
+
 
 class ModelCallCaptureMiddleware:
     """Wraps any ASGI model-server app. Records go to the active ``model_call_jsonl`` exporter; spans go
-    to ``tracer_provider`` (the global one by default)."""
+    to ``tracer_provider`` and metrics to ``meter_provider`` (the global ones by default)."""
 
     def __init__(
         self,
         app: ASGIApp,
         *,
         tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
         settings: CaptureSettings | None = None,
         span_kind: SpanKind = SpanKind.INTERNAL,
     ) -> None:
         self.app = app
         self.settings = settings if settings is not None else CaptureSettings.from_environ()
         self._tracer = trace.get_tracer(__name__, __version__, tracer_provider)
+        self._metrics = ServerMetrics(meter_provider)
         self._span_kind = span_kind
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope.get(SCOPE_CAPTURED):
             await self.app(scope, receive, send)
             return
-        rollout_id: str | None = None
+        rollout_id: str | None = scope.get(SCOPE_ROLLOUT_ID)
         # Split on the raw path: in the decoded one, /ng-rollout/a%2Fb/... would look like id "a".
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
         split = split_rollout_prefix(raw_path.decode("latin-1"))
@@ -71,6 +84,7 @@ class ModelCallCaptureMiddleware:
                 await _send_json(send, 400, _invalid_id_error(rollout_id))
                 return
             scope = dict(scope, path=unquote(raw_rest), raw_path=raw_rest.encode("latin-1"))
+            scope[SCOPE_ROLLOUT_ID] = rollout_id
         dialect = _dialect_of(scope)
         if dialect is None:
             await self.app(scope, receive, send)
@@ -88,6 +102,8 @@ class ModelCallCaptureMiddleware:
                 await self.app(scope, receive, send)
                 return
             rollout_id, source = baggage_id, "baggage"
+        scope = dict(scope)
+        scope[SCOPE_CAPTURED] = True
         await self._capture(scope, receive, send, dialect, rollout_id, source, baggage_id, headers)
 
     async def _capture(
@@ -102,9 +118,10 @@ class ModelCallCaptureMiddleware:
         headers: dict[str, list[bytes]],
     ) -> None:
         call = CallCapture(dialect, rollout_id, self.settings, session_id=_session_id(headers))
+        _handoff.begin_call(rollout_id, call.model_call_id)  # a freeze meanwhile reports it in flight
         body_messages, disconnected = await _read_request(receive)
         call.set_request(b"".join(m.get("body", b"") for m in body_messages))
-        span = self._start_span(call, scope, headers, source, baggage_id)
+        span, attributes = self._start_span(call, scope, headers, source, baggage_id)
         token = otel_context.attach(trace.set_span_in_context(span))
         state = _SendState()
         cancelled = disconnected
@@ -149,14 +166,14 @@ class ModelCallCaptureMiddleware:
         exception: BaseException | None = None
         try:
             await self.app(scope, replay_receive, capture_send)
-        except BaseException as exc:  # recorded, then re-raised unchanged
+        except BaseException as exc:  # noqa: BLE001  # recorded, then re-raised unchanged
             exception = exc
             if isinstance(exc, asyncio.CancelledError):
                 cancelled = True
         finally:
             otel_context.detach(token)
             # A disconnect after the app produced the whole response is not a cancelled call.
-            await self._finish(call, span, exception, cancelled and not state.holding)
+            await self._finish(call, span, attributes, exception, cancelled and not state.holding)
             # Capture never changes the response: what was held goes out now, durable or not.
             for message in state.held:
                 await send(message)
@@ -165,7 +182,7 @@ class ModelCallCaptureMiddleware:
 
     def _start_span(
         self, call: CallCapture, scope: Scope, headers: dict[str, list[bytes]], source: str, baggage_id: str | None
-    ) -> trace.Span:
+    ) -> tuple[trace.Span, dict[str, Any]]:
         parent = None
         if not trace.get_current_span().get_span_context().is_valid:
             # No HTTP server span around us: continue the caller's trace from its traceparent header.
@@ -174,21 +191,28 @@ class ModelCallCaptureMiddleware:
         attributes[A.MODEL_CALL_ROLLOUT_SOURCE] = source
         if baggage_id is not None and baggage_id != call.rollout_id:
             attributes[A.ROLLOUT_ID_BAGGAGE] = baggage_id
-        server = scope.get("server")
-        if server and server[0]:
-            attributes[A.SERVER_ADDRESS] = server[0]
-            if server[1] is not None:
-                attributes[A.SERVER_PORT] = server[1]
+        attributes.update(_server_attributes(scope, headers))
         name = f"{A.OPERATION_CHAT} {call.request_model}" if call.request_model else A.OPERATION_CHAT
-        return self._tracer.start_span(name, context=parent, kind=self._span_kind, attributes=attributes)
+        span = self._tracer.start_span(name, context=parent, kind=self._span_kind, attributes=attributes)
+        return span, attributes
 
     async def _finish(
-        self, call: CallCapture, span: trace.Span, exception: BaseException | None, cancelled: bool
+        self,
+        call: CallCapture,
+        span: trace.Span,
+        attributes: dict[str, Any],
+        exception: BaseException | None,
+        cancelled: bool,
     ) -> None:
-        """End the span exactly once and wait until the record is durable (or failed). Never raises."""
+        """End the span exactly once, record the metrics, and wait until the record is durable (or
+        failed). Never raises."""
         try:
             call.finish(exception=exception, cancelled=cancelled)
-            span.set_attributes(call.end_attributes())
+            attributes.update(call.end_attributes())
+            span.set_attributes(attributes)
+            if self.settings.content_on_spans:
+                span.set_attributes(call.content_attributes(self.settings.content_max_length))
+            self._metrics.record(attributes, *call.server_timings())
             if call.error_category is not None:
                 span.set_status(Status(StatusCode.ERROR, call.error_category))
             if exception is not None and not isinstance(exception, asyncio.CancelledError):
@@ -197,7 +221,8 @@ class ModelCallCaptureMiddleware:
             sink_present = _handoff.active_sink() is not None
             if sink_present:
                 _handoff.offer(context.span_id, _handoff.CapturedCall(
-                    call.rollout_id, call.model_call_id, call.line(context.trace_id, context.span_id)
+                    call.rollout_id, call.model_call_id, call.line(context.trace_id, context.span_id),
+                    tokens_line(call.response_obj, rollout_id=call.rollout_id, model_call_id=call.model_call_id),
                 ))
         except Exception:
             _logger.exception("model-call capture failed while finishing a %s call", call.dialect)
@@ -213,8 +238,8 @@ class ModelCallCaptureMiddleware:
             await asyncio.shield(asyncio.wrap_future(future))
         except asyncio.CancelledError:
             raise
-        except Exception:
-            pass  # the writer logged it, counted it and marked the rollout incomplete
+        except Exception:  # noqa: BLE001, S110  # the writer logged it, counted it and marked the rollout incomplete
+            pass
 
 
 class _SendState:
@@ -245,6 +270,9 @@ def _dialect_of(scope: Scope) -> Dialect | None:
     if scope.get("method") != "POST":
         return None
     path: str = scope["path"]
+    root_path: str = scope.get("root_path", "")
+    if root_path and path.startswith(root_path + "/"):
+        path = path[len(root_path):]  # a mounted app's route path, as Starlette routes it
     if len(path) > 1 and path.endswith("/"):
         path = path[:-1]
     return DIALECT_PATHS.get(path)
@@ -255,6 +283,31 @@ def _headers(scope: Scope) -> dict[str, list[bytes]]:
     for key, value in scope.get("headers", ()):
         headers.setdefault(key.decode("latin-1").lower(), []).append(value)
     return headers
+
+
+def _server_attributes(scope: Scope, headers: dict[str, list[bytes]]) -> dict[str, Any]:
+    """``server.address``/``server.port`` as the client addressed the server (its ``Host`` header, as the
+    HTTP semconv does), else the socket the server listens on."""
+    host = headers.get("host")
+    if host:
+        name, sep, port = host[0].decode("latin-1").strip().rpartition(":")
+        if not sep or "]" in port:  # no port, or a bare IPv6 literal
+            name, port = host[0].decode("latin-1").strip(), ""
+        name = name.strip("[]")
+        if name:
+            attributes: dict[str, Any] = {A.SERVER_ADDRESS: name}
+            if port.isdigit():
+                attributes[A.SERVER_PORT] = int(port)
+            elif scope.get("scheme") in ("http", "https"):
+                attributes[A.SERVER_PORT] = 443 if scope["scheme"] == "https" else 80
+            return attributes
+    server = scope.get("server")
+    if server and server[0]:
+        attributes = {A.SERVER_ADDRESS: server[0]}
+        if server[1] is not None:
+            attributes[A.SERVER_PORT] = server[1]
+        return attributes
+    return {}
 
 
 def _session_id(headers: dict[str, list[bytes]]) -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._sse import SSEEvent
-from ._stream_base import JsonDict, TerminalKind, _Accumulator, _cat, _event_type, _loads
+from ._stream_base import JsonDict, TerminalKind, _Accumulator, _event_type, _loads
 
 __all__ = ["ResponsesAccumulator"]
 
@@ -189,9 +189,9 @@ class ResponsesAccumulator(_Accumulator):
             return False
         part = self._part_for(payload, field, index_field, part_type, key)
         if done:
-            part[key] = text
+            self._set(part, key, text)
             return False
-        part[key] = _cat(part.get(key), text)
+        self._append(part, key, text)
         logprobs = payload.get("logprobs")
         if isinstance(logprobs, list) and logprobs:
             kept = part.get("logprobs")
@@ -206,7 +206,10 @@ class ResponsesAccumulator(_Accumulator):
         if not isinstance(text, str):
             return False
         item = self._item_for(payload, default_type)
-        item[key] = text if done else _cat(item.get(key), text)
+        if done:
+            self._set(item, key, text)
+        else:
+            self._append(item, key, text)
         return bool(text) and not done
 
     def _add_annotation(self, payload: JsonDict) -> bool:

@@ -1,8 +1,9 @@
 """One settings object, read from the environment once, never at import time (DESIGN §8).
 
 Precedence: constructor argument, then our variable, then the standard ``OTEL_*`` variable, then the
-default. A bad value is logged with its name and replaced by the default. Tests pass ``environ=``
-instead of patching ``os.environ``.
+default. An empty variable counts as unset (as the OpenTelemetry SDK treats it). A bad value is logged with
+its name and replaced by the default (it does not fall through to the next variable: a typo should not
+silently pick up some other setting). Tests pass ``environ=`` instead of patching ``os.environ``.
 """
 
 from __future__ import annotations
@@ -12,20 +13,33 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
+from urllib.parse import unquote
 
 _logger = logging.getLogger(__name__)
 
+# ours
 ENV_CAPTURE_DIR = "OTEL_EXPORTER_MODEL_CALL_JSONL_DIR"
-ENV_SERVICE_NAME = "OTEL_SERVICE_NAME"
 ENV_MAX_BODY_BYTES = "OTEL_CAPTURE_MAX_BODY_BYTES"
 ENV_KEEP_RAW_STREAM = "OTEL_CAPTURE_KEEP_RAW_STREAM"
+ENV_CAPTURE_CONTENT = "OTEL_CAPTURE_MESSAGE_CONTENT"
+ENV_CONTENT_MAX_LENGTH = "OTEL_CAPTURE_CONTENT_MAX_LENGTH"
+# standard
+ENV_SERVICE_NAME = "OTEL_SERVICE_NAME"
+ENV_RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
+ENV_GENAI_CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+ENV_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT = "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT"
+ENV_ATTRIBUTE_VALUE_LENGTH_LIMIT = "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_CONTENT_MAX_LENGTH = 16 * 1024
+
+ContentCapture = Literal["no_content", "span_only", "event_only", "span_and_event"]
+CONTENT_CAPTURE_MODES: tuple[ContentCapture, ...] = ("no_content", "span_only", "event_only", "span_and_event")
 
 _T = TypeVar("_T")
 _TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+_FALSE = {"0", "false", "no", "off"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +52,16 @@ class CaptureSettings:
     """Cap on each raw body kept in memory and on disk; longer bodies are cut and flagged ``truncated``."""
     keep_raw_stream: bool = False
     """Keep the raw SSE text (``response_raw``) for clean streams too, not only for partial ones."""
+    capture_content: ContentCapture = "no_content"
+    """Message content on spans (the GenAI semconv opt-in attributes): ``span_only`` and
+    ``span_and_event`` put it on spans; ``no_content`` and ``event_only`` do not (no events are emitted)."""
+    content_max_length: int = DEFAULT_CONTENT_MAX_LENGTH
+    """Longest JSON text of one content attribute, in characters; longer ones are cut string by string,
+    so the JSON stays valid. Never above the SDK's attribute length limit, which would cut the JSON."""
+
+    @property
+    def content_on_spans(self) -> bool:
+        return self.capture_content in ("span_only", "span_and_event")
 
     @classmethod
     def from_environ(
@@ -48,57 +72,106 @@ class CaptureSettings:
         service_name: str | None = None,
         max_body_bytes: int | None = None,
         keep_raw_stream: bool | None = None,
+        capture_content: ContentCapture | bool | None = None,
+        content_max_length: int | None = None,
     ) -> CaptureSettings:
         env = os.environ if environ is None else environ
+        if isinstance(capture_content, bool):
+            capture_content = "span_only" if capture_content else "no_content"
+        sdk_limit = _pick(
+            None, env, (ENV_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT, ENV_ATTRIBUTE_VALUE_LENGTH_LIMIT), _positive_int, None
+        )
+        content_length = _pick(
+            content_max_length, env, (ENV_CONTENT_MAX_LENGTH,), _positive_int, DEFAULT_CONTENT_MAX_LENGTH
+        )
+        if sdk_limit is not None and content_length > sdk_limit:
+            content_length = sdk_limit  # the SDK would cut the JSON text in the middle
         return cls(
             capture_dir=_pick(
-                _path(os.fspath(capture_dir)) if capture_dir is not None else None,
-                env, ENV_CAPTURE_DIR, _path, None,
+                _to_path(os.fspath(capture_dir)) if capture_dir is not None else None,
+                env, (ENV_CAPTURE_DIR,), _path, None,
             ),
-            service_name=_pick(service_name, env, ENV_SERVICE_NAME, _nonempty, None),
-            max_body_bytes=_pick(max_body_bytes, env, ENV_MAX_BODY_BYTES, _positive_int, DEFAULT_MAX_BODY_BYTES),
-            keep_raw_stream=_pick(keep_raw_stream, env, ENV_KEEP_RAW_STREAM, _bool, False),
+            service_name=_pick(service_name, env, (ENV_SERVICE_NAME, ENV_RESOURCE_ATTRIBUTES), _service_name, None),
+            max_body_bytes=_pick(
+                max_body_bytes, env, (ENV_MAX_BODY_BYTES,), _positive_int, DEFAULT_MAX_BODY_BYTES
+            ),
+            keep_raw_stream=_pick(keep_raw_stream, env, (ENV_KEEP_RAW_STREAM,), _bool, False),
+            capture_content=_pick(
+                capture_content, env, (ENV_CAPTURE_CONTENT, ENV_GENAI_CAPTURE_CONTENT), _content_mode, "no_content"
+            ),
+            content_max_length=content_length,
         )
 
 
 def _pick(
-    given: _T | None, env: Mapping[str, str], name: str, parse: Callable[[str], _T], default: _T
+    given: _T | None,
+    env: Mapping[str, str],
+    names: tuple[str, ...],
+    parse: Callable[[str, str], _T | None],
+    default: _T,
 ) -> _T:
+    """The constructor value, else the first variable in ``names`` that is set and yields a value (the
+    parser gets the variable's name too: ``OTEL_RESOURCE_ATTRIBUTES`` may simply not carry a service
+    name, which is no error), else ``default``."""
     if given is not None:
         return given
-    raw = env.get(name)
-    if raw is None:
-        return default
-    try:
-        return parse(raw)
-    except ValueError as exc:
-        _logger.warning("ignoring %s=%r (%s); using the default %r", name, raw, exc, default)
-        return default
+    for name in names:
+        raw = env.get(name)
+        if raw is None or not raw.strip():
+            continue
+        try:
+            value = parse(name, raw)
+        except ValueError as exc:
+            _logger.warning("ignoring %s=%r (%s); using the default %r", name, raw, exc, default)
+            return default
+        if value is not None:
+            return value
+    return default
 
 
-def _path(raw: str) -> Path:
-    if not raw.strip():
-        raise ValueError("empty path")
-    return Path(raw).expanduser().absolute()
+def _to_path(raw: str) -> Path:
+    return Path(raw.strip()).expanduser().absolute()
 
 
-def _nonempty(raw: str) -> str:
-    if not raw.strip():
-        raise ValueError("empty")
-    return raw.strip()
+def _path(_name: str, raw: str) -> Path:
+    return _to_path(raw)
 
 
-def _positive_int(raw: str) -> int:
-    value = int(raw)
+def _service_name(name: str, raw: str) -> str | None:
+    if name != ENV_RESOURCE_ATTRIBUTES:
+        return raw.strip()
+    for member in raw.split(","):
+        key, sep, value = member.partition("=")
+        if sep and key.strip() == "service.name" and value.strip():
+            return unquote(value.strip())
+    return None
+
+
+def _positive_int(_name: str, raw: str) -> int:
+    value = int(raw.strip())
     if value <= 0:
         raise ValueError("must be a positive integer")
     return value
 
 
-def _bool(raw: str) -> bool:
+def _bool(_name: str, raw: str) -> bool:
     lowered = raw.strip().lower()
     if lowered in _TRUE:
         return True
     if lowered in _FALSE:
         return False
     raise ValueError("must be true or false")
+
+
+def _content_mode(_name: str, raw: str) -> ContentCapture:
+    """The values opentelemetry-util-genai takes (case-insensitive), plus ``true``/``false``: the legacy
+    switch of the older GenAI instrumentations, which meant "record content"."""
+    lowered = raw.strip().lower()
+    for mode in CONTENT_CAPTURE_MODES:
+        if lowered == mode:
+            return mode
+    if lowered in _TRUE:
+        return "span_only"
+    if lowered in _FALSE:
+        return "no_content"
+    raise ValueError("must be one of " + ", ".join(CONTENT_CAPTURE_MODES) + ", true or false")

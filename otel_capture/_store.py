@@ -4,19 +4,26 @@
 ``flock`` exclusive per append, shared per read, as NeMo Gym 0.7.0 does on the same files);
 ``<dir>/<rollout_id>.capture.incomplete`` exists when a call of that rollout could not be captured. NeMo Gym
 only checks that the marker exists; we append one JSON line per failed call to it, saying which and why.
+``<dir>/<rollout_id>.tokens.jsonl`` holds one token line per call whose upstream returned token ids or
+log-probs (:mod:`._tokens`).
+
+The lifecycle (freeze, drop, retire, delete; DESIGN §6) is :class:`._lifecycle.FileLifecycle`; its own
+state lives in ``<dir>/.otel-capture/``, which NeMo Gym never reads (:mod:`._fences`).
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 from ._correlation import validate_rollout_id
+from ._fences import _no_hook
+from ._lifecycle import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX, FileLifecycle
 
-CAPTURE_SUFFIX = ".capture.jsonl"
-INCOMPLETE_SUFFIX = ".capture.incomplete"
+__all__ = ["CAPTURE_SUFFIX", "INCOMPLETE_SUFFIX", "TOKENS_SUFFIX", "CaptureStore", "RawLines"]
 
 
 class RawLines(NamedTuple):
@@ -29,11 +36,23 @@ class RawLines(NamedTuple):
     tail: bytes
 
 
-class CaptureStore:
-    """A capture directory. Creating the object never touches the filesystem; writers create the directory."""
+class CaptureStore(FileLifecycle):
+    """A capture directory and its lifecycle. Creating the object never touches the filesystem.
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    ``fsync`` and ``crash_hook`` are seams for tests: a failing disk, and a callback named at each step of
+    a lifecycle batch (crash tests SIGKILL the process there). Neither is a tuning knob.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        fsync: Callable[[int], None] = os.fsync,
+        crash_hook: Callable[[str], None] | None = None,
+    ) -> None:
         self.root = Path(root)
+        self._fsync = fsync
+        self._hook = crash_hook or _no_hook
 
     def __repr__(self) -> str:
         return f"CaptureStore({str(self.root)!r})"
@@ -43,6 +62,9 @@ class CaptureStore:
 
     def incomplete_path(self, rollout_id: str) -> Path:
         return self.root / (validate_rollout_id(rollout_id) + INCOMPLETE_SUFFIX)
+
+    def tokens_path(self, rollout_id: str) -> Path:
+        return self.root / (validate_rollout_id(rollout_id) + TOKENS_SUFFIX)
 
     def is_incomplete(self, rollout_id: str) -> bool:
         return self.incomplete_path(rollout_id).exists()
@@ -58,6 +80,10 @@ class CaptureStore:
                     ids.add(name[: -len(suffix)])
         return sorted(ids)
 
+    def read_token_lines(self, rollout_id: str) -> RawLines | None:
+        """The rollout's token file split into lines (as :meth:`read_lines`); ``None`` if absent."""
+        return self._read_split(self.tokens_path(rollout_id))
+
     def read_lines(self, rollout_id: str) -> RawLines | None:
         """The rollout's data file split into lines, read whole under ``flock(LOCK_SH)``; ``None`` if absent.
 
@@ -65,7 +91,10 @@ class CaptureStore:
         under it every line is either complete or was torn by a writer that died. One ``read()`` and one
         ``split`` cost no more than iterating the file, and make the torn tail plain to see.
         """
-        path = self.data_path(rollout_id)
+        return self._read_split(self.data_path(rollout_id))
+
+    @staticmethod
+    def _read_split(path: Path) -> RawLines | None:
         try:
             handle = path.open("rb")
         except FileNotFoundError:

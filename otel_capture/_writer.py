@@ -8,10 +8,17 @@ Durability contract (DESIGN §5), written before the code:
   otherwise lose the whole file). It resolves with an exception when the line could not be made durable;
   the writer then appends the reason to ``<rollout_id>.capture.incomplete`` (best effort) so the rollout
   is visibly incomplete.
-* Each append takes ``flock(LOCK_EX)`` on the data file itself (not a separate lock file), exactly as
-  NeMo Gym 0.7.0 does, so its writers and readers interleave with ours on the same files. The lock covers
-  only the ``write``; the ``fsync`` runs after unlocking because fsync makes durable whatever is in the
-  file, whoever wrote it, and holding the lock through a disk flush would stall every other writer.
+* Fences first (DESIGN §6, ``_lifecycle``): a rollout's lines are appended under its stripe lock, after
+  reading its fence there. A frozen or retired rollout's lines are dropped quietly: each future resolves
+  with :class:`CaptureFrozenError` / :class:`CaptureRetiredError`, ``late_write_dropped`` counts them, and
+  nothing is logged or marked incomplete (a late call is not a capture failure). The fence check costs one
+  ``stat`` of the fence journal per rollout per batch.
+* Each append also takes ``flock(LOCK_EX)`` on the data file itself, exactly as NeMo Gym 0.7.0 does, so
+  its writers and readers interleave with ours on the same files. The locks cover only the ``write``; the
+  ``fsync`` runs after unlocking because fsync makes durable whatever is in the file, whoever wrote it,
+  and holding a lock through a disk flush would stall every other writer.
+* A call's token line (``<id>.tokens.jsonl``) is written in the same batch as its record line and synced
+  with it: the future covers both.
 * Every line of a batch for one file goes out in a single ``write`` of whole lines, so a reader never sees
   half of one of our lines unless the process dies inside that ``write`` (a torn tail, which the reader
   reports and never parses).
@@ -25,7 +32,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import errno
-import fcntl
 import logging
 import os
 import queue
@@ -38,7 +44,9 @@ from pathlib import Path
 import orjson
 
 from ._correlation import validate_rollout_id
-from ._store import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX
+from ._fences import DirState, dir_state
+from ._lifecycle_io import INCOMPLETE_SUFFIX, fenced_append
+from ._lifecycle_types import CaptureFrozenError
 
 _logger = logging.getLogger(__name__)
 
@@ -51,7 +59,14 @@ class _Item:
     rollout_id: str
     line: bytes
     model_call_id: str
+    tokens_line: bytes | None = None
     future: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
+
+
+@dataclass(slots=True)
+class _Begin:
+    rollout_id: str
+    model_call_id: str
 
 
 @dataclass(slots=True)
@@ -63,6 +78,8 @@ class WriterStats:
     fsyncs: int = 0
     failures: int = 0
     last_failure: str | None = None
+    late_write_dropped: int = 0
+    """Lines of frozen or retired rollouts (or of calls admitted before a retire or delete), dropped."""
 
 
 class _Barrier:
@@ -88,6 +105,7 @@ class JsonlWriter:
         dir_mode: int = DIR_MODE,
     ) -> None:
         self.root = Path(root)
+        self._state: DirState = dir_state(self.root)
         self.stats = WriterStats()
         self._fsync = fsync
         self._file_mode = file_mode
@@ -99,9 +117,21 @@ class JsonlWriter:
 
     # -- API used by the exporter --------------------------------------------------------------------
 
-    def submit(self, rollout_id: str, line: bytes, model_call_id: str) -> concurrent.futures.Future[None]:
-        """Queue one line (ending in ``\\n``); the future resolves when it is durable or failed."""
-        item = _Item(validate_rollout_id(rollout_id), line, model_call_id)
+    def begin(self, rollout_id: str, model_call_id: str) -> None:
+        """A call of ``rollout_id`` has started. Costs a dict insert and a queue put: the in-process view of
+        calls in flight is updated at once; the ``+`` marker other processes read is written by the thread."""
+        rid = validate_rollout_id(rollout_id)
+        if self._closed:
+            return
+        self._state.calls.begin(rid, model_call_id)
+        self._queue.put(_Begin(rid, model_call_id))
+
+    def submit(
+        self, rollout_id: str, line: bytes, model_call_id: str, tokens_line: bytes | None = None
+    ) -> concurrent.futures.Future[None]:
+        """Queue one line (ending in ``\\n``), and its token line if any; the future resolves when both
+        are durable, or with the error that kept them off disk."""
+        item = _Item(validate_rollout_id(rollout_id), line, model_call_id, tokens_line)
         if self._closed:
             item.future.set_exception(RuntimeError("capture writer is closed"))
             return item.future
@@ -134,6 +164,7 @@ class JsonlWriter:
         stop = False
         while not stop:
             batch: list[_Item] = []
+            begins: list[_Begin] = []
             barriers: list[_Barrier] = []
             obj = self._queue.get()
             while True:
@@ -141,22 +172,29 @@ class JsonlWriter:
                     stop = True
                 elif isinstance(obj, _Barrier):
                     barriers.append(obj)
+                elif isinstance(obj, _Begin):
+                    begins.append(obj)
                 else:
-                    batch.append(obj)  # type: ignore[arg-type]  # only _Item, _Barrier or _STOP are queued
+                    batch.append(obj)  # type: ignore[arg-type]  # only _Item, _Begin, _Barrier, _STOP are queued
                 try:
                     obj = self._queue.get_nowait()
                 except queue.Empty:
                     break
-            if batch:
-                self._write_batch(batch)
+            if batch or begins:
+                self._write_batch(batch, begins)
             for barrier in barriers:
                 barrier.future.set_result(None)
 
-    def _write_batch(self, batch: list[_Item]) -> None:
-        self.stats.batches += 1
+    def _write_batch(self, batch: list[_Item], begins: list[_Begin]) -> None:
+        if batch:
+            self.stats.batches += 1
         by_rollout: dict[str, list[_Item]] = {}
         for item in batch:
             by_rollout.setdefault(item.rollout_id, []).append(item)
+        begun: dict[str, list[str]] = {}
+        for begin in begins:
+            begun.setdefault(begin.rollout_id, []).append(begin.model_call_id)
+            by_rollout.setdefault(begin.rollout_id, [])
         created_any = False
         done: list[_Item] = []
         try:
@@ -166,11 +204,15 @@ class JsonlWriter:
             return
         for rollout_id, items in by_rollout.items():
             try:
-                created_any |= self._append(rollout_id, items)
+                created, written = self._append(rollout_id, items, begun.get(rollout_id, []))
             except OSError as exc:
-                self._fail(rollout_id, items, exc)
+                if items:
+                    self._fail(rollout_id, items, exc)
+                else:
+                    _logger.warning("could not write the in-flight markers of rollout %s: %s", rollout_id, exc)
             else:
-                done.extend(items)
+                created_any |= created
+                done.extend(written)
         if created_any and done:
             try:
                 self._sync_dir()
@@ -188,34 +230,29 @@ class JsonlWriter:
         self.root.mkdir(mode=self._dir_mode, parents=True, exist_ok=True)
         _fsync_dir(self.root.parent, self._fsync)
 
-    def _append(self, rollout_id: str, items: list[_Item]) -> bool:
-        """Append the lines of one rollout; returns whether the file was created by this call."""
-        path = self.root / (rollout_id + CAPTURE_SUFFIX)
-        created = False
+    def _append(self, rollout_id: str, items: list[_Item], begins: list[str]) -> tuple[bool, list[_Item]]:
+        """Append one rollout's lines (fenced), then sync its files. Returns (created a file, items written)."""
+        entries = [(item.model_call_id, item.line, item.tokens_line) for item in items]
+        outcome = fenced_append(self._state, rollout_id, entries, begins, file_mode=self._file_mode)
+        for index, error in outcome.dropped:
+            self._drop_late(items[index], error)
+        accepted = [items[index] for index in outcome.accepted]
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, self._file_mode)
-            created = True
-        except FileExistsError:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-        try:
-            data = b"".join(item.line for item in items)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                start = os.fstat(fd).st_size
-                try:
-                    _write_all(fd, data)
-                except OSError:
-                    # A short write (a full disk) would leave half a line that every later append would
-                    # follow: cut the file back to where this batch started, under the same lock.
-                    _truncate_quietly(fd, start)
-                    raise
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            self._fsync(fd)
-            self.stats.fsyncs += 1
+            for fd in outcome.fds:
+                self._fsync(fd)
+                self.stats.fsyncs += 1
+        except OSError as exc:
+            self._fail(rollout_id, accepted, exc)
+            return False, []
         finally:
-            os.close(fd)
-        return created
+            for fd in outcome.fds:
+                os.close(fd)
+        return outcome.created, accepted
+
+    def _drop_late(self, item: _Item, error: CaptureFrozenError) -> None:
+        # Quietly: a late call of a frozen or retired rollout is the lifecycle working, not a failure.
+        self.stats.late_write_dropped += 1
+        item.future.set_exception(error)
 
     def _sync_dir(self) -> None:
         _fsync_dir(self.root, self._fsync)
@@ -249,12 +286,19 @@ class JsonlWriter:
         )
         path = self.root / (rollout_id + INCOMPLETE_SUFFIX)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, self._file_mode)
-            try:
-                _write_all(fd, lines)
-                self._fsync(fd)
-            finally:
-                os.close(fd)
+            # Under the stripe: a retired rollout's marker would outlive its fence's removals (a frozen
+            # one is marked: the snapshot may list a line whose sync failed, and a stale drop must fail).
+            with self._state.locks.hold_ids([rollout_id]):
+                self._state.journal.refresh()
+                fence = self._state.journal.fence(rollout_id)
+                if fence is not None and fence.kind == "retired":
+                    return
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, self._file_mode)
+                try:
+                    _write_all(fd, lines)
+                    self._fsync(fd)
+                finally:
+                    os.close(fd)
         except OSError as exc:
             # The disk that refused the record may refuse the marker too; the log line is all that is left.
             _logger.error("could not mark rollout %s incomplete: %s", rollout_id, exc)
@@ -265,13 +309,6 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
-
-
-def _truncate_quietly(fd: int, size: int) -> None:
-    try:
-        os.ftruncate(fd, size)
-    except OSError as exc:
-        _logger.error("could not cut a partly written batch back to %d bytes: %s", size, exc)
 
 
 def _fsync_dir(path: Path, fsync: Callable[[int], None]) -> None:

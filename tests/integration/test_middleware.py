@@ -195,7 +195,7 @@ def test_secret_headers_are_never_written(server: str, telemetry: Telemetry) -> 
     )
     (record,) = read_model_call_records(telemetry.store, "secrets")
     assert record.client_session_id == "sess-1"
-    written = b"".join(p.read_bytes() for p in telemetry.store.root.iterdir())
+    written = b"".join(p.read_bytes() for p in telemetry.store.root.rglob("*") if p.is_file())
     for value in secrets.values():
         assert value.encode() not in written
     for span in telemetry.spans.get_finished_spans():

@@ -46,7 +46,7 @@ def test_secrets_never_reach_records_spans_or_logs_even_when_calls_fail(
             response = httpx.post(f"{proxy.url}/ng-rollout/leak/v1/{dialect}", json={"model": "m"}, headers=SECRETS)
             assert response.status_code == 502
             assert not any(secret in response.text for secret in SECRETS.values())
-    written = b"".join(p.read_bytes() for p in blocked.iterdir())
+    written = b"".join(p.read_bytes() for p in blocked.rglob("*") if p.is_file())
     logged = "\n".join(r.getMessage() for r in caplog.records)
     attributes = [str(v) for s in telemetry.spans.get_finished_spans() for v in s.attributes.values()]
     for secret in SECRETS.values():

@@ -43,9 +43,10 @@ import httpx2
 import jiter
 import openai
 import pytest
+from openai.lib.streaming.chat import ChatCompletionStreamState
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
-from openai.lib.streaming.chat import ChatCompletionStreamState
+from support import Gate, ReplayModelServer, Telemetry, recorded_streams, serve, sse_chunks
 
 from otel_capture import (
     CaptureSettings,
@@ -56,8 +57,6 @@ from otel_capture import (
 )
 from otel_capture._reassembly import accumulator_for
 from otel_capture._sse import SSEDecoder
-
-from support import Telemetry, Gate, ReplayModelServer, recorded_streams, serve, sse_chunks
 
 JsonDict = dict[str, Any]
 RECORDINGS = recorded_streams()
@@ -247,11 +246,13 @@ def as_sdk_parses_tool_input(message: JsonDict) -> JsonDict:
 
 
 def _chat_stream(url: str, rollout: str, tee: TeeTransport) -> JsonDict:
-    with _openai(f"{url}/ng-rollout/{rollout}/v1", tee) as client:
-        with client.chat.completions.stream(model="gpt-4o", messages=USER) as stream:  # type: ignore[arg-type]
-            for _ in stream:
-                pass
-            return chat_reference(stream.current_completion_snapshot)
+    with (
+        _openai(f"{url}/ng-rollout/{rollout}/v1", tee) as client,
+        client.chat.completions.stream(model="gpt-4o", messages=USER) as stream,  # type: ignore[arg-type]
+    ):
+        for _ in stream:
+            pass
+        return chat_reference(stream.current_completion_snapshot)
 
 
 def _chat_create(url: str, rollout: str, tee: TeeTransport) -> JsonDict:
@@ -273,27 +274,33 @@ def _responses_create(url: str, rollout: str, tee: TeeTransport) -> JsonDict:
 
 
 def _responses_stream(url: str, rollout: str, tee: TeeTransport) -> JsonDict:
-    with _openai(f"{url}/ng-rollout/{rollout}/v1", tee) as client:
-        with client.responses.stream(model="gpt-5", input="hi") as stream:
-            for _ in stream:
-                pass
-            return responses_reference(stream.get_final_response())
+    with (
+        _openai(f"{url}/ng-rollout/{rollout}/v1", tee) as client,
+        client.responses.stream(model="gpt-5", input="hi") as stream,
+    ):
+        for _ in stream:
+            pass
+        return responses_reference(stream.get_final_response())
 
 
 def _messages_stream(url: str, rollout: str, tee: TeeTransport) -> JsonDict:
-    with _anthropic(f"{url}/ng-rollout/{rollout}", tee) as client:
-        with client.messages.stream(model="claude-test", max_tokens=1024, messages=USER) as stream:  # type: ignore[arg-type]
-            for _ in stream:
-                pass
-            return dump(stream.get_final_message())
+    with (
+        _anthropic(f"{url}/ng-rollout/{rollout}", tee) as client,
+        client.messages.stream(model="claude-test", max_tokens=1024, messages=USER) as stream,  # type: ignore[arg-type]
+    ):
+        for _ in stream:
+            pass
+        return dump(stream.get_final_message())
 
 
 def _messages_beta(url: str, rollout: str, tee: TeeTransport) -> JsonDict:
-    with _anthropic(f"{url}/ng-rollout/{rollout}", tee) as client:
-        with client.beta.messages.stream(model="claude-test", max_tokens=1024, messages=USER) as stream:  # type: ignore[arg-type]
-            for _ in stream:
-                pass
-            return dump(stream.get_final_message())
+    with (
+        _anthropic(f"{url}/ng-rollout/{rollout}", tee) as client,
+        client.beta.messages.stream(model="claude-test", max_tokens=1024, messages=USER) as stream,  # type: ignore[arg-type]
+    ):
+        for _ in stream:
+            pass
+        return dump(stream.get_final_message())
 
 
 SDK_PATHS: dict[str, dict[str, Callable[[str, str, TeeTransport], JsonDict]]] = {
@@ -481,10 +488,10 @@ def test_a_stream_the_upstream_cuts_mid_way(either: Harness, dialect: str) -> No
     chunks, cut = _cut(dialect)
     either.stream(dialect, chunks, raise_after=cut)
     received = bytearray()
-    with pytest.raises(httpx.RemoteProtocolError):
-        with httpx.stream("POST", f"{either.url}/ng-rollout/r-cut/v1{PATHS[dialect][3:]}", json={}) as response:
-            for piece in response.iter_raw():
-                received.extend(piece)
+    url = f"{either.url}/ng-rollout/r-cut/v1{PATHS[dialect][3:]}"
+    with pytest.raises(httpx.RemoteProtocolError), httpx.stream("POST", url, json={}) as response:
+        for piece in response.iter_raw():
+            received.extend(piece)
     assert bytes(received) == b"".join(chunks[:cut])
     record, span = either.record("r-cut")
     assert_partial_record(record, span, dialect, chunks[:cut], "stream_truncated")

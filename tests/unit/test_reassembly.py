@@ -840,3 +840,59 @@ def test_nothing_usable_gives_none(dialect: Dialect) -> None:
 def test_unknown_dialect() -> None:
     with pytest.raises(ValueError, match="dialect"):
         accumulator_for("completions")  # type: ignore[arg-type]
+
+
+# -- long streams --------------------------------------------------------------------------------------
+
+
+def _long_stream(dialect: Dialect, pieces: list[str]) -> list[SSEEvent]:
+    def ev(obj: JsonDict) -> SSEEvent:
+        return SSEEvent(None, json.dumps(obj))
+
+    if dialect == "chat":
+        return [ev({"id": "c", "choices": [{"index": 0, "delta": {"content": p}}]}) for p in pieces]
+    if dialect == "messages":
+        start = [ev({"type": "message_start", "message": {"id": "m", "content": []}}),
+                 ev({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})]
+        return start + [
+            ev({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}}) for p in pieces
+        ]
+    start = [ev({"type": "response.output_item.added", "output_index": 0,
+                 "item": {"type": "message", "id": "i", "content": []}})]
+    return start + [
+        ev({"type": "response.output_text.delta", "output_index": 0, "content_index": 0, "delta": p}) for p in pieces
+    ]
+
+
+def _text_of(dialect: Dialect, result: JsonDict) -> str:
+    if dialect == "chat":
+        return str(result["choices"][0]["message"]["content"])
+    if dialect == "messages":
+        return str(result["content"][0]["text"])
+    return str(result["output"][0]["content"][0]["text"])
+
+
+@pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
+def test_many_deltas_join_exactly_and_the_result_can_be_read_mid_stream(dialect: Dialect) -> None:
+    """Text deltas are kept as pieces (appending to a str made long streams quadratic) and written back
+    whenever the result is read; reading it mid-stream changes nothing."""
+    pieces = [f"t{i % 97}é " for i in range(5000)]
+    accumulator = accumulator_for(dialect)
+    for number, event in enumerate(_long_stream(dialect, pieces)):
+        accumulator.add(event)
+        if number in (3, 700, 3001):
+            assert _text_of(dialect, accumulator.result()).startswith("t0é t1é")
+    assert _text_of(dialect, accumulator.result()) == "".join(pieces)
+    assert _text_of(dialect, accumulator.result()) == "".join(pieces)  # reading twice is the same
+    assert accumulator.internal_errors == 0
+
+
+def test_a_done_event_replaces_the_streamed_pieces() -> None:
+    accumulator = accumulator_for("responses")
+    events = _long_stream("responses", ["a", "b", "c"]) + [
+        SSEEvent(None, json.dumps({"type": "response.output_text.done", "output_index": 0, "content_index": 0,
+                                   "text": "final"})),
+    ]
+    for event in events:
+        accumulator.add(event)
+    assert _text_of("responses", accumulator.result()) == "final"

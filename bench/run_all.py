@@ -1,0 +1,51 @@
+"""Run every benchmark in ``bench/`` and print each one's tables.
+
+    python bench/run_all.py [--quick] [--only NAME[,NAME...]]
+
+Runs each ``bench/bench_*.py`` in its own process, one after the other (never two at once: they would
+measure each other), passing ``--quick`` along, streaming its output as it comes. Exits non-zero when a
+benchmark fails (its own checks included: the writers benchmark fails when a line is torn or missing).
+
+``--quick`` is a smoke run (about two minutes in all): fewer concurrency levels, shorter runs, smaller
+files. The full run takes about ten minutes on a 2-core machine. Install ``wrk`` first
+(``apt-get install wrk``) for the HTTP benchmarks; without it they fall back, clearly labelled, to a
+Python load generator that is slower and may itself be the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a short smoke run of every benchmark")
+    parser.add_argument("--only", help="comma-separated benchmark names, e.g. reader,writers")
+    args = parser.parse_args()
+    scripts = sorted(BENCH.glob("bench_*.py"))
+    if args.only:
+        wanted = {f"bench_{name.removeprefix('bench_').removesuffix('.py')}.py" for name in args.only.split(",")}
+        scripts = [s for s in scripts if s.name in wanted]
+    failed = []
+    timings = []
+    for script in scripts:
+        print(f"\n######## {script.name}{' --quick' if args.quick else ''}", flush=True)
+        t0 = time.monotonic()
+        code = subprocess.call([sys.executable, str(script), *(["--quick"] if args.quick else [])], cwd=BENCH.parent)
+        timings.append((script.name, time.monotonic() - t0, code))
+        if code != 0:
+            failed.append(script.name)
+    print("\n######## summary")
+    for name, seconds, code in timings:
+        print(f"{name:32s} {seconds:6.0f} s  {'ok' if code == 0 else f'FAILED (exit {code})'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

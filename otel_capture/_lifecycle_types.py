@@ -1,0 +1,100 @@
+"""The capture lifecycle's vocabulary, shared by every backend (DESIGN §6).
+
+Exceptions::
+
+    RuntimeError
+    └── CaptureFrozenError       a write or begin_call on a frozen rollout
+        └── CaptureRetiredError  a write, begin_call, mark_incomplete or freeze on a retired rollout
+    ValueError
+    ├── InvalidRolloutIdError    a rollout id that breaks the grammar (the whole batch is refused)
+    └── CaptureStateError        a rollout whose lifecycle state cannot be read (that rollout only)
+
+``CaptureRetiredError`` subclasses ``CaptureFrozenError`` so that ``except CaptureFrozenError`` catches
+every "this rollout takes no more writes" refusal, and both subclass ``RuntimeError`` for old callers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypedDict
+
+from ._correlation import validate_rollout_id
+
+RolloutState = Literal["absent", "live", "frozen", "retired"]
+ROLLOUT_STATES: tuple[RolloutState, ...] = ("absent", "live", "frozen", "retired")
+
+
+class CaptureFrozenError(RuntimeError):
+    """The rollout is frozen: it takes no more records (``mark_incomplete`` is still accepted)."""
+
+
+class CaptureRetiredError(CaptureFrozenError):
+    """The rollout is retired: its records are gone and its fence refuses everything but ``delete``."""
+
+
+class CaptureStateError(ValueError):
+    """A rollout's lifecycle state is damaged (for example a damaged fence journal line naming it).
+
+    Only that rollout is affected; ``retire`` or ``delete`` of it writes a fresh event that supersedes
+    the damage."""
+
+
+class RemovalResult(TypedDict):
+    """What ``retire``/``delete`` did, per rollout id, in first-occurrence order.
+
+    ``removed``: ids that had something to remove (records; for ``delete`` also a fence).
+    ``absent``: every other id (already retired, never seen, frozen-and-empty).
+    ``failed``: ids this batch could not finish, with the reason; every other id is done. Retrying the
+    same batch is safe and finishes them.
+    """
+
+    removed: list[str]
+    absent: list[str]
+    failed: dict[str, str]
+
+
+@dataclass(frozen=True)
+class IncompleteCall:
+    """Why a snapshot is incomplete: one call (``model_call_id`` may be ``""``) and the reason."""
+
+    model_call_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CaptureSnapshot:
+    """A frozen rollout, as the consumer sees it.
+
+    ``records`` are the model-call lines (``<id>.capture.jsonl``) and ``tokens`` the token lines
+    (``<id>.tokens.jsonl``), parsed, in append order. ``version`` counts every durable line of the rollout
+    (records, token lines, incomplete marks); ``drop`` succeeds only with this exact ``snapshot_id`` and
+    ``version``, so a mark after the freeze (which changes ``version``) makes a stale drop fail.
+    """
+
+    rollout_id: str
+    records: tuple[dict[str, Any], ...]
+    tokens: tuple[dict[str, Any], ...]
+    incomplete: bool
+    snapshot_id: str
+    version: int
+    incomplete_calls: tuple[IncompleteCall, ...] = field(default=())
+
+
+def validate_rollout_ids(rollout_ids: Iterable[str]) -> list[str]:
+    """The batch, validated whole and de-duplicated (first occurrence kept), before anything changes.
+
+    A bare ``str`` (or ``bytes``) is a ``TypeError``, not a batch of one-character ids; so is anything
+    that is not iterable. An invalid id is an :class:`~otel_capture.InvalidRolloutIdError` (``ValueError``).
+    """
+    if isinstance(rollout_ids, (str, bytes)):
+        raise TypeError(f"expected an iterable of rollout ids, got the string {rollout_ids!r}; pass a list")
+    try:
+        items = list(rollout_ids)
+    except TypeError:
+        raise TypeError(f"expected an iterable of rollout ids, got {type(rollout_ids).__name__}") from None
+    return list(dict.fromkeys(validate_rollout_id(rid) for rid in items))
+
+
+def empty_result() -> RemovalResult:
+    return {"removed": [], "absent": [], "failed": {}}

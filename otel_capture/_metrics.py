@@ -1,0 +1,65 @@
+"""The GenAI server metrics (semconv v1.41.1): request duration, time to first token, time per output
+token, as histograms with the spec's explicit bucket boundaries.
+
+They go through the OpenTelemetry metrics API, so whatever ``MeterProvider`` is set (by
+``opentelemetry-instrument`` from ``OTEL_METRICS_EXPORTER``, or by the host app) exports them; with none
+set they cost nothing. Their attributes are the low-cardinality span attributes only
+(:data:`otel_capture._attributes.METRIC_ATTRIBUTES`), never the rollout id.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry import metrics
+
+from . import _attributes as A
+from ._version import __version__
+
+_logger = logging.getLogger(__name__)
+
+
+class ServerMetrics:
+    """The three ``gen_ai.server.*`` histograms of one meter."""
+
+    def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
+        meter = metrics.get_meter("otel_capture", __version__, meter_provider)
+        self.request_duration = meter.create_histogram(
+            A.METRIC_SERVER_REQUEST_DURATION,
+            unit="s",
+            description="Generative AI server request duration, to the last byte of the response.",
+            explicit_bucket_boundaries_advisory=list(A.BUCKETS_REQUEST_DURATION),
+        )
+        self.time_to_first_token = meter.create_histogram(
+            A.METRIC_SERVER_TIME_TO_FIRST_TOKEN,
+            unit="s",
+            description="Time to generate the first token, for successful streamed responses.",
+            explicit_bucket_boundaries_advisory=list(A.BUCKETS_TIME_TO_FIRST_TOKEN),
+        )
+        self.time_per_output_token = meter.create_histogram(
+            A.METRIC_SERVER_TIME_PER_OUTPUT_TOKEN,
+            unit="s",
+            description="Time per output token generated after the first, for successful streamed responses.",
+            explicit_bucket_boundaries_advisory=list(A.BUCKETS_TIME_PER_OUTPUT_TOKEN),
+        )
+
+    def record(
+        self,
+        span_attributes: Mapping[str, Any],
+        duration: float | None,
+        time_to_first_token: float | None,
+        time_per_output_token: float | None,
+    ) -> None:
+        """Record one call. Never raises (telemetry never breaks the host app)."""
+        try:
+            attributes = {k: span_attributes[k] for k in A.METRIC_ATTRIBUTES if k in span_attributes}
+            if duration is not None:
+                self.request_duration.record(duration, attributes)
+            if time_to_first_token is not None:
+                self.time_to_first_token.record(time_to_first_token, attributes)
+            if time_per_output_token is not None:
+                self.time_per_output_token.record(time_per_output_token, attributes)
+        except Exception:
+            _logger.exception("recording the gen_ai.server metrics failed")

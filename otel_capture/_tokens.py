@@ -1,0 +1,162 @@
+"""The token family: prompt and generated token ids and log-probs of one call, as one line of
+``<dir>/<rollout_id>.tokens.jsonl``, when the upstream returned them. A pure function: dict in, bytes out.
+
+Shapes read (whichever are present; nothing is invented):
+
+* vLLM, Chat Completions with ``return_token_ids``: top-level ``prompt_token_ids``, and
+  ``choices[i].token_ids``;
+* Chat Completions ``logprobs``: ``choices[i].logprobs.content[j].logprob`` (OpenAI, vLLM, llama.cpp); the
+  token id from ``content[j].id`` (llama.cpp) or from a ``"token_id:N"`` token (vLLM's
+  ``return_tokens_as_token_ids``) when ``token_ids`` is absent;
+* Responses: ``output[k].content[m].logprobs[j].logprob``; NeMo Gym's vLLM model server's
+  ``prompt_token_ids`` / ``generation_token_ids`` / ``generation_log_probs`` on output items; a top-level
+  ``prompt_token_ids``.
+
+The line::
+
+    {"schema_version": 1, "rollout_id": ..., "model_call_id": ..., "model": ...,
+     "prompt_token_ids": [...] | null,
+     "generations": [{"index": 0, "token_ids": [...] | null, "log_probs": [...] | null}, ...]}
+
+A streamed response is read from its reassembled object, which keeps ``logprobs`` (ids only where the
+reassembly keeps them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+TOKENS_SCHEMA_VERSION = 1
+
+
+def _int_list(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return value
+    return None
+
+
+def _float_list(value: Any) -> list[float] | None:
+    if isinstance(value, list) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+    ):
+        return [float(v) for v in value]
+    return None
+
+
+def _token_id(entry: dict[str, Any]) -> int | None:
+    value = entry.get("id")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    token = entry.get("token")
+    if isinstance(token, str) and token.startswith("token_id:") and token[9:].isdigit():
+        return int(token[9:])
+    return None
+
+
+def _from_logprob_entries(entries: Any) -> tuple[list[int] | None, list[float] | None]:
+    """Ids (only when every entry has one) and log-probs from a list of ``{token, logprob, ...}``."""
+    if not isinstance(entries, list) or not entries:
+        return None, None
+    log_probs: list[float] = []
+    ids: list[int] | None = []
+    for entry in entries:
+        if not isinstance(entry, dict):
+            return None, None
+        value = entry.get("logprob")
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return None, None
+        log_probs.append(float(value))
+        token_id = _token_id(entry)
+        if ids is not None:
+            if token_id is None:
+                ids = None
+            else:
+                ids.append(token_id)
+    return ids, log_probs
+
+
+def _generation(
+    index: int, token_ids: list[int] | None, log_probs: list[float] | None
+) -> dict[str, Any] | None:
+    if token_ids is None and log_probs is None:
+        return None
+    return {"index": index, "token_ids": token_ids, "log_probs": log_probs}
+
+
+def _chat_generations(choices: Any) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    if not isinstance(choices, list):
+        return found
+    for position, choice in enumerate(choices):
+        if not isinstance(choice, dict):
+            continue
+        raw_index = choice.get("index")
+        index = raw_index if isinstance(raw_index, int) else position
+        token_ids = _int_list(choice.get("token_ids"))
+        log_probs = None
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict):
+            ids, log_probs = _from_logprob_entries(logprobs.get("content"))
+            token_ids = token_ids if token_ids is not None else ids
+        generation = _generation(index, token_ids, log_probs)
+        if generation is not None:
+            found.append(generation)
+    return found
+
+
+def _responses_generations(output: Any) -> tuple[list[dict[str, Any]], list[int] | None]:
+    found: list[dict[str, Any]] = []
+    prompt: list[int] | None = None
+    if not isinstance(output, list):
+        return found, prompt
+    for position, item in enumerate(output):
+        if not isinstance(item, dict):
+            continue
+        prompt = prompt or _int_list(item.get("prompt_token_ids"))
+        token_ids = _int_list(item.get("generation_token_ids"))
+        log_probs = _float_list(item.get("generation_log_probs"))
+        contents = item.get("content")
+        if token_ids is None and log_probs is None and isinstance(contents, list):
+            for part in contents:
+                if isinstance(part, dict) and part.get("logprobs"):
+                    ids, probs = _from_logprob_entries(part.get("logprobs"))
+                    token_ids = (token_ids or []) + ids if ids is not None else token_ids
+                    log_probs = (log_probs or []) + probs if probs is not None else log_probs
+        generation = _generation(position, token_ids, log_probs)
+        if generation is not None:
+            found.append(generation)
+    return found, prompt
+
+
+def extract_tokens(response: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``{"prompt_token_ids", "generations"}`` from a response object; ``None`` when it carries none."""
+    if not isinstance(response, dict):
+        return None
+    prompt = _int_list(response.get("prompt_token_ids"))
+    generations = _chat_generations(response.get("choices"))
+    if "output" in response:
+        more, item_prompt = _responses_generations(response.get("output"))
+        generations += more
+        prompt = prompt if prompt is not None else item_prompt
+    if prompt is None and not generations:
+        return None
+    return {"prompt_token_ids": prompt, "generations": generations}
+
+
+def tokens_line(response: dict[str, Any] | None, *, rollout_id: str, model_call_id: str) -> bytes | None:
+    """The ``<id>.tokens.jsonl`` line (ending in ``\\n``) of one call, or ``None`` without token data."""
+    found = extract_tokens(response)
+    if found is None:
+        return None
+    assert response is not None
+    model = response.get("model")
+    record = {
+        "schema_version": TOKENS_SCHEMA_VERSION,
+        "rollout_id": rollout_id,
+        "model_call_id": model_call_id,
+        "model": model if isinstance(model, str) else None,
+        **found,
+    }
+    return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)

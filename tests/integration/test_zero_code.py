@@ -1,0 +1,126 @@
+"""Zero-code: an unmodified FastAPI model app under ``opentelemetry-instrument uvicorn``, configured by
+environment variables only, called with the official SDKs; records in the JSONL directory and spans and
+metrics at a real OTLP/HTTP receiver (protobuf decoded with opentelemetry-proto)."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from otlp_receiver import OtlpReceiver
+from support import serve
+from zero_code import instrumented_model_server
+
+from otel_capture import CaptureStore, instrument_http_client, read_model_call_records, rollout_context
+from otel_capture import _attributes as A
+
+SERVER = 2  # OTLP Span.SpanKind SPAN_KIND_SERVER
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[OtlpReceiver, str]]:
+    otlp = OtlpReceiver()
+    with serve(otlp) as url:
+        yield otlp, url
+
+
+def _env(receiver_url: str, capture_dir: Path, disabled: str) -> dict[str, str]:
+    return {
+        "OTEL_TRACES_EXPORTER": "otlp,model_call_jsonl",
+        "OTEL_METRICS_EXPORTER": "otlp",
+        "OTEL_LOGS_EXPORTER": "none",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver_url,
+        "OTEL_EXPORTER_MODEL_CALL_JSONL_DIR": str(capture_dir),
+        "OTEL_SERVICE_NAME": "recorded-model",
+        # Batch export only at shutdown: the records must not wait for it.
+        "OTEL_BSP_SCHEDULE_DELAY": "600000",
+        "OTEL_METRIC_EXPORT_INTERVAL": "600000",
+        "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": disabled,
+    }
+
+
+def _prefixed_calls(url: str, store: CaptureStore) -> None:
+    """Three calls under /ng-rollout/zc-0/ with the official SDKs; each record is durable as soon as the
+    SDK returns, while the batch processor still holds every span."""
+    with openai.OpenAI(base_url=f"{url}/ng-rollout/zc-0/v1", api_key="k", max_retries=0) as oai:
+        oai.responses.create(model="gpt-4o-mini", input="hi")
+        assert len(read_model_call_records(store, "zc-0")) == 1
+        chunks = list(oai.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "hi"}], stream=True,
+            stream_options={"include_usage": True},
+        ))
+        assert chunks[-1].usage is not None
+        assert len(read_model_call_records(store, "zc-0")) == 2
+    with anthropic.Anthropic(base_url=f"{url}/ng-rollout/zc-0", api_key="k", max_retries=0) as claude:
+        claude.messages.create(model="claude-test", max_tokens=64, messages=[{"role": "user", "content": "hi"}])
+    assert len(read_model_call_records(store, "zc-0")) == 3
+
+
+@pytest.mark.parametrize("fastapi_instrumentation", ["off", "on"])
+def test_unmodified_fastapi_app_under_opentelemetry_instrument(
+    receiver: tuple[OtlpReceiver, str], tmp_path: Path, fastapi_instrumentation: str
+) -> None:
+    otlp, otlp_url = receiver
+    store = CaptureStore(tmp_path / "calls")
+    env = _env(otlp_url, store.root, "fastapi" if fastapi_instrumentation == "off" else "")
+    agent_provider = TracerProvider()
+    agent_spans = InMemorySpanExporter()
+    agent_provider.add_span_processor(SimpleSpanProcessor(agent_spans))
+    with instrumented_model_server(env) as server:
+        _prefixed_calls(server.url, store)
+        # an agent with the httpx integration: the rollout id travels only in baggage
+        http_client = instrument_http_client(openai.DefaultHttpxClient())
+        with (
+            openai.OpenAI(base_url=f"{server.url}/v1", api_key="k", max_retries=0, http_client=http_client) as agent,
+            agent_provider.get_tracer("agent").start_as_current_span("agent step", kind=SpanKind.CLIENT),
+            rollout_context("zc-bag"),
+        ):
+            agent.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+        assert len(read_model_call_records(store, "zc-bag")) == 1
+        assert otlp.spans == []  # nothing exported yet: the records did not come from the batch export
+        output = server.stop()
+    # uvicorn re-raises SIGTERM after its graceful shutdown
+    assert server.process.returncode in (0, -signal.SIGTERM), output
+
+    otlp.wait_for(lambda r: sum(s.name.startswith("chat ") for s in r.spans) == 4)
+    records = read_model_call_records(store, "zc-0") + read_model_call_records(store, "zc-bag")
+    by_id = {s.span_id: s for s in otlp.spans}
+    model_spans = [s for s in otlp.spans if s.name.startswith("chat ")]
+    server_spans = [s for s in otlp.spans if s.kind == SERVER and s.name.startswith("POST")]
+    assert len(server_spans) == 4, "exactly one HTTP server span per call (no double wrapping)"
+    for record in records:
+        span = by_id[record.span_id]
+        assert span.trace_id == record.trace_id
+        assert span.name == f"chat {record.request['model']}"
+        assert span.attributes[A.ROLLOUT_ID] == record.rollout_id
+        assert span.attributes[A.GEN_AI_USAGE_INPUT_TOKENS] == record.tokens_in
+        assert span.attributes[A.GEN_AI_USAGE_OUTPUT_TOKENS] == record.tokens_out
+        assert span.resource["service.name"] == "recorded-model"
+        assert by_id[span.parent_span_id].kind == SERVER  # child of the HTTP server span
+        assert abs((span.end_ns - span.start_ns) / 1e6 - record.latency_total_ms) < 50
+    streamed = next(s for s in model_spans if s.attributes.get(A.GEN_AI_REQUEST_STREAM))
+    assert 0 < streamed.attributes[A.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] < (streamed.end_ns - streamed.start_ns) / 1e9
+    # the baggage-only call: captured under its id, in the agent's trace, below the agent's span
+    (agent_span,) = agent_spans.get_finished_spans()
+    bag_span = by_id[read_model_call_records(store, "zc-bag")[0].span_id]
+    assert bag_span.attributes[A.MODEL_CALL_ROLLOUT_SOURCE] == "baggage"
+    assert bag_span.trace_id == format(agent_span.context.trace_id, "032x")
+    assert by_id[bag_span.parent_span_id].parent_span_id == format(agent_span.context.span_id, "016x")
+
+    otlp.wait_for(lambda r: any(h.name == A.METRIC_SERVER_REQUEST_DURATION for h in r.histograms))
+    durations = [h for h in otlp.histograms if h.name == A.METRIC_SERVER_REQUEST_DURATION]
+    assert sum(h.count for h in durations) == 4
+    assert durations[0].bounds == list(A.BUCKETS_REQUEST_DURATION) and durations[0].unit == "s"
+    ttft = [h for h in otlp.histograms if h.name == A.METRIC_SERVER_TIME_TO_FIRST_TOKEN]
+    assert sum(h.count for h in ttft) == 1 and ttft[0].bounds == list(A.BUCKETS_TIME_TO_FIRST_TOKEN)
+    assert all("rollout.id" not in h.attributes for h in otlp.histograms)
+    agent_provider.shutdown()

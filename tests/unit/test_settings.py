@@ -1,0 +1,108 @@
+"""Configuration (DESIGN §8): constructor > our variable > standard OTEL_* variable > default; a bad value
+is logged by name and replaced by the default. Environments are injected, never patched."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otel_capture import CaptureSettings
+from otel_capture._settings import DEFAULT_CONTENT_MAX_LENGTH, DEFAULT_MAX_BODY_BYTES
+
+CASES: list[tuple[str, dict[str, str], dict[str, Any], str, Any, str | None]] = [
+    # (case, environ, constructor kwargs, field, expected, variable named in a warning)
+    ("dir default", {}, {}, "capture_dir", None, None),
+    ("dir from our variable", {"OTEL_EXPORTER_MODEL_CALL_JSONL_DIR": "/data/calls"}, {}, "capture_dir",
+     Path("/data/calls"), None),
+    ("dir constructor wins", {"OTEL_EXPORTER_MODEL_CALL_JSONL_DIR": "/data/calls"}, {"capture_dir": "/x"},
+     "capture_dir", Path("/x"), None),
+    ("dir empty is unset", {"OTEL_EXPORTER_MODEL_CALL_JSONL_DIR": "  "}, {}, "capture_dir", None, None),
+    ("service default", {}, {}, "service_name", None, None),
+    ("service from OTEL_SERVICE_NAME", {"OTEL_SERVICE_NAME": "policy"}, {}, "service_name", "policy", None),
+    ("service from resource attributes", {"OTEL_RESOURCE_ATTRIBUTES": "a=b,service.name=pol%20icy"}, {},
+     "service_name", "pol icy", None),
+    ("OTEL_SERVICE_NAME wins over resource", {"OTEL_SERVICE_NAME": "n", "OTEL_RESOURCE_ATTRIBUTES": "service.name=r"},
+     {}, "service_name", "n", None),
+    ("resource without a service name", {"OTEL_RESOURCE_ATTRIBUTES": "a=b"}, {}, "service_name", None, None),
+    ("service constructor wins", {"OTEL_SERVICE_NAME": "n"}, {"service_name": "c"}, "service_name", "c", None),
+    ("body cap default", {}, {}, "max_body_bytes", DEFAULT_MAX_BODY_BYTES, None),
+    ("body cap from our variable", {"OTEL_CAPTURE_MAX_BODY_BYTES": "1024"}, {}, "max_body_bytes", 1024, None),
+    ("body cap bad", {"OTEL_CAPTURE_MAX_BODY_BYTES": "lots"}, {}, "max_body_bytes", DEFAULT_MAX_BODY_BYTES,
+     "OTEL_CAPTURE_MAX_BODY_BYTES"),
+    ("body cap negative", {"OTEL_CAPTURE_MAX_BODY_BYTES": "-1"}, {}, "max_body_bytes", DEFAULT_MAX_BODY_BYTES,
+     "OTEL_CAPTURE_MAX_BODY_BYTES"),
+    ("body cap constructor wins over a bad variable", {"OTEL_CAPTURE_MAX_BODY_BYTES": "lots"},
+     {"max_body_bytes": 7}, "max_body_bytes", 7, None),
+    ("raw stream true", {"OTEL_CAPTURE_KEEP_RAW_STREAM": "TRUE"}, {}, "keep_raw_stream", True, None),
+    ("raw stream bad", {"OTEL_CAPTURE_KEEP_RAW_STREAM": "maybe"}, {}, "keep_raw_stream", False,
+     "OTEL_CAPTURE_KEEP_RAW_STREAM"),
+    ("content off by default", {}, {}, "capture_content", "no_content", None),
+    ("content from the GenAI variable", {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "SPAN_ONLY"}, {},
+     "capture_content", "span_only", None),
+    ("content span_and_event", {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "span_and_event"}, {},
+     "capture_content", "span_and_event", None),
+    ("content event_only", {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "event_only"}, {},
+     "capture_content", "event_only", None),
+    ("content legacy true", {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true"}, {},
+     "capture_content", "span_only", None),
+    ("content legacy false", {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "false"}, {},
+     "capture_content", "no_content", None),
+    ("our content variable wins", {"OTEL_CAPTURE_MESSAGE_CONTENT": "no_content",
+                                   "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "span_only"}, {},
+     "capture_content", "no_content", None),
+    ("content constructor wins", {"OTEL_CAPTURE_MESSAGE_CONTENT": "span_only"}, {"capture_content": False},
+     "capture_content", "no_content", None),
+    ("content bad", {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "everything"}, {}, "capture_content",
+     "no_content", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"),
+    ("bad ours does not fall through to the standard one", {"OTEL_CAPTURE_MESSAGE_CONTENT": "loud",
+     "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "span_only"}, {}, "capture_content", "no_content",
+     "OTEL_CAPTURE_MESSAGE_CONTENT"),
+    ("content length default", {}, {}, "content_max_length", DEFAULT_CONTENT_MAX_LENGTH, None),
+    ("content length from our variable", {"OTEL_CAPTURE_CONTENT_MAX_LENGTH": "500"}, {}, "content_max_length",
+     500, None),
+    ("content length from the SDK limit", {"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "300"}, {},
+     "content_max_length", 300, None),
+    ("content length from the general SDK limit", {"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "200"}, {},
+     "content_max_length", 200, None),
+    ("ours never above the SDK limit", {"OTEL_CAPTURE_CONTENT_MAX_LENGTH": "5000",
+                                        "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "300"}, {}, "content_max_length",
+     300, None),
+    ("ours below the SDK limit", {"OTEL_CAPTURE_CONTENT_MAX_LENGTH": "100",
+                                  "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "300"}, {}, "content_max_length", 100,
+     None),
+    ("content length constructor", {"OTEL_CAPTURE_CONTENT_MAX_LENGTH": "100"}, {"content_max_length": 64},
+     "content_max_length", 64, None),
+    ("content length bad", {"OTEL_CAPTURE_CONTENT_MAX_LENGTH": "0"}, {}, "content_max_length",
+     DEFAULT_CONTENT_MAX_LENGTH, "OTEL_CAPTURE_CONTENT_MAX_LENGTH"),
+]
+
+
+@pytest.mark.parametrize(("environ", "kwargs", "field", "expected", "warned"),
+                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_precedence_and_bad_values(
+    environ: dict[str, str], kwargs: dict[str, Any], field: str, expected: Any, warned: str | None,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="otel_capture._settings"):
+        settings = CaptureSettings.from_environ(environ, **kwargs)
+    assert getattr(settings, field) == expected
+    warnings = [r.getMessage() for r in caplog.records]
+    if warned is None:
+        assert warnings == []
+    else:
+        (message,) = warnings
+        assert warned in message and repr(environ[warned]) in message and "default" in message
+
+
+def test_content_goes_on_spans_only_for_the_span_modes() -> None:
+    modes = {m: CaptureSettings(capture_content=m).content_on_spans  # type: ignore[arg-type]
+             for m in ("no_content", "span_only", "event_only", "span_and_event")}
+    assert modes == {"no_content": False, "span_only": True, "event_only": False, "span_and_event": True}
+
+
+def test_the_environment_is_read_when_asked_not_at_import() -> None:
+    assert CaptureSettings.from_environ({"OTEL_SERVICE_NAME": "a"}).service_name == "a"
+    assert CaptureSettings.from_environ({"OTEL_SERVICE_NAME": "b"}).service_name == "b"
