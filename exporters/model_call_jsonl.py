@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_capture import _handoff
 from otel_capture._settings import CaptureSettings
-from otel_capture._writer import JsonlWriter, WriterStats
+from otel_capture._writer import LIBC_SYNCFS, JsonlWriter, WriterStats
 
 _logger = logging.getLogger(__name__)
 
@@ -40,6 +40,7 @@ class ModelCallJsonlExporter(SpanExporter):
         directory: str | os.PathLike[str] | None = None,
         *,
         fsync: Callable[[int], None] = os.fsync,
+        syncfs: Callable[[int], None] | None = LIBC_SYNCFS,
     ) -> None:
         settings = CaptureSettings.from_environ(capture_dir=directory)
         self._writer: JsonlWriter | None = None
@@ -50,7 +51,10 @@ class ModelCallJsonlExporter(SpanExporter):
                 "no model-call records will be written"
             )
             return
-        self._writer = JsonlWriter(settings.capture_dir, fsync=fsync)  # fsync: a seam for fault tests
+        # fsync and syncfs are seams for tests that instrument or break the disk
+        self._writer = JsonlWriter(
+            settings.capture_dir, fsync=fsync, syncfs=syncfs if settings.sync == "auto" else None
+        )
         _handoff.register_sink(self)
 
     @property

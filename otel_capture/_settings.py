@@ -22,6 +22,7 @@ _logger = logging.getLogger(__name__)
 ENV_CAPTURE_DIR = "OTEL_EXPORTER_MODEL_CALL_JSONL_DIR"
 ENV_MAX_BODY_BYTES = "OTEL_CAPTURE_MAX_BODY_BYTES"
 ENV_KEEP_RAW_STREAM = "OTEL_CAPTURE_KEEP_RAW_STREAM"
+ENV_SYNC = "OTEL_CAPTURE_SYNC"
 ENV_CAPTURE_CONTENT = "OTEL_CAPTURE_MESSAGE_CONTENT"
 ENV_CONTENT_MAX_LENGTH = "OTEL_CAPTURE_CONTENT_MAX_LENGTH"
 # standard
@@ -38,6 +39,7 @@ ContentCapture = Literal["no_content", "span_only", "event_only", "span_and_even
 CONTENT_CAPTURE_MODES: tuple[ContentCapture, ...] = ("no_content", "span_only", "event_only", "span_and_event")
 
 _T = TypeVar("_T")
+SyncMode = Literal["auto", "fsync"]
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -55,6 +57,10 @@ class CaptureSettings:
     capture_content: ContentCapture = "no_content"
     """Message content on spans (the GenAI semconv opt-in attributes): ``span_only`` and
     ``span_and_event`` put it on spans; ``no_content`` and ``event_only`` do not (no events are emitted)."""
+    sync: SyncMode = "auto"
+    """How a batch of lines is made durable: ``auto`` (one ``syncfs`` for a batch that touched several
+    files, where Linux has it; else one ``fsync`` per file) or ``fsync`` (always one per file: for a
+    filesystem shared with heavy unrelated writers, which ``syncfs`` would also flush)."""
     content_max_length: int = DEFAULT_CONTENT_MAX_LENGTH
     """Longest JSON text of one content attribute, in characters; longer ones are cut string by string,
     so the JSON stays valid. Never above the SDK's attribute length limit, which would cut the JSON."""
@@ -74,6 +80,7 @@ class CaptureSettings:
         keep_raw_stream: bool | None = None,
         capture_content: ContentCapture | bool | None = None,
         content_max_length: int | None = None,
+        sync: SyncMode | None = None,
     ) -> CaptureSettings:
         env = os.environ if environ is None else environ
         if isinstance(capture_content, bool):
@@ -100,6 +107,7 @@ class CaptureSettings:
                 capture_content, env, (ENV_CAPTURE_CONTENT, ENV_GENAI_CAPTURE_CONTENT), _content_mode, "no_content"
             ),
             content_max_length=content_length,
+            sync=_pick(sync, env, (ENV_SYNC,), _sync_mode, "auto"),
         )
 
 
@@ -161,6 +169,15 @@ def _bool(_name: str, raw: str) -> bool:
     if lowered in _FALSE:
         return False
     raise ValueError("must be true or false")
+
+
+def _sync_mode(_name: str, raw: str) -> SyncMode:
+    lowered = raw.strip().lower()
+    if lowered == "auto":
+        return "auto"
+    if lowered == "fsync":
+        return "fsync"
+    raise ValueError("must be auto or fsync")
 
 
 def _content_mode(_name: str, raw: str) -> ContentCapture:

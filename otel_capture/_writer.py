@@ -31,6 +31,8 @@ by file, and syncs each file once.
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
+import ctypes.util
 import errno
 import logging
 import os
@@ -52,6 +54,26 @@ _logger = logging.getLogger(__name__)
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
+
+
+def _libc_syncfs() -> Callable[[int], None] | None:
+    """Linux ``syncfs(2)`` through ctypes (the standard library has no binding), or None elsewhere."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        function = libc.syncfs
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int]
+
+    def syncfs(fd: int) -> None:
+        if function(fd) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
+
+    return syncfs
+
+
+LIBC_SYNCFS = _libc_syncfs()
 
 
 @dataclass(slots=True)
@@ -101,6 +123,7 @@ class JsonlWriter:
         root: str | os.PathLike[str],
         *,
         fsync: Callable[[int], None] = os.fsync,
+        syncfs: Callable[[int], None] | None = LIBC_SYNCFS,
         file_mode: int = FILE_MODE,
         dir_mode: int = DIR_MODE,
     ) -> None:
@@ -108,6 +131,7 @@ class JsonlWriter:
         self._state: DirState = dir_state(self.root)
         self.stats = WriterStats()
         self._fsync = fsync
+        self._syncfs = syncfs
         self._file_mode = file_mode
         self._dir_mode = dir_mode
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -181,7 +205,13 @@ class JsonlWriter:
                 except queue.Empty:
                     break
             if batch or begins:
-                self._write_batch(batch, begins)
+                try:
+                    self._write_batch(batch, begins)
+                except Exception as exc:  # a bug here must fail the calls, never leave them waiting forever
+                    _logger.exception("capture writer failed on a batch of %d call(s)", len(batch))
+                    for item in batch:
+                        if not item.future.done():
+                            item.future.set_exception(exc)
             for barrier in barriers:
                 barrier.future.set_result(None)
 
@@ -195,33 +225,68 @@ class JsonlWriter:
         for begin in begins:
             begun.setdefault(begin.rollout_id, []).append(begin.model_call_id)
             by_rollout.setdefault(begin.rollout_id, [])
-        created_any = False
-        done: list[_Item] = []
         try:
             self._ensure_dir()
         except OSError as exc:
             self._fail_all(batch, exc)
             return
+        # Phase 1: every rollout's lines are written (each under its lock, fenced); nothing synced yet.
+        written: list[tuple[str, list[_Item]]] = []
+        fds: list[int] = []
+        created_any = False
         for rollout_id, items in by_rollout.items():
             try:
-                created, written = self._append(rollout_id, items, begun.get(rollout_id, []))
+                outcome = fenced_append(
+                    self._state, rollout_id, [(i.model_call_id, i.line, i.tokens_line) for i in items],
+                    begun.get(rollout_id, []), file_mode=self._file_mode,
+                )
             except OSError as exc:
                 if items:
                     self._fail(rollout_id, items, exc)
                 else:
                     _logger.warning("could not write the in-flight markers of rollout %s: %s", rollout_id, exc)
-            else:
-                created_any |= created
-                done.extend(written)
-        if created_any and done:
-            try:
-                self._sync_dir()
-            except OSError as exc:
-                self._fail_all(done, exc)
-                return
-        self.stats.records_written += len(done)
-        for item in done:
-            item.future.set_result(None)
+                continue
+            for index, error in outcome.dropped:
+                self._drop_late(items[index], error)
+            written.append((rollout_id, [items[index] for index in outcome.accepted]))
+            fds.extend(outcome.fds)
+            created_any |= outcome.created
+        # Phase 2: one sync covers the whole batch (see _sync); only then is any call acknowledged.
+        try:
+            self._sync(fds, created_any)
+        except OSError as exc:
+            for rollout_id, items in written:
+                if items:
+                    self._fail(rollout_id, items, exc)
+            return
+        finally:
+            for fd in fds:
+                os.close(fd)
+        for _, items in written:
+            self.stats.records_written += len(items)
+            for item in items:
+                item.future.set_result(None)
+
+    def _sync(self, fds: list[int], created: bool) -> None:
+        """Make every file of the batch durable, and the directory when the batch created a file.
+
+        With two or more files, one ``syncfs`` of the capture directory's filesystem replaces one ``fsync``
+        per file plus the directory's: the batch pays one flush instead of one per rollout (at 64
+        concurrent calls over 32 rollouts that is the difference between about 0.9 and 0.1 flushes per
+        record). ``syncfs`` also writes out other files of that filesystem, so it is used only where it
+        exists (Linux) and where it is not disabled; a single file keeps its own ``fsync``.
+        """
+        if not fds:
+            return
+        if len(fds) >= 2 and self._syncfs is not None:
+            self._syncfs(fds[0])
+            self.stats.fsyncs += 1
+            return
+        for fd in fds:
+            self._fsync(fd)
+            self.stats.fsyncs += 1
+        if created:
+            self._sync_dir()
 
     def _ensure_dir(self) -> None:
         if self.root.is_dir():
@@ -229,25 +294,6 @@ class JsonlWriter:
         # Created 0700 (records are training data); its parent is synced so the directory survives a crash.
         self.root.mkdir(mode=self._dir_mode, parents=True, exist_ok=True)
         _fsync_dir(self.root.parent, self._fsync)
-
-    def _append(self, rollout_id: str, items: list[_Item], begins: list[str]) -> tuple[bool, list[_Item]]:
-        """Append one rollout's lines (fenced), then sync its files. Returns (created a file, items written)."""
-        entries = [(item.model_call_id, item.line, item.tokens_line) for item in items]
-        outcome = fenced_append(self._state, rollout_id, entries, begins, file_mode=self._file_mode)
-        for index, error in outcome.dropped:
-            self._drop_late(items[index], error)
-        accepted = [items[index] for index in outcome.accepted]
-        try:
-            for fd in outcome.fds:
-                self._fsync(fd)
-                self.stats.fsyncs += 1
-        except OSError as exc:
-            self._fail(rollout_id, accepted, exc)
-            return False, []
-        finally:
-            for fd in outcome.fds:
-                os.close(fd)
-        return outcome.created, accepted
 
     def _drop_late(self, item: _Item, error: CaptureFrozenError) -> None:
         # Quietly: a late call of a frozen or retired rollout is the lifecycle working, not a failure.
