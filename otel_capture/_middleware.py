@@ -208,8 +208,9 @@ class ModelCallCaptureMiddleware:
         failed). Never raises."""
         try:
             call.finish(exception=exception, cancelled=cancelled)
-            attributes.update(call.end_attributes())
-            span.set_attributes(attributes)
+            end_attributes = call.end_attributes()
+            span.set_attributes(end_attributes)  # the start attributes are on the span already
+            attributes.update(end_attributes)
             if self.settings.content_on_spans:
                 span.set_attributes(call.content_attributes(self.settings.content_max_length))
             self._metrics.record(attributes, *call.server_timings())
