@@ -6,16 +6,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 import uvicorn
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from exporters.model_call_jsonl import ModelCallJsonlExporter
@@ -244,3 +245,21 @@ class Telemetry:
     spans: InMemorySpanExporter
     jsonl: ModelCallJsonlExporter
     store: CaptureStore
+
+
+def start_cli_proxy(
+    upstream: str, *args: str, env: dict[str, str] | None = None, stderr: int | None = subprocess.DEVNULL
+) -> tuple[subprocess.Popen[str], str]:
+    """``otel-capture proxy --upstream UPSTREAM ARGS...`` in its own process, as a user runs it; returns the
+    process and the URL from its first line of output."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "otel_capture._cli", "proxy", "--upstream", upstream, *args],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    assert process.stdout is not None
+    first = process.stdout.readline().strip()
+    assert first.startswith("listening on http://127.0.0.1:"), first
+    return process, first.removeprefix("listening on ")

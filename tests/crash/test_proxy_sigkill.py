@@ -13,7 +13,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ import pytest
 
 from otel_capture import CaptureStore, read_available_model_call_records
 
-from support import RECORDED, ReplayModelServer, serve, sse_chunks
+from support import RECORDED, ReplayModelServer, serve, sse_chunks, start_cli_proxy
 
 ITERATIONS = int(os.environ.get("OTEL_CAPTURE_CRASH_ITERATIONS", "3"))
 ROLLOUTS = [f"crash-{i}" for i in range(4)]
@@ -41,19 +40,6 @@ def upstream() -> Iterator[str]:
     server.chunk_delay = 0.001  # calls overlap, so a kill lands mid-stream for some of them
     with serve(server) as url:
         yield url
-
-
-def _start_proxy(upstream: str, capture_dir: Path) -> tuple[subprocess.Popen[str], str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "otel_capture._cli", "proxy", "--upstream", upstream, "--capture-dir", str(capture_dir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline().strip()
-    assert line.startswith("listening on "), line
-    return process, line.removeprefix("listening on ")
 
 
 def _stop(process: subprocess.Popen[str], sig: int) -> None:
@@ -118,7 +104,7 @@ def _tags(capture_dir: Path) -> tuple[set[str], list[str]]:
 @pytest.mark.parametrize("iteration", range(ITERATIONS))
 def test_sigkill_mid_traffic_loses_no_acknowledged_call(upstream: str, tmp_path: Path, iteration: int) -> None:
     capture_dir = tmp_path / "calls"
-    proxy, url = _start_proxy(upstream, capture_dir)
+    proxy, url = start_cli_proxy(upstream, "--capture-dir", str(capture_dir))
     traffic = _Traffic(url, kill_after=random.Random(iteration).randint(5, 60))
     with ThreadPoolExecutor(CLIENTS) as pool:
         clients = [pool.submit(traffic.run_client, iteration * 100 + i) for i in range(CLIENTS)]
@@ -136,7 +122,7 @@ def test_sigkill_mid_traffic_loses_no_acknowledged_call(upstream: str, tmp_path:
     assert damaged == []
 
     # a new proxy on the same directory appends cleanly after whatever the dead one left
-    proxy, url = _start_proxy(upstream, capture_dir)
+    proxy, url = start_cli_proxy(upstream, "--capture-dir", str(capture_dir))
     after = {rollout: uuid.uuid4().hex for rollout in ROLLOUTS}
     try:
         for rollout, tag in after.items():
@@ -156,7 +142,7 @@ def test_a_writer_appends_cleanly_after_a_torn_tail(upstream: str, tmp_path: Pat
     capture_dir.mkdir()
     torn = b'{"model_call_id": "dead", "dialect": "chat", "request": {"mod'
     (capture_dir / "torn-1.capture.jsonl").write_bytes(torn)
-    proxy, url = _start_proxy(upstream, capture_dir)
+    proxy, url = start_cli_proxy(upstream, "--capture-dir", str(capture_dir))
     try:
         response = httpx.post(f"{url}/ng-rollout/torn-1/v1/responses", json={"model": "m", "user": "after-tear"})
         assert response.status_code == 200

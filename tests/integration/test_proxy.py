@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from support import Telemetry, RECORDED, ReplayModelServer, recorded_json, serve
+from support import RECORDED, ReplayModelServer, Telemetry, recorded_json, serve, start_cli_proxy
 
 from otel_capture import CaptureSettings, CaptureStore, read_model_call_records, start_proxy
 
@@ -84,26 +83,12 @@ def test_unreachable_upstream_is_a_502_recorded_as_upstream_error(telemetry: Tel
     assert record.status_code == 502 and record.error_category == "upstream_error"
 
 
-def _start_cli_proxy(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "otel_capture._cli", "proxy", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
-    assert process.stdout is not None
-    first = process.stdout.readline().strip()
-    assert first.startswith("listening on http://127.0.0.1:"), (first, process.stderr.read() if process.poll() else "")
-    return process, first.removeprefix("listening on ")
-
-
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
 def test_cli_proxy_prints_its_address_captures_and_stops_cleanly(
     upstream: str, tmp_path: Path, stop_signal: signal.Signals
 ) -> None:
     capture_dir = tmp_path / "calls"
-    process, url = _start_cli_proxy(["--upstream", upstream, "--port", "0", "--capture-dir", str(capture_dir)])
+    process, url = start_cli_proxy(upstream, "--port", "0", "--capture-dir", str(capture_dir), stderr=subprocess.PIPE)
     try:
         client = openai.OpenAI(base_url=f"{url}/ng-rollout/cli-1/v1", api_key="k", max_retries=0)
         for _ in range(3):
@@ -117,9 +102,7 @@ def test_cli_proxy_prints_its_address_captures_and_stops_cleanly(
 
 def test_cli_proxy_takes_its_directory_from_the_standard_variable(upstream: str, tmp_path: Path) -> None:
     capture_dir = tmp_path / "from-env"
-    process, url = _start_cli_proxy(
-        ["--upstream", upstream], env={"OTEL_EXPORTER_MODEL_CALL_JSONL_DIR": str(capture_dir)}
-    )
+    process, url = start_cli_proxy(upstream, env={"OTEL_EXPORTER_MODEL_CALL_JSONL_DIR": str(capture_dir)})
     try:
         httpx.post(f"{url}/ng-rollout/env-1/v1/responses", json={"model": "m", "input": "x"})
     finally:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import fcntl
 import itertools
 import signal
-import subprocess
-import sys
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -19,22 +17,9 @@ import orjson
 
 from otel_capture import CaptureStore, read_available_model_call_records
 
-from support import ReplayModelServer, serve
+from support import ReplayModelServer, serve, start_cli_proxy
 
 ROLLOUTS = ["multi-0", "multi-1", "multi-2"]
-
-
-def _start(upstream: str, capture_dir: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "otel_capture._cli", "proxy", "--upstream", upstream, "--capture-dir", str(capture_dir), *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline().strip()
-    assert line.startswith("listening on "), line
-    return process, line.removeprefix("listening on ")
 
 
 def _gym_style_read(path: Path) -> int:
@@ -57,7 +42,8 @@ def _gym_style_read(path: Path) -> int:
 def test_many_processes_write_the_same_rollouts_while_readers_read(tmp_path: Path) -> None:
     capture_dir = tmp_path / "calls"
     with serve(ReplayModelServer()) as upstream:
-        proxies = [_start(upstream, capture_dir, "--workers", "3"), _start(upstream, capture_dir), _start(upstream, capture_dir)]
+        args = ("--capture-dir", str(capture_dir))
+        proxies = [start_cli_proxy(upstream, *args, "--workers", "3"), start_cli_proxy(upstream, *args), start_cli_proxy(upstream, *args)]
         urls = itertools.cycle([url for _, url in proxies])
         stop = threading.Event()
         reader_errors: list[BaseException] = []

@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from exporters.model_call_jsonl import ModelCallJsonlExporter
-from otel_capture import CaptureSettings, CaptureStore, ModelCallCaptureMiddleware, is_valid_rollout_id
+from otel_capture import CaptureSettings, ModelCallCaptureMiddleware, is_valid_rollout_id
 from otel_capture._correlation import split_rollout_prefix
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
