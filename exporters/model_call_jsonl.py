@@ -73,6 +73,11 @@ class ModelCallJsonlExporter(SpanExporter):
             return failed
         return self._writer.submit(call.rollout_id, call.line, call.model_call_id, call.tokens_line)
 
+    def abandon_call(self, rollout_id: str, model_call_id: str, reason: str) -> None:
+        """A begun call whose record could not be built: counted, logged, its rollout marked incomplete."""
+        if self._writer is not None and not self._shutdown:
+            self._writer.abandon(rollout_id, model_call_id, reason)
+
     def begin_call(self, rollout_id: str, model_call_id: str) -> None:
         """A captured call has started: a freeze before its record lands reports the rollout incomplete."""
         if self._writer is not None and not self._shutdown:

@@ -86,6 +86,17 @@ def begin_call(rollout_id: str, model_call_id: str) -> None:
         _logger.debug("begin_call failed for rollout %s", rollout_id, exc_info=True)
 
 
+def abandon_call(rollout_id: str, model_call_id: str, reason: str) -> None:
+    """Tell the active sink a begun call will never have a record (building it failed). Never raises."""
+    abandon = getattr(active_sink(), "abandon_call", None)
+    if abandon is None:
+        return
+    try:
+        abandon(rollout_id, model_call_id, reason)
+    except Exception:
+        _logger.debug("abandon_call failed for rollout %s", rollout_id, exc_info=True)
+
+
 def offer(span_id: int, call: CapturedCall) -> None:
     _pending[span_id] = call
 

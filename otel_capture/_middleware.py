@@ -225,8 +225,9 @@ class ModelCallCaptureMiddleware:
                     call.rollout_id, call.model_call_id, call.line(context.trace_id, context.span_id),
                     tokens_line(call.response_obj, rollout_id=call.rollout_id, model_call_id=call.model_call_id),
                 ))
-        except Exception:
+        except Exception as exc:
             _logger.exception("model-call capture failed while finishing a %s call", call.dialect)
+            _handoff.abandon_call(call.rollout_id, call.model_call_id, f"capture_error: {type(exc).__name__}: {exc}")
             sink_present = False
         finally:
             span.end()

@@ -86,6 +86,13 @@ class _Item:
 
 
 @dataclass(slots=True)
+class _Abandon:
+    rollout_id: str
+    model_call_id: str
+    reason: str
+
+
+@dataclass(slots=True)
 class _Begin:
     rollout_id: str
     model_call_id: str
@@ -150,6 +157,12 @@ class JsonlWriter:
         self._state.calls.begin(rid, model_call_id)
         self._queue.put(_Begin(rid, model_call_id))
 
+    def abandon(self, rollout_id: str, model_call_id: str, reason: str) -> None:
+        """A begun call whose record could not even be built: count it, log it, and mark the rollout
+        incomplete with the reason, so neither the loss nor a phantom in-flight call goes unseen."""
+        if not self._closed:
+            self._queue.put(_Abandon(validate_rollout_id(rollout_id), model_call_id, reason))
+
     def submit(
         self, rollout_id: str, line: bytes, model_call_id: str, tokens_line: bytes | None = None
     ) -> concurrent.futures.Future[None]:
@@ -189,6 +202,7 @@ class JsonlWriter:
         while not stop:
             batch: list[_Item] = []
             begins: list[_Begin] = []
+            abandons: list[_Abandon] = []
             barriers: list[_Barrier] = []
             obj = self._queue.get()
             while True:
@@ -198,6 +212,8 @@ class JsonlWriter:
                     barriers.append(obj)
                 elif isinstance(obj, _Begin):
                     begins.append(obj)
+                elif isinstance(obj, _Abandon):
+                    abandons.append(obj)
                 else:
                     batch.append(obj)  # type: ignore[arg-type]  # only _Item, _Begin, _Barrier, _STOP are queued
                 try:
@@ -212,6 +228,8 @@ class JsonlWriter:
                     for item in batch:
                         if not item.future.done():
                             item.future.set_exception(exc)
+            for abandoned in abandons:
+                self._abandon(abandoned)
             for barrier in barriers:
                 barrier.future.set_result(None)
 
@@ -321,6 +339,19 @@ class JsonlWriter:
         self._mark_incomplete(rollout_id, [item.model_call_id for item in items], reason)
         for item in items:
             item.future.set_exception(exc)
+
+    def _abandon(self, abandoned: _Abandon) -> None:
+        rollout_id, model_call_id = abandoned.rollout_id, abandoned.model_call_id
+        self.stats.failures += 1
+        self.stats.last_failure = abandoned.reason  # logged by the middleware, with its traceback
+        self._mark_incomplete(rollout_id, [model_call_id], abandoned.reason)
+        try:
+            with self._state.locks.hold_ids([rollout_id]):
+                self._state.write_markers(rollout_id, [], [model_call_id])  # no longer in flight
+        except OSError as exc:
+            _logger.warning("could not clear the in-flight marker of rollout %s: %s", rollout_id, exc)
+        finally:
+            self._state.calls.end(rollout_id, [model_call_id])
 
     def _mark_incomplete(self, rollout_id: str, model_call_ids: list[str], reason: str) -> None:
         lines = b"".join(

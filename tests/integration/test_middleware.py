@@ -306,3 +306,29 @@ def test_upstream_error_status_is_recorded_with_its_category(
     (span,) = telemetry.spans.get_finished_spans()
     assert span.attributes["error.type"] == "rate_limit"
     assert span.status.status_code.name == "ERROR"
+
+
+def test_a_record_that_cannot_be_built_marks_the_call_incomplete_and_the_response_is_untouched(
+    server: str, telemetry: Telemetry, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from otel_capture._call import CallCapture
+
+    def broken_line(self: CallCapture, trace_id: int, span_id: int) -> bytes:
+        raise RuntimeError("cannot encode this record")
+
+    monkeypatch.setattr(CallCapture, "line", broken_line)  # the seam: a bug in building the record
+    with caplog.at_level(logging.ERROR):
+        response = httpx.post(f"{server}/ng-rollout/unbuildable/v1/chat/completions", json={"model": "m"})
+    assert response.status_code == 200 and response.content == recorded_json("chat")
+    assert telemetry.jsonl.force_flush()
+    assert telemetry.jsonl.stats.failures == 1
+    marker = (telemetry.store.root / "unbuildable.capture.incomplete").read_text().splitlines()
+    assert len(marker) == 1 and "cannot encode this record" in json.loads(marker[0])["reason"]
+    from otel_capture._lifecycle_io import INFLIGHT_REASON
+
+    snapshot = telemetry.store.freeze_now("unbuildable")
+    assert snapshot.incomplete
+    # the call says why it is missing, and is not left looking like a call still in flight
+    assert [c.reason for c in snapshot.incomplete_calls if "cannot encode" in c.reason]
+    assert all(c.reason != INFLIGHT_REASON for c in snapshot.incomplete_calls)
+    assert sum("failed while finishing" in r.getMessage() for r in caplog.records) == 1  # logged once
