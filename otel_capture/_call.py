@@ -315,19 +315,18 @@ class CallCapture:
 
     # -- metrics ------------------------------------------------------------------------------------
 
-    def server_timings(self) -> tuple[float | None, float | None, float | None]:
+    def server_timings(self, output_tokens: object = None) -> tuple[float | None, float | None, float | None]:
         """``(request duration, time to first token, time per output token)`` in seconds, for the
         ``gen_ai.server.*`` histograms. TTFT and TPOT only for streams that completed without error
         (a non-streamed body arrives all at once: its first byte says nothing about the first token);
-        TPOT only with more than one output token: ``(duration - ttft) / (output tokens - 1)``."""
+        TPOT only with more than one output token (``output_tokens``, the span's
+        ``gen_ai.usage.output_tokens``): ``(duration - ttft) / (output tokens - 1)``."""
         if self.latency_ms is None:
             return None, None, None
         duration = self.latency_ms / 1000
         if not self.stream or self.error_category is not None or self.ttft_ms is None:
             return duration, None, None
         ttft = self.ttft_ms / 1000
-        usage = response_attributes(self.response_obj, self.dialect) if self.response_obj else {}
-        output_tokens = usage.get(A.GEN_AI_USAGE_OUTPUT_TOKENS)
         if not isinstance(output_tokens, int) or output_tokens < 2:
             return duration, ttft, None
         return duration, ttft, max(duration - ttft, 0.0) / (output_tokens - 1)

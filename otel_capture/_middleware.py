@@ -213,7 +213,7 @@ class ModelCallCaptureMiddleware:
             attributes.update(end_attributes)
             if self.settings.content_on_spans:
                 span.set_attributes(call.content_attributes(self.settings.content_max_length))
-            self._metrics.record(attributes, *call.server_timings())
+            self._metrics.record(attributes, *call.server_timings(attributes.get(A.GEN_AI_USAGE_OUTPUT_TOKENS)))
             if call.error_category is not None:
                 span.set_status(Status(StatusCode.ERROR, call.error_category))
             if exception is not None and not isinstance(exception, asyncio.CancelledError):
