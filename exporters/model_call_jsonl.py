@@ -71,7 +71,11 @@ class ModelCallJsonlExporter(SpanExporter):
             failed: concurrent.futures.Future[None] = concurrent.futures.Future()
             failed.set_exception(RuntimeError("model_call_jsonl exporter has no directory"))
             return failed
-        return self._writer.submit(call.rollout_id, call.line, call.model_call_id, call.tokens_line)
+        future = self._writer.submit(
+            call.rollout_id, call.line, call.model_call_id, call.tokens_line, waiter=call.waiter
+        )
+        call.waiter_taken = call.waiter is not None
+        return future
 
     def abandon_call(self, rollout_id: str, model_call_id: str, reason: str) -> None:
         """A begun call whose record could not be built: counted, logged, its rollout marked incomplete."""

@@ -31,6 +31,8 @@ import threading
 from dataclasses import dataclass
 from typing import Protocol
 
+from ._writer import LoopWaiter
+
 _logger = logging.getLogger(__name__)
 
 
@@ -42,6 +44,11 @@ class CapturedCall:
     model_call_id: str
     line: bytes  # one JSON object ending in "\n"
     tokens_line: bytes | None = None  # the call's <id>.tokens.jsonl line, when the upstream returned tokens
+    # An asyncio future (and its loop) for the middleware to await. A sink that resolves it itself sets
+    # ``waiter_taken`` (our writer resolves a whole batch's waiters with one loop wake-up); otherwise the
+    # middleware waits on the sink's concurrent future.
+    waiter: LoopWaiter | None = None
+    waiter_taken: bool = False
 
 
 class CallSink(Protocol):

@@ -38,6 +38,7 @@ from ._metrics import ServerMetrics
 from ._settings import CaptureSettings
 from ._tokens import tokens_line
 from ._version import __version__
+from ._writer import LoopWaiter
 
 _logger = logging.getLogger(__name__)
 
@@ -221,10 +222,13 @@ class ModelCallCaptureMiddleware:
             context = span.get_span_context()
             sink_present = _handoff.active_sink() is not None
             if sink_present:
-                _handoff.offer(context.span_id, _handoff.CapturedCall(
+                loop = asyncio.get_running_loop()
+                captured = _handoff.CapturedCall(
                     call.rollout_id, call.model_call_id, call.line(context.trace_id, context.span_id),
                     tokens_line(call.response_obj, rollout_id=call.rollout_id, model_call_id=call.model_call_id),
-                ))
+                    waiter=LoopWaiter(loop, loop.create_future()),
+                )
+                _handoff.offer(context.span_id, captured)
         except Exception as exc:
             _logger.exception("model-call capture failed while finishing a %s call", call.dialect)
             _handoff.abandon_call(call.rollout_id, call.model_call_id, f"capture_error: {type(exc).__name__}: {exc}")
@@ -237,7 +241,10 @@ class ModelCallCaptureMiddleware:
         if future is None:
             return
         try:
-            await asyncio.shield(asyncio.wrap_future(future))
+            if captured.waiter_taken and captured.waiter is not None:
+                await captured.waiter.future  # resolved with the rest of its batch: one wake-up per batch
+            else:
+                await asyncio.shield(asyncio.wrap_future(future))
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001, S110  # the writer logged it, counted it and marked the rollout incomplete
