@@ -5,7 +5,7 @@ span attributes). No I/O here: the middleware feeds bytes in and takes dicts and
 from __future__ import annotations
 
 import time
-import uuid
+import random
 from typing import Any, Literal
 
 import orjson
@@ -110,7 +110,9 @@ class CallCapture:
         *,
         session_id: str | None = None,
     ) -> None:
-        self.model_call_id = uuid.uuid4().hex
+        # 128 random bits as 32 hex digits, like NeMo Gym's uuid4().hex; from `random` (reseeded after fork,
+        # as the OpenTelemetry SDK's span ids are) because os.urandom is a ~10 us syscall per call here
+        self.model_call_id = format(random.getrandbits(128), "032x")
         self.dialect = dialect
         self.rollout_id = rollout_id
         self.settings = settings
