@@ -45,11 +45,18 @@ class AppendOutcome:
 
 
 def _open_append(path: Path, mode: int) -> tuple[int, bool]:
-    # Read-write so that the append can look at the file's last byte (see _append_locked).
-    try:
-        return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode), True
-    except FileExistsError:
-        return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC), False
+    # Read-write so that the append can look at the file's last byte (see _append_locked). The file usually
+    # exists: try that first (one syscall, no exception), then create it exclusively to learn that this
+    # append made it (its directory entry then needs a sync); a racing creator sends us back to the first.
+    while True:
+        try:
+            return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC), False
+        except FileNotFoundError:
+            pass
+        try:
+            return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode), True
+        except FileExistsError:
+            continue
 
 
 def _append_locked(fd: int, data: bytes) -> None:
