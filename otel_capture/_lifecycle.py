@@ -44,14 +44,13 @@ import orjson
 from ._correlation import validate_rollout_id
 from ._fences import DirState, Fence, Fsync, Hook, _fsync_dir, dir_state
 from ._lifecycle_io import (
+    fenced_mark_incomplete,
     CAPTURE_SUFFIX,
     INCOMPLETE_SUFFIX,
     INFLIGHT_REASON,
     RECORD_SUFFIXES,
     TOKENS_SUFFIX,
-    _append_locked,
     _fence_error,
-    _open_append,
     fenced_append,
     read_contents,
 )
@@ -174,26 +173,9 @@ class FileLifecycle:
         Accepted on a frozen rollout (it changes the snapshot's ``version``, so a stale ``drop`` fails);
         refused with :class:`CaptureRetiredError` on a retired one."""
         rid = validate_rollout_id(rollout_id)
-        state = self._state
-        line = orjson.dumps(
-            {"model_call_id": model_call_id, "reason": reason}, option=orjson.OPT_APPEND_NEWLINE
-        )
-        with state.locks.hold_ids([rid]):
-            fence = self._check(rid)
-            if fence is not None and fence.kind == "retired":
-                raise _fence_error(rid, fence)
-            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd, created = _open_append(self.root / (rid + INCOMPLETE_SUFFIX), 0o600)
-            try:
-                _append_locked(fd, line)
-                self._fsync(fd)
-            finally:
-                os.close(fd)
-            if created:
-                _fsync_dir(self.root, self._fsync)
-            if fence is None and model_call_id in state.calls.of(rid):
-                state.write_markers(rid, [], [model_call_id])
-            state.calls.end(rid, [model_call_id])
+        fence = fenced_mark_incomplete(self._state, rid, [(model_call_id, reason)], fsync=self._fsync, check=self._check)
+        if fence is not None and fence.kind == "retired":
+            raise _fence_error(rid, fence)
 
     def append_now(
         self,

@@ -6,14 +6,15 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from ._fences import DirState, Fence, _write_all
+from ._fences import DirState, Fence, Fsync, _fsync_dir, _write_all
 from ._lifecycle_types import CaptureFrozenError, CaptureRetiredError, IncompleteCall
 
 _logger = logging.getLogger(__name__)
@@ -153,6 +154,52 @@ def fenced_append(
         finally:
             state.calls.end(rollout_id, mcids)
     return outcome
+
+
+def fenced_mark_incomplete(
+    state: DirState,
+    rollout_id: str,
+    calls: list[tuple[str, str]],
+    *,
+    fsync: Fsync,
+    check: Callable[[str], Fence | None],
+    file_mode: int = 0o600,
+) -> Fence | None:
+    """Durably mark ``(model_call_id, reason)`` calls as not captured: one JSON line each in
+    ``<id>.capture.incomplete`` (NeMo Gym only checks that the file exists), and the calls end (their
+    ``-`` markers, so no other process takes them for calls still in flight).
+
+    Under the rollout's stripe, after ``check`` (which refreshes the journal and returns the fence): a
+    retired rollout's marker would outlive its removed records, so nothing is written and the fence is
+    returned for the caller to refuse or ignore. A frozen rollout is marked: its snapshot may list a line
+    whose sync failed, and the changed version makes a stale ``drop`` fail. The one path shared by the
+    writer thread (a failed batch, an unbuildable record) and ``CaptureStore.mark_incomplete``.
+    """
+    now = time.time()
+    data = b"".join(
+        orjson.dumps({"model_call_id": mcid, "reason": reason, "at": now}, option=orjson.OPT_APPEND_NEWLINE)
+        for mcid, reason in calls
+    )
+    mcids = [mcid for mcid, _ in calls]
+    with state.locks.hold_ids([rollout_id]):
+        try:
+            fence = check(rollout_id)
+            if fence is not None and fence.kind == "retired":
+                return fence
+            state.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd, created = _open_append(state.root / (rollout_id + INCOMPLETE_SUFFIX), file_mode)
+            try:
+                _append_locked(fd, data)
+                fsync(fd)
+            finally:
+                os.close(fd)
+            if created:
+                _fsync_dir(state.root, fsync)
+            if fence is None:
+                state.write_markers(rollout_id, [], mcids)
+            return fence
+        finally:
+            state.calls.end(rollout_id, mcids)
 
 
 # --- reading a rollout --------------------------------------------------------------------------------

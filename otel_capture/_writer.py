@@ -41,16 +41,14 @@ import logging
 import os
 import queue
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import orjson
 
 from ._correlation import validate_rollout_id
-from ._fences import DirState, dir_state
-from ._lifecycle_io import INCOMPLETE_SUFFIX, fenced_append
+from ._fences import DirState, Fence, dir_state
+from ._lifecycle_io import fenced_append, fenced_mark_incomplete
 from ._lifecycle_types import CaptureFrozenError
 
 _logger = logging.getLogger(__name__)
@@ -377,44 +375,23 @@ class JsonlWriter:
             self._resolve(item, exc)
 
     def _abandon(self, abandoned: _Abandon) -> None:
-        rollout_id, model_call_id = abandoned.rollout_id, abandoned.model_call_id
         self.stats.failures += 1
         self.stats.last_failure = abandoned.reason  # logged by the middleware, with its traceback
-        self._mark_incomplete(rollout_id, [model_call_id], abandoned.reason)
-        try:
-            with self._state.locks.hold_ids([rollout_id]):
-                self._state.write_markers(rollout_id, [], [model_call_id])  # no longer in flight
-        except OSError as exc:
-            _logger.warning("could not clear the in-flight marker of rollout %s: %s", rollout_id, exc)
-        finally:
-            self._state.calls.end(rollout_id, [model_call_id])
+        self._mark_incomplete(abandoned.rollout_id, [abandoned.model_call_id], abandoned.reason)
 
     def _mark_incomplete(self, rollout_id: str, model_call_ids: list[str], reason: str) -> None:
-        lines = b"".join(
-            orjson.dumps(
-                {"model_call_id": mcid, "reason": reason, "at": time.time()},
-                option=orjson.OPT_APPEND_NEWLINE,
-            )
-            for mcid in model_call_ids
-        )
-        path = self.root / (rollout_id + INCOMPLETE_SUFFIX)
         try:
-            # Under the stripe: a retired rollout's marker would outlive its fence's removals (a frozen
-            # one is marked: the snapshot may list a line whose sync failed, and a stale drop must fail).
-            with self._state.locks.hold_ids([rollout_id]):
-                self._state.journal.refresh()
-                fence = self._state.journal.fence(rollout_id)
-                if fence is not None and fence.kind == "retired":
-                    return
-                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, self._file_mode)
-                try:
-                    _write_all(fd, lines)
-                    self._fsync(fd)
-                finally:
-                    os.close(fd)
+            fenced_mark_incomplete(
+                self._state, rollout_id, [(mcid, reason) for mcid in model_call_ids],
+                fsync=self._fsync, check=self._fence, file_mode=self._file_mode,
+            )
         except OSError as exc:
             # The disk that refused the record may refuse the marker too; the log line is all that is left.
             _logger.error("could not mark rollout %s incomplete: %s", rollout_id, exc)
+
+    def _fence(self, rollout_id: str) -> Fence | None:
+        self._state.journal.refresh()
+        return self._state.journal.fence(rollout_id)
 
 
 def _wake(entries: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:
