@@ -22,8 +22,8 @@ lines: a value of the wrong type is read as ``None``.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeVar, cast
@@ -407,6 +407,22 @@ def _record_from_line(stripped: bytes, call_index: int) -> ModelCallRecord:
         raise _DamagedLine(f"cannot derive record: {type(exc).__name__}: {exc}") from exc
 
 
+def _scan(lines: Sequence[bytes]) -> Generator[tuple[int, bytes, ModelCallRecord | _DamagedLine], None, None]:
+    """``(physical line number, stripped line, record or why it is damaged)`` for every non-blank line;
+    ``call_index`` counts damaged lines too, as Gym's readers do. The collector is paused meanwhile."""
+    index = 0
+    with _gc_paused():
+        for number, line in enumerate(lines, 1):
+            stripped = line.strip()
+            if not stripped:
+                continue
+            try:
+                yield number, stripped, _record_from_line(stripped, index)
+            except _DamagedLine as exc:
+                yield number, stripped, exc
+            index += 1
+
+
 def _preview(line: bytes) -> str:
     if len(line) <= _PREVIEW_BYTES:
         return line.decode("utf-8", "replace")
@@ -426,18 +442,11 @@ def read_model_call_records(store: CaptureStore, rollout_id: str) -> list[ModelC
     if raw is None:
         return []
     records: list[ModelCallRecord] = []
-    append = records.append
-    index = 0
-    with _gc_paused():
-        for number, line in enumerate(raw.lines, 1):
-            stripped = line.strip()
-            if not stripped:
-                continue
-            try:
-                append(_record_from_line(stripped, index))
-            except _DamagedLine as exc:
-                raise CaptureReadError(store.data_path(rollout_id), number, exc.reason) from exc.__cause__
-            index += 1
+    with closing(_scan(raw.lines)) as scan:  # closed at once, so the collector resumes even on a raise
+        for number, _, record in scan:
+            if isinstance(record, _DamagedLine):
+                raise CaptureReadError(store.data_path(rollout_id), number, record.reason) from record.__cause__
+            records.append(record)
     if raw.tail.strip():
         raise CaptureReadError(store.data_path(rollout_id), len(raw.lines) + 1, _TORN_REASON)
     return records
@@ -455,17 +464,11 @@ def read_available_model_call_records(store: CaptureStore, rollout_id: str) -> A
         return AvailableRecords(records=[], incomplete=incomplete)
     records: list[ModelCallRecord] = []
     invalid: list[InvalidLine] = []
-    index = 0
-    with _gc_paused():
-        for number, line in enumerate(raw.lines, 1):
-            stripped = line.strip()
-            if not stripped:
-                continue
-            try:
-                records.append(_record_from_line(stripped, index))
-            except _DamagedLine as exc:
-                invalid.append(InvalidLine(number, exc.reason, _preview(stripped)))
-            index += 1
+    for number, stripped, record in _scan(raw.lines):
+        if isinstance(record, _DamagedLine):
+            invalid.append(InvalidLine(number, record.reason, _preview(stripped)))
+        else:
+            records.append(record)
     torn_line = None
     if raw.tail.strip():
         torn_line = InvalidLine(len(raw.lines) + 1, _TORN_REASON, _preview(raw.tail.strip()))
