@@ -4,8 +4,8 @@ span attributes). No I/O here: the middleware feeds bytes in and takes dicts and
 
 from __future__ import annotations
 
-import time
 import random
+import time
 from typing import Any, Literal
 
 import orjson

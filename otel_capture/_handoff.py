@@ -25,15 +25,22 @@ the call is in flight reports the rollout incomplete (DESIGN §6). It never rais
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import threading
 from dataclasses import dataclass
 from typing import Protocol
 
-from ._writer import LoopWaiter
-
 _logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class LoopWaiter:
+    """An asyncio future to resolve (on its own loop) when a call's line is durable or has failed."""
+
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[None]
 
 
 @dataclass(slots=True)

@@ -44,7 +44,6 @@ import orjson
 from ._correlation import validate_rollout_id
 from ._fences import DirState, Fence, Fsync, Hook, _fsync_dir, dir_state
 from ._lifecycle_io import (
-    fenced_mark_incomplete,
     CAPTURE_SUFFIX,
     INCOMPLETE_SUFFIX,
     INFLIGHT_REASON,
@@ -52,6 +51,7 @@ from ._lifecycle_io import (
     TOKENS_SUFFIX,
     _fence_error,
     fenced_append,
+    fenced_mark_incomplete,
     read_contents,
 )
 from ._lifecycle_types import (

@@ -38,7 +38,6 @@ from ._metrics import ServerMetrics
 from ._settings import CaptureSettings
 from ._tokens import tokens_line
 from ._version import __version__
-from ._writer import LoopWaiter
 
 _logger = logging.getLogger(__name__)
 
@@ -226,7 +225,7 @@ class ModelCallCaptureMiddleware:
                 captured = _handoff.CapturedCall(
                     call.rollout_id, call.model_call_id, call.line(context.trace_id, context.span_id),
                     tokens_line(call.response_obj, rollout_id=call.rollout_id, model_call_id=call.model_call_id),
-                    waiter=LoopWaiter(loop, loop.create_future()),
+                    waiter=_handoff.LoopWaiter(loop, loop.create_future()),
                 )
                 _handoff.offer(context.span_id, captured)
         except Exception as exc:

@@ -45,9 +45,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 from ._correlation import validate_rollout_id
 from ._fences import DirState, Fence, dir_state
+from ._handoff import LoopWaiter
 from ._lifecycle_io import fenced_append, fenced_mark_incomplete
 from ._lifecycle_types import CaptureFrozenError
 
@@ -75,14 +75,6 @@ def _libc_syncfs() -> Callable[[int], None] | None:
 
 
 LIBC_SYNCFS = _libc_syncfs()
-
-
-@dataclass(slots=True)
-class LoopWaiter:
-    """An asyncio future to resolve (on its own loop) when a call's line is durable or has failed."""
-
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[None]
 
 
 @dataclass(slots=True)
