@@ -1,6 +1,7 @@
 """BASELINE, NOT OURS: NeMo Gym 0.7.0's capture design, re-implemented for the benchmarks only.
 
-What it reproduces (``../shared/reference/nemo_gym_model_call_format.md`` §1.5-1.7, §3.2):
+What it reproduces (from NeMo Gym 0.7.0's ``nemo_gym/base_responses_api_model.py``, ``nemo_gym-0.7.0``
+wheel on PyPI: ``CaptureStore``'s append, ``_CaptureMiddleware``, ``_parse_and_record``):
 
 * a pure ASGI middleware; the ``/ng-rollout/<id>/`` prefix is matched with Gym's regex and stripped;
 * the request body and the whole response body are buffered in memory;

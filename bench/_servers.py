@@ -149,7 +149,7 @@ def _in_process_app(variant: str, capture_dir: str | None) -> Any:
     provider = TracerProvider()
     settings = CaptureSettings.from_environ({}, capture_dir=capture_dir if variant != "spans" else None)
     if variant in ("capture", "capture-nosync"):
-        from exporters.model_call_jsonl import ModelCallJsonlExporter
+        from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
         assert capture_dir, f"{variant} needs --capture-dir"
         if variant == "capture-nosync":
@@ -192,7 +192,7 @@ def _serve(app: Any) -> None:
 def _proxy(upstream: str, capture_dir: str | None, *, as_shipped: bool = False) -> int:
     """The real CLI; the app it builds is wrapped in the stats route and, unless ``as_shipped``, its
     listening socket is made by :func:`bind_tcp_socket` (TCP_NODELAY on accepted connections)."""
-    from otel_capture import _cli
+    from otel_capture._cli.main import main
     from otel_capture import _proxy as proxy_module
 
     build = proxy_module.build_proxy_app

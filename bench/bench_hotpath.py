@@ -89,7 +89,7 @@ def _variants(tmp: Path) -> list[tuple[str, Any, str, Callable[[], None], Callab
     noop = trace.NoOpTracerProvider()
     sdk = TracerProvider()
     memory = MemorySink()
-    from exporters.model_call_jsonl import ModelCallJsonlExporter
+    from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
     exporter_provider = TracerProvider()
     exporter = ModelCallJsonlExporter(tmp, fsync=lambda fd: None)

@@ -36,7 +36,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from otel_capture import CaptureStore
-from otel_capture._lifecycle import FileLifecycle
+from otel_capture._store.lifecycle import FileLifecycle
 
 FileLifecycle._purge_later = lambda self: None  # type: ignore[method-assign]  # timed separately below
 

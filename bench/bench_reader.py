@@ -3,7 +3,7 @@
     python bench/bench_reader.py [--quick] [--lines N] [--repeat N] [--dir DIR]
 
 The file: ``--lines`` lines (default 100,000; quick 20,000) cycled from NeMo Gym 0.7.0's own capture file
-(``../shared/fixtures/nemo_gym/gym_server_0-0.capture.jsonl``: Responses calls with reasoning, tool calls
+(``tests/fixtures/nemo_gym/gym_server_0-0.capture.jsonl``: Responses calls with reasoning, tool calls
 and cache counts), each with a fresh ``model_call_id``; when that fixture is absent, lines of the
 non-streaming benchmark's chat call in the same format. Written to a temporary directory, deleted after.
 
@@ -46,7 +46,7 @@ from otel_capture import (
 )
 from otel_capture._records import _line_values, aggregate_model_call_records
 
-FIXTURE = H.REPO.parent / "shared" / "fixtures" / "nemo_gym" / "gym_server_0-0.capture.jsonl"
+FIXTURE = H.REPO / "tests" / "fixtures" / "nemo_gym" / "gym_server_0-0.capture.jsonl"
 ROLLOUT = "bench-reader"
 
 

@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_capture import _handoff
 from otel_capture._settings import CaptureSettings
-from otel_capture._writer import LIBC_SYNCFS, JsonlWriter, WriterStats
+from otel_capture._store.writer import LIBC_SYNCFS, JsonlWriter, WriterStats
 
 _logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from ._httpx_baggage import (
     rollout_baggage_hook,
 )
 from ._instrumentor import ModelCallInstrumentor
-from ._lifecycle_types import (
+from ._store.types import (
     CaptureFrozenError,
     CaptureRetiredError,
     CaptureSnapshot,
@@ -45,8 +45,8 @@ from ._records import (
     read_model_call_records,
 )
 from ._settings import CaptureSettings
-from ._store import CaptureStore
-from ._tokens import extract_tokens
+from ._store.store import CaptureStore
+from ._dialects.tokens import extract_tokens
 from ._version import __version__
 
 __all__ = [

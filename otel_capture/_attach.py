@@ -46,14 +46,14 @@ from typing import Any, TypeAlias
 
 from ._agent import maybe_rollout_id_from_run_body
 from ._correlation import validate_rollout_id
-from ._lifecycle_types import RemovalResult, empty_result, validate_rollout_ids
+from ._store.types import RemovalResult, empty_result, validate_rollout_ids
 from ._records import (
     AvailableRecords,
     ModelCallRecord,
     aggregate_model_call_records,
     read_available_model_call_records,
 )
-from ._store import CaptureStore
+from ._store.store import CaptureStore
 
 _logger = logging.getLogger(__name__)
 

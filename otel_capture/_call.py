@@ -11,10 +11,10 @@ from typing import Any, Literal
 import orjson
 
 from . import _attributes as A
-from ._reassembly import StreamAccumulator, accumulator_for
+from ._dialects.reassembly import StreamAccumulator, accumulator_for
 from ._semconv import content_attributes, request_attributes, response_attributes
 from ._settings import CaptureSettings
-from ._sse import SSEDecoder
+from ._dialects.sse import SSEDecoder
 
 Dialect = Literal["responses", "chat", "messages"]
 SCHEMA_VERSION = 1

@@ -36,7 +36,7 @@ from ._call import DIALECT_PATHS, CallCapture, Dialect
 from ._correlation import ROLLOUT_ID_RULE, is_valid_rollout_id, rollout_id_from_baggage, split_rollout_prefix
 from ._metrics import ServerMetrics
 from ._settings import CaptureSettings
-from ._tokens import tokens_line
+from ._dialects.tokens import tokens_line
 from ._version import __version__
 
 _logger = logging.getLogger(__name__)

@@ -31,8 +31,8 @@ from typing import Any, Literal, NamedTuple, TypeVar, cast
 import orjson
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
-from ._derive import derive_call_facts
-from ._store import CaptureStore
+from ._dialects.derive import derive_call_facts
+from ._store.store import CaptureStore
 
 __all__ = [
     "EXTRA_RECORD_FIELDS",

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from . import _attributes as A
-from ._derive import cache_signal, finish_reasons, token_stats
+from ._dialects.derive import cache_signal, finish_reasons, token_stats
 
 # request key -> span attribute, numbers only (GenAI semconv "gen_ai.request.*")
 _REQUEST_NUMBERS = (

@@ -2,8 +2,8 @@
 
 ::
 
-    from otel_capture import CaptureStore
-    from otel_capture.conformance import InMemoryCaptureBackend, run_conformance
+    from . import CaptureStore
+    from .conformance import InMemoryCaptureBackend, run_conformance
 
     report = run_conformance(lambda: CaptureStore("/data/calls"))
     assert report.ok, report
@@ -25,14 +25,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ._lifecycle_types import (
+from ._store.types import (
     CaptureFrozenError,
     CaptureRetiredError,
     CaptureSnapshot,
     RemovalResult,
     RolloutState,
 )
-from ._memory_backend import InMemoryCaptureBackend
+from ._store.memory import InMemoryCaptureBackend
 
 _logger = logging.getLogger(__name__)
 

@@ -233,7 +233,7 @@ def _upstream(url: str | None, say: Say) -> Iterator[tuple[str, str]]:
     if url is not None:
         yield url.rstrip("/"), _model_name(url.rstrip("/"))
         return
-    from otel_capture._tiny_model import start_tiny_model  # the demo's model server
+    from otel_capture.demo.tiny_model import start_tiny_model  # the demo's model server
 
     say("starting the tiny model (llama.cpp + Gemma 3 270M, CPU)")
     with start_tiny_model() as model:

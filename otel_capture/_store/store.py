@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from ._correlation import validate_rollout_id
-from ._fences import _no_hook
-from ._lifecycle import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX, FileLifecycle
+from .._correlation import validate_rollout_id
+from .fences import _no_hook
+from .lifecycle import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX, FileLifecycle
 
 __all__ = ["CAPTURE_SUFFIX", "INCOMPLETE_SUFFIX", "TOKENS_SUFFIX", "CaptureStore", "RawLines"]
 

@@ -45,11 +45,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._correlation import validate_rollout_id
-from ._fences import DirState, Fence, dir_state
-from ._handoff import LoopWaiter
-from ._lifecycle_io import fenced_append, fenced_mark_incomplete
-from ._lifecycle_types import CaptureFrozenError
+from .._correlation import validate_rollout_id
+from .fences import DirState, Fence, dir_state
+from .._handoff import LoopWaiter
+from .lifecycle_io import fenced_append, fenced_mark_incomplete
+from .types import CaptureFrozenError
 
 _logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Per-dialect stream reassembly: :class:`~otel_capture._sse.SSEEvent` in, response dict out.
+"""Per-dialect stream reassembly: :class:`~otel_capture._dialects.sse.SSEEvent` in, response dict out.
 
 One accumulator per streamed call turns the events of a Responses, Chat Completions or Anthropic Messages
 stream back into the object the non-streaming endpoint would have returned, and notes the dialect's
@@ -31,11 +31,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ._chat_stream import ChatCompletionsAccumulator
-from ._messages_stream import MessagesAccumulator
-from ._responses_stream import ResponsesAccumulator
-from ._sse import SSEEvent
-from ._stream_base import Dialect, JsonDict, TerminalKind
+from .chat import ChatCompletionsAccumulator
+from .messages import MessagesAccumulator
+from .responses import ResponsesAccumulator
+from .sse import SSEEvent
+from .stream import Dialect, JsonDict, TerminalKind
 
 __all__ = [
     "ChatCompletionsAccumulator",

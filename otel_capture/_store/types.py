@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
-from ._correlation import validate_rollout_id
+from .._correlation import validate_rollout_id
 
 RolloutState = Literal["absent", "live", "frozen", "retired"]
 ROLLOUT_STATES: tuple[RolloutState, ...] = ("absent", "live", "frozen", "retired")

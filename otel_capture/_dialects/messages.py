@@ -1,14 +1,14 @@
 """Anthropic Messages stream reassembly: ``/v1/messages`` events -> the ``message`` object.
 
-Part of stream reassembly; see :mod:`otel_capture._reassembly` for the rules every accumulator follows.
+Part of stream reassembly; see :mod:`otel_capture._dialects.reassembly` for the rules every accumulator follows.
 """
 
 from __future__ import annotations
 
 import orjson
 
-from ._sse import SSEEvent
-from ._stream_base import JsonDict, _Accumulator, _event_type, _loads, _merge
+from .sse import SSEEvent
+from .stream import JsonDict, _Accumulator, _event_type, _loads, _merge
 
 __all__ = ["MessagesAccumulator"]
 

@@ -1,14 +1,14 @@
 """OpenAI Responses stream reassembly: ``/v1/responses`` events -> the ``response`` object.
 
-Part of stream reassembly; see :mod:`otel_capture._reassembly` for the rules every accumulator follows.
+Part of stream reassembly; see :mod:`otel_capture._dialects.reassembly` for the rules every accumulator follows.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._sse import SSEEvent
-from ._stream_base import JsonDict, TerminalKind, _Accumulator, _event_type, _loads
+from .sse import SSEEvent
+from .stream import JsonDict, TerminalKind, _Accumulator, _event_type, _loads
 
 __all__ = ["ResponsesAccumulator"]
 

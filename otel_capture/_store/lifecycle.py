@@ -41,9 +41,9 @@ from typing import Any, TypeVar
 
 import orjson
 
-from ._correlation import validate_rollout_id
-from ._fences import DirState, Fence, Fsync, Hook, _fsync_dir, dir_state
-from ._lifecycle_io import (
+from .._correlation import validate_rollout_id
+from .fences import DirState, Fence, Fsync, Hook, _fsync_dir, dir_state
+from .lifecycle_io import (
     CAPTURE_SUFFIX,
     INCOMPLETE_SUFFIX,
     INFLIGHT_REASON,
@@ -54,7 +54,7 @@ from ._lifecycle_io import (
     fenced_mark_incomplete,
     read_contents,
 )
-from ._lifecycle_types import (
+from .types import (
     ROLLOUT_STATES,
     CaptureSnapshot,
     CaptureStateError,

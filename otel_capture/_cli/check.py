@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ._records import InvalidLine, read_available_model_call_records
-from ._store import CaptureStore
+from .._records import InvalidLine, read_available_model_call_records
+from .._store.store import CaptureStore
 
 
 @dataclass

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import httpx
 
-from ._proxy import start_proxy
-from ._show import format_calls_table, format_rollouts_table, is_error
-from ._store import CaptureStore
-from ._tiny_model import TinyModelError, start_tiny_model
+from otel_capture._proxy import start_proxy
+from otel_capture._cli.show import format_calls_table, format_rollouts_table, is_error
+from otel_capture._store.store import CaptureStore
+from otel_capture.demo.tiny_model import TinyModelError, start_tiny_model
 
 if TYPE_CHECKING:
     import anthropic
@@ -147,7 +147,7 @@ def _check_rollout(store: CaptureStore, rollout_id: str, records: Sequence[Any])
 
 def _report(store: CaptureStore, rollout_ids: Sequence[str], say: Say) -> list[str]:
     """Print each rollout's calls and the per-rollout summary; return what does not look right."""
-    from . import read_model_call_records
+    from otel_capture import read_model_call_records
 
     problems = []
     for rollout_id in rollout_ids:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._store import CaptureStore
+    from .._store.store import CaptureStore
 
 _logger = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def _rollout_row(s: RolloutSummary) -> list[str]:
 
 def _default_reader() -> ReadRecords:
     # Imported late: the CLI imports this module, and the package's __init__ may re-export from it.
-    from . import read_model_call_records
+    from .. import read_model_call_records
 
     reader: ReadRecords = read_model_call_records
     return reader

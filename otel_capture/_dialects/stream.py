@@ -1,7 +1,7 @@
 """Shared pieces of stream reassembly: the fail-safe accumulator shell and the JSON helpers the three
 dialect accumulators (``_responses_stream``, ``_chat_stream``, ``_messages_stream``) use.
 
-See :mod:`otel_capture._reassembly` for the rules every accumulator follows.
+See :mod:`otel_capture._dialects.reassembly` for the rules every accumulator follows.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import Any, Literal
 
 import orjson
 
-from ._sse import SSEEvent
+from .sse import SSEEvent
 
 __all__ = ["Dialect", "JsonDict", "TerminalKind"]
 
-_logger = logging.getLogger("otel_capture._reassembly")
+_logger = logging.getLogger("otel_capture._dialects.reassembly")
 
 Dialect = Literal["responses", "chat", "messages"]
 TerminalKind = Literal["completed", "incomplete", "failed", "error"]
