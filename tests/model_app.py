@@ -1,7 +1,7 @@
 """An unmodified FastAPI model server (it knows nothing of OpenTelemetry or otel-capture), for the
 zero-code tests: ``opentelemetry-instrument uvicorn model_app:app --app-dir tests``.
 
-It answers the three dialects with real recorded API bodies and streams (``shared/recorded_streams``),
+It answers the three dialects with real recorded API bodies and streams (``tests/fixtures/recorded_streams``),
 streamed when the request says ``"stream": true``, one SSE event per chunk, as a real server flushes them.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-RECORDED = Path(__file__).resolve().parents[1].parent / "shared" / "recorded_streams"
+RECORDED = Path(__file__).resolve().parent / "fixtures" / "recorded_streams"  # support.RECORDED; no import
 _CASSETTE = "test_messages__TestSyncParse__c11eefc7-fff0-4466-8453-42eef73b8876.json"
 
 BODIES: dict[str, Any] = {

@@ -24,9 +24,9 @@ from otel_capture import CaptureStore
 from otel_capture._proxy import bind_socket, socket_url
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-RECORDED = SHARED / "recorded_streams"
-FIXTURES = SHARED / "fixtures" / "nemo_gym"
+FIXTURES_ROOT = Path(__file__).resolve().parent / "fixtures"  # every test fixture; sources in its README.md
+RECORDED = FIXTURES_ROOT / "recorded_streams"
+FIXTURES = FIXTURES_ROOT / "nemo_gym"
 
 
 def _anthropic_cassette_body() -> bytes:

@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
+from support import FIXTURES
 
 from otel_capture import (
     CaptureStore,
@@ -19,7 +20,6 @@ from otel_capture import (
     clear_model_call_captures,
 )
 
-FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "nemo_gym"
 PAYLOADS = {"request", "response", "request_raw", "response_raw"}
 LINE = {
     "model_call_id": "a" * 32,

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any, cast
 
 import httpx2
@@ -43,11 +42,11 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.chat import ChatCompletionChunk
 from openai.types.responses import ResponseStreamEvent
+from support import RECORDED as STREAMS
 
 from otel_capture._reassembly import Dialect, accumulator_for
 from otel_capture._sse import SSEDecoder, SSEEvent
 
-STREAMS = Path(__file__).resolve().parents[2].parent / "shared" / "recorded_streams"
 JsonDict = dict[str, Any]
 
 

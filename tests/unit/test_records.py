@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 import pytest
 from pydantic import ValidationError
+from support import FIXTURES
 
 from otel_capture._records import (
     EXTRA_RECORD_FIELDS,
@@ -28,7 +29,6 @@ from otel_capture._records import (
 )
 from otel_capture._store import CaptureStore
 
-FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "nemo_gym"
 GYM_METRIC_KEYS = (
     "tokens_in",
     "tokens_out",
