@@ -120,10 +120,7 @@ class StatsRoute:
         await self.app(scope, receive, send)
 
 
-def _writer_stats() -> dict[str, int]:
-    from otel_capture import _handoff
-
-    sink = _handoff.active_sink()
+def _writer_stats(sink: Any = None) -> dict[str, int]:
     stats = getattr(sink, "stats", None)
     if stats is None:
         return {"records": 0, "fsyncs": 0, "batches": 0, "failures": 0}
@@ -147,7 +144,8 @@ def _in_process_app(variant: str, capture_dir: str | None) -> Any:
     from otel_capture import CaptureSettings, ModelCallCaptureMiddleware
 
     provider = TracerProvider()
-    settings = CaptureSettings.from_environ({}, capture_dir=capture_dir if variant != "spans" else None)
+    settings = CaptureSettings.from_environ({})
+    exporter = None
     if variant in ("capture", "capture-nosync"):
         from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
@@ -159,7 +157,8 @@ def _in_process_app(variant: str, capture_dir: str | None) -> Any:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     elif variant != "spans":
         raise SystemExit(f"unknown variant {variant!r}")
-    return StatsRoute(ModelCallCaptureMiddleware(upstream_app, tracer_provider=provider, settings=settings), _writer_stats)
+    app = ModelCallCaptureMiddleware(upstream_app, tracer_provider=provider, settings=settings)
+    return StatsRoute(app, lambda: _writer_stats(exporter))
 
 
 def bind_tcp_socket(host: str, port: int) -> socket.socket:
@@ -198,11 +197,15 @@ def _proxy(upstream: str, capture_dir: str | None, *, as_shipped: bool = False) 
     build = proxy_module.build_proxy_app
     if not as_shipped:
         proxy_module.bind_socket = bind_tcp_socket  # type: ignore[assignment]
-    proxy_module.build_proxy_app = lambda *a, **k: StatsRoute(build(*a, **k), _writer_stats)  # type: ignore[assignment]
+    def build_with_stats(*args: Any, **kwargs: Any) -> Any:
+        app = build(*args, **kwargs)  # the server span middleware around the capture middleware
+        return StatsRoute(app, lambda: _writer_stats(getattr(app.app, "sink", None)))
+
+    proxy_module.build_proxy_app = build_with_stats  # type: ignore[assignment]
     argv = ["proxy", "--upstream", upstream, "--port", "0"]
     if capture_dir:
         argv += ["--capture-dir", capture_dir]
-    return _cli.main(argv)
+    return main(argv)
 
 
 def main() -> int:

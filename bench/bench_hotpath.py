@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import gc
 import shutil
 import sys
@@ -44,7 +43,8 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from otel_capture import CaptureSettings, ModelCallCaptureMiddleware, _handoff
+from otel_capture import CaptureSettings, ModelCallCaptureMiddleware
+from otel_capture._sink import FinishedCall
 
 CAPTURED_PATH = "/ng-rollout/bench-0/v1/chat/completions"
 
@@ -52,10 +52,14 @@ CAPTURED_PATH = "/ng-rollout/bench-0/v1/chat/completions"
 class MemorySink:
     """Resolves every call at once: the record is built and handed off, but nothing is written."""
 
-    def write_call(self, call: Any) -> concurrent.futures.Future[None]:
-        future: concurrent.futures.Future[None] = concurrent.futures.Future()
-        future.set_result(None)
-        return future
+    def begin_call(self, rollout_id: str, model_call_id: str) -> None:
+        pass
+
+    def abandon_call(self, rollout_id: str, model_call_id: str, reason: str) -> None:
+        pass
+
+    def write_call(self, call: FinishedCall) -> None:
+        call.waiter.future.set_result(None)
 
 
 def _scope(path: str) -> dict[str, Any]:
@@ -93,7 +97,6 @@ def _variants(tmp: Path) -> list[tuple[str, Any, str, Callable[[], None], Callab
 
     exporter_provider = TracerProvider()
     exporter = ModelCallJsonlExporter(tmp, fsync=lambda fd: None)
-    _handoff.unregister_sink(exporter)  # registered only while its row runs
     exporter_provider.add_span_processor(SimpleSpanProcessor(exporter))
     nothing = lambda: None
     return [
@@ -104,28 +107,30 @@ def _variants(tmp: Path) -> list[tuple[str, Any, str, Callable[[], None], Callab
          CAPTURED_PATH, nothing, nothing),
         ("+ SDK span (no processor)", ModelCallCaptureMiddleware(upstream_app, tracer_provider=sdk, settings=settings),
          CAPTURED_PATH, nothing, nothing),
-        ("+ record line, in-memory sink", ModelCallCaptureMiddleware(upstream_app, tracer_provider=sdk, settings=settings),
-         CAPTURED_PATH, lambda: _handoff.register_sink(memory), lambda: _handoff.unregister_sink(memory)),
-        ("+ JSONL exporter, fsync off", ModelCallCaptureMiddleware(upstream_app, tracer_provider=exporter_provider, settings=settings),
-         CAPTURED_PATH, lambda: _handoff.register_sink(exporter), lambda: _handoff.unregister_sink(exporter)),
+        ("+ record line, in-memory sink",
+         ModelCallCaptureMiddleware(upstream_app, tracer_provider=sdk, settings=settings, sink=memory),
+         CAPTURED_PATH, nothing, nothing),
+        ("+ JSONL exporter, fsync off",
+         ModelCallCaptureMiddleware(upstream_app, tracer_provider=exporter_provider, settings=settings),
+         CAPTURED_PATH, nothing, nothing),
     ]
 
 
 def _pieces(calls: int) -> list[tuple[str, float]]:
     """Single pieces of the per-call work, timed alone."""
-    from otel_capture._call import CallCapture
+    from otel_capture._call import InFlightCall
 
     settings = CaptureSettings.from_environ({})
     tracer = TracerProvider().get_tracer("bench")
     noop_tracer = trace.NoOpTracerProvider().get_tracer("bench")
-    call = CallCapture("chat", "bench-0", settings)
+    call = InFlightCall("chat", "bench-0", settings)
     call.set_request(REQUEST_BODY)
     call.on_response_start(200, "application/json")
     call.on_body(RESPONSE_BODY)
     call.finish()
 
     def full_call() -> None:
-        c = CallCapture("chat", "bench-0", settings)
+        c = InFlightCall("chat", "bench-0", settings)
         c.set_request(REQUEST_BODY)
         c.start_attributes()
         c.on_response_start(200, "application/json")
@@ -148,8 +153,8 @@ def _pieces(calls: int) -> list[tuple[str, float]]:
         ("uuid.uuid4().hex (model_call_id)", lambda: uuid.uuid4().hex),
         ("orjson.loads(request) (span attributes need it)", lambda: orjson.loads(REQUEST_BODY)),
         ("orjson.loads(response)", lambda: orjson.loads(RESPONSE_BODY)),
-        ("CallCapture.line(): the record, orjson + Fragment", lambda: call.line(1, 2)),
-        ("CallCapture: whole call, bytes in, line out", full_call),
+        ("InFlightCall.line(): the record, orjson + Fragment", lambda: call.line(1, 2)),
+        ("InFlightCall: whole call, bytes in, line out", full_call),
         ("start/end attributes (dicts)", lambda: (call.start_attributes(), call.end_attributes())),
         ("SDK span: start, set_attributes, end", sdk_span),
         ("no-op span: the same calls", noop_span),

@@ -135,8 +135,10 @@ def build_app(kind: str, upstream: StreamingUpstream, capture_dir: str) -> Any:
     from otel_capture import CaptureSettings, ModelCallCaptureMiddleware
     from otel_capture._telemetry import build_tracer_provider
 
-    settings = CaptureSettings(capture_dir=capture_dir)
-    provider = build_tracer_provider(settings, environ={})
+    from otel_capture import WriterSettings
+
+    settings = CaptureSettings()
+    provider = build_tracer_provider(settings, WriterSettings(directory=Path(capture_dir)))
     return ModelCallCaptureMiddleware(upstream, tracer_provider=provider, settings=settings)
 
 

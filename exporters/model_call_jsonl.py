@@ -1,18 +1,17 @@
-"""``model_call_jsonl``: the span exporter that writes each model-call span as one NeMo Gym
-``ModelCallRecord`` line in ``<dir>/<rollout_id>.capture.jsonl``.
+"""``model_call_jsonl``: the span exporter that writes each model call as one NeMo Gym ``ModelCallRecord``
+line in ``<dir>/<rollout_id>.capture.jsonl``.
 
 Registered in the entry-point group ``opentelemetry_traces_exporter``, so
 ``OTEL_TRACES_EXPORTER=otlp,model_call_jsonl OTEL_EXPORTER_MODEL_CALL_JSONL_DIR=/data/calls`` selects it.
 
-The record's payloads (exact request and response bodies) do not ride on the span: the capture middleware
-offers them through ``otel_capture._handoff`` keyed by span id, and this exporter claims them when the
-span reaches ``export()``. The middleware waits for each line to be durable before it releases the
-call's terminal chunk; see ``otel_capture._handoff`` for why and how.
+Records do not ride on spans: the capture middleware built on this exporter's tracer provider is bound to
+the exporter (it is a ``CallSink``) and hands it every finished call's line itself, whatever processor
+wraps the exporter; ``export()`` has nothing left to do. See ``docs/architecture.md``.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import asyncio
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -20,8 +19,8 @@ from collections.abc import Callable, Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_capture import _handoff
-from otel_capture._settings import CaptureSettings
+from otel_capture import WriterSettings
+from otel_capture._sink import FinishedCall
 from otel_capture._store.writer import LIBC_SYNCFS, JsonlWriter, WriterStats
 
 _logger = logging.getLogger(__name__)
@@ -30,32 +29,36 @@ _logger = logging.getLogger(__name__)
 class ModelCallJsonlExporter(SpanExporter):
     """Writes model-call records durably (``flock`` + ``write`` + ``fsync``, group commit).
 
-    ``directory`` defaults to ``OTEL_EXPORTER_MODEL_CALL_JSONL_DIR``. Without a directory the exporter
-    logs one error and exports nothing (it never raises, so a misconfigured exporter cannot break the
-    host app's telemetry set-up).
+    ``directory`` (or ``settings.directory``) defaults to ``OTEL_EXPORTER_MODEL_CALL_JSONL_DIR``; settings
+    passed in code win over the environment. Without a directory the exporter logs one error and writes
+    nothing (it never raises, so a misconfigured exporter cannot break the host app's telemetry set-up).
+    ``fsync`` and ``syncfs`` are seams for tests that instrument or break the disk.
     """
 
     def __init__(
         self,
         directory: str | os.PathLike[str] | None = None,
         *,
+        settings: WriterSettings | None = None,
         fsync: Callable[[int], None] = os.fsync,
         syncfs: Callable[[int], None] | None = LIBC_SYNCFS,
     ) -> None:
-        settings = CaptureSettings.from_environ(capture_dir=directory)
+        if settings is None:
+            settings = WriterSettings.from_environ(directory=directory)
+        elif directory is not None:
+            raise TypeError("pass the directory either as `directory` or in `settings`, not both")
+        self.settings = settings
         self._writer: JsonlWriter | None = None
         self._shutdown = False
-        if settings.capture_dir is None:
+        if settings.directory is None:
             _logger.error(
                 "model_call_jsonl exporter has no directory: set OTEL_EXPORTER_MODEL_CALL_JSONL_DIR; "
                 "no model-call records will be written"
             )
             return
-        # fsync and syncfs are seams for tests that instrument or break the disk
         self._writer = JsonlWriter(
-            settings.capture_dir, fsync=fsync, syncfs=syncfs if settings.sync == "auto" else None
+            settings.directory, fsync=fsync, syncfs=syncfs if settings.sync == "auto" else None
         )
-        _handoff.register_sink(self)
 
     @property
     def directory(self) -> str | None:
@@ -65,43 +68,32 @@ class ModelCallJsonlExporter(SpanExporter):
     def stats(self) -> WriterStats:
         return self._writer.stats if self._writer else WriterStats()
 
-    def write_call(self, call: _handoff.CapturedCall) -> concurrent.futures.Future[None]:
-        """Queue one call's line; the future resolves once it is durable (or failed)."""
-        if self._writer is None:
-            failed: concurrent.futures.Future[None] = concurrent.futures.Future()
-            failed.set_exception(RuntimeError("model_call_jsonl exporter has no directory"))
-            return failed
-        future = self._writer.submit(
-            call.rollout_id, call.line, call.model_call_id, call.tokens_line, waiter=call.waiter
-        )
-        call.waiter_taken = call.waiter is not None
-        return future
-
-    def abandon_call(self, rollout_id: str, model_call_id: str, reason: str) -> None:
-        """A begun call whose record could not be built: counted, logged, its rollout marked incomplete."""
-        if self._writer is not None and not self._shutdown:
-            self._writer.abandon(rollout_id, model_call_id, reason)
+    # -- CallSink: the capture middleware's route for records ---------------------------------------------
 
     def begin_call(self, rollout_id: str, model_call_id: str) -> None:
         """A captured call has started: a freeze before its record lands reports the rollout incomplete."""
         if self._writer is not None and not self._shutdown:
             self._writer.begin(rollout_id, model_call_id)
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        """Hand every model-call span's record to the writer. Never raises.
+    def write_call(self, call: FinishedCall) -> None:
+        """Queue one call's line; its waiter is resolved once the line is durable (or failed)."""
+        if self._writer is None:
+            call.waiter.loop.call_soon_threadsafe(
+                _fail, call.waiter.future, RuntimeError("model_call_jsonl exporter has no directory")
+            )
+            return
+        self._writer.submit(call.rollout_id, call.line, call.model_call_id, call.tokens_line, waiter=call.waiter)
 
-        Returns once the lines are queued, not once they are durable: durability is awaited per call by
-        the middleware, and by :meth:`force_flush` for everything.
-        """
+    def abandon_call(self, rollout_id: str, model_call_id: str, reason: str) -> None:
+        """A begun call whose record could not be built: counted, logged, its rollout marked incomplete."""
+        if self._writer is not None and not self._shutdown:
+            self._writer.abandon(rollout_id, model_call_id, reason)
+
+    # -- SpanExporter -------------------------------------------------------------------------------------
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """Nothing to do per span: records reach the writer through :meth:`write_call`. Never raises."""
         if self._shutdown or self._writer is None:
-            return SpanExportResult.FAILURE
-        try:
-            for span in spans:
-                context = span.context
-                if context is not None:
-                    _handoff.claim_for_export(context.span_id, self)
-        except Exception:  # an exporter must never raise into the SDK
-            _logger.exception("model_call_jsonl export failed")
             return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
 
@@ -117,6 +109,11 @@ class ModelCallJsonlExporter(SpanExporter):
         if self._shutdown:
             return
         self._shutdown = True
-        _handoff.unregister_sink(self)
         if self._writer is not None:
             self._writer.close()
+
+
+def _fail(future: asyncio.Future[None], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
+

@@ -1,7 +1,6 @@
 """otel-capture: every LLM model call as an OpenTelemetry span and a durable NeMo Gym ModelCallRecord line."""
 
 from ._agent import (
-    CorrelationSettings,
     base_url_for_run,
     capture_correlation_enabled,
     maybe_rollout_id_from_run_body,
@@ -44,7 +43,7 @@ from ._records import (
     read_available_model_call_records,
     read_model_call_records,
 )
-from ._settings import CaptureSettings
+from ._settings import CaptureSettings, CorrelationSettings, WriterSettings
 from ._store.store import CaptureStore
 from ._dialects.tokens import extract_tokens
 from ._version import __version__
@@ -64,6 +63,7 @@ __all__ = [
     "ModelCallInstrumentor",
     "ModelCallRecord",
     "RemovalResult",
+    "WriterSettings",
     "__version__",
     "aggregate_model_call_metrics",
     "async_rollout_baggage_hook",

@@ -28,18 +28,15 @@ wins over both. The environment is read when a helper is called, never at import
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from ._correlation import rollout_context, rollout_path_prefix, split_rollout_prefix, validate_rollout_id
+from ._settings import CorrelationSettings
 
 _logger = logging.getLogger(__name__)
 
-ENV_CORRELATION = "OTEL_CAPTURE_CORRELATION"
-ENV_CAPTURE_DIR = "OTEL_EXPORTER_MODEL_CALL_JSONL_DIR"  # the same variable as ``_settings.ENV_CAPTURE_DIR``
 
 # NeMo Gym's run-body keys (``global_config.py``).
 TASK_INDEX_KEY = "_ng_task_index"
@@ -49,41 +46,7 @@ ROLLOUT_ID_KEY = "_ng_rollout_id"
 # A pydantic run body may expose the explicit id under this attribute (NeMo Gym does).
 _ROLLOUT_ID_ATTRIBUTE = "capture_rollout_id"
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
 _API_VERSION_SUFFIX = "/v1"
-
-
-@dataclass(frozen=True, slots=True)
-class CorrelationSettings:
-    """Whether agent-side correlation is on (the gate of the gated helpers)."""
-
-    enabled: bool = False
-
-    @classmethod
-    def from_environ(
-        cls, environ: Mapping[str, str] | None = None, *, enabled: bool | None = None
-    ) -> CorrelationSettings:
-        """``enabled`` if given; else ``OTEL_CAPTURE_CORRELATION`` if set to a boolean; else whether
-        ``OTEL_EXPORTER_MODEL_CALL_JSONL_DIR`` is set (non-empty). A value that is not a boolean is logged
-        with its name and ignored."""
-        if enabled is not None:
-            return cls(enabled=enabled)
-        env = os.environ if environ is None else environ
-        raw = env.get(ENV_CORRELATION)
-        if raw is not None:
-            lowered = raw.strip().lower()
-            if lowered in _TRUE:
-                return cls(enabled=True)
-            if lowered in _FALSE:
-                return cls(enabled=False)
-            _logger.warning(
-                "ignoring %s=%r (must be true or false); deciding by %s",
-                ENV_CORRELATION,
-                raw,
-                ENV_CAPTURE_DIR,
-            )
-        return cls(enabled=bool(env.get(ENV_CAPTURE_DIR, "").strip()))
 
 
 def capture_correlation_enabled(enabled: bool | None = None) -> bool:

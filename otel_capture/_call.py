@@ -99,7 +99,7 @@ def classify_exception(exc: BaseException) -> str:
     return "exception"
 
 
-class CallCapture:
+class InFlightCall:
     """State of one captured call, from request receipt to its finished record."""
 
     def __init__(

@@ -35,7 +35,8 @@ from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]  # untyped re-export
 from opentelemetry.util.http import get_excluded_urls
 
-from ._middleware import ASGIApp, Message, ModelCallCaptureMiddleware, Receive, Scope, Send
+from ._asgi import ASGIApp, Message, Receive, Scope, Send
+from ._middleware import ModelCallCaptureMiddleware
 from ._settings import CaptureSettings
 
 _logger = logging.getLogger(__name__)

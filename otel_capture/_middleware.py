@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import unquote
 
@@ -31,29 +30,25 @@ from opentelemetry import metrics, propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from . import _attributes as A
-from . import _handoff
-from ._call import DIALECT_PATHS, CallCapture, Dialect
+from ._asgi import ASGIApp, Message, Receive, Scope, Send
+from ._call import DIALECT_PATHS, Dialect, InFlightCall
 from ._correlation import ROLLOUT_ID_RULE, is_valid_rollout_id, rollout_id_from_baggage, split_rollout_prefix
 from ._metrics import ServerMetrics
 from ._settings import CaptureSettings
+from ._sink import CallSink, FinishedCall, LoopWaiter, find_sink
 from ._dialects.tokens import tokens_line
 from ._version import __version__
 
 _logger = logging.getLogger(__name__)
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 SCOPE_CAPTURED = "otel_capture.captured"
 SCOPE_ROLLOUT_ID = "otel_capture.rollout_id"  # from a URL prefix stripped by an outer capture middleware
 
 
 class ModelCallCaptureMiddleware:
-    """Wraps any ASGI model-server app. Records go to the active ``model_call_jsonl`` exporter; spans go
-    to ``tracer_provider`` and metrics to ``meter_provider`` (the global ones by default)."""
+    """Wraps any ASGI model-server app. Spans go to ``tracer_provider`` and metrics to ``meter_provider``
+    (the global ones by default); records go to ``sink``, by default the ``model_call_jsonl`` exporter that
+    ``tracer_provider`` has when the middleware is built (none: spans only)."""
 
     def __init__(
         self,
@@ -63,8 +58,10 @@ class ModelCallCaptureMiddleware:
         meter_provider: metrics.MeterProvider | None = None,
         settings: CaptureSettings | None = None,
         span_kind: SpanKind = SpanKind.INTERNAL,
+        sink: CallSink | None = None,
     ) -> None:
         self.app = app
+        self.sink = sink if sink is not None else find_sink(tracer_provider)
         self.settings = settings if settings is not None else CaptureSettings.from_environ()
         self._tracer = trace.get_tracer(__name__, __version__, tracer_provider)
         self._metrics = ServerMetrics(meter_provider)
@@ -117,8 +114,9 @@ class ModelCallCaptureMiddleware:
         baggage_id: str | None,
         headers: dict[str, list[bytes]],
     ) -> None:
-        call = CallCapture(dialect, rollout_id, self.settings, session_id=_session_id(headers))
-        _handoff.begin_call(rollout_id, call.model_call_id)  # a freeze meanwhile reports it in flight
+        call = InFlightCall(dialect, rollout_id, self.settings, session_id=_session_id(headers))
+        if self.sink is not None:
+            self.sink.begin_call(rollout_id, call.model_call_id)  # a freeze meanwhile reports it in flight
         body_messages, disconnected = await _read_request(receive)
         call.set_request(b"".join(m.get("body", b"") for m in body_messages))
         span, attributes = self._start_span(call, scope, headers, source, baggage_id)
@@ -181,7 +179,7 @@ class ModelCallCaptureMiddleware:
             raise exception
 
     def _start_span(
-        self, call: CallCapture, scope: Scope, headers: dict[str, list[bytes]], source: str, baggage_id: str | None
+        self, call: InFlightCall, scope: Scope, headers: dict[str, list[bytes]], source: str, baggage_id: str | None
     ) -> tuple[trace.Span, dict[str, Any]]:
         parent = None
         if not trace.get_current_span().get_span_context().is_valid:
@@ -198,7 +196,7 @@ class ModelCallCaptureMiddleware:
 
     async def _finish(
         self,
-        call: CallCapture,
+        call: InFlightCall,
         span: trace.Span,
         attributes: dict[str, Any],
         exception: BaseException | None,
@@ -206,6 +204,7 @@ class ModelCallCaptureMiddleware:
     ) -> None:
         """End the span exactly once, record the metrics, and wait until the record is durable (or
         failed). Never raises."""
+        finished: FinishedCall | None = None
         try:
             call.finish(exception=exception, cancelled=cancelled)
             end_attributes = call.end_attributes()
@@ -218,32 +217,25 @@ class ModelCallCaptureMiddleware:
                 span.set_status(Status(StatusCode.ERROR, call.error_category))
             if exception is not None and not isinstance(exception, asyncio.CancelledError):
                 span.record_exception(exception)
-            context = span.get_span_context()
-            sink_present = _handoff.active_sink() is not None
-            if sink_present:
+            if self.sink is not None:
+                context = span.get_span_context()
                 loop = asyncio.get_running_loop()
-                captured = _handoff.CapturedCall(
+                finished = FinishedCall(
                     call.rollout_id, call.model_call_id, call.line(context.trace_id, context.span_id),
                     tokens_line(call.response_obj, rollout_id=call.rollout_id, model_call_id=call.model_call_id),
-                    waiter=_handoff.LoopWaiter(loop, loop.create_future()),
+                    LoopWaiter(loop, loop.create_future()),
                 )
-                _handoff.offer(context.span_id, captured)
         except Exception as exc:
             _logger.exception("model-call capture failed while finishing a %s call", call.dialect)
-            _handoff.abandon_call(call.rollout_id, call.model_call_id, f"capture_error: {type(exc).__name__}: {exc}")
-            sink_present = False
+            if self.sink is not None:
+                self.sink.abandon_call(call.rollout_id, call.model_call_id, f"capture_error: {type(exc).__name__}: {exc}")
         finally:
             span.end()
-        if not sink_present:
+        if finished is None or self.sink is None:
             return
-        future = _handoff.settle(context.span_id)
-        if future is None:
-            return
+        self.sink.write_call(finished)
         try:
-            if captured.waiter_taken and captured.waiter is not None:
-                await captured.waiter.future  # resolved with the rest of its batch: one wake-up per batch
-            else:
-                await asyncio.shield(asyncio.wrap_future(future))
+            await finished.waiter.future  # resolved with the rest of its batch: one wake-up per batch
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001, S110  # the writer logged it, counted it and marked the rollout incomplete

@@ -14,9 +14,8 @@ import logging
 import socket
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
 
 import httpx
 import orjson
@@ -25,8 +24,9 @@ from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind
 
-from ._middleware import ASGIApp, ModelCallCaptureMiddleware, Receive, Scope, Send
-from ._settings import CaptureSettings
+from ._asgi import ASGIApp, Receive, Scope, Send
+from ._middleware import ModelCallCaptureMiddleware
+from ._settings import CaptureSettings, WriterSettings, upstream_from_environ
 from ._telemetry import build_tracer_provider
 
 _logger = logging.getLogger(__name__)
@@ -192,18 +192,20 @@ def build_proxy_app(
     upstream: str,
     *,
     settings: CaptureSettings | None = None,
+    writer: WriterSettings | None = None,
     tracer_provider: TracerProvider | None = None,
 ) -> ASGIApp:
     """The proxy app: HTTP server span → capture middleware → upstream forwarding.
 
-    Without ``tracer_provider`` one is built from ``settings`` and the ``OTEL_*`` environment (records
-    when a capture directory is set; OTLP when ``OTEL_TRACES_EXPORTER`` asks for it) and shut down, so
-    every acknowledged record is flushed, when the server's lifespan ends.
+    Without ``tracer_provider`` one is built from ``writer`` (records when it names a directory) and the
+    SDK's ``OTEL_*`` configuration (OTLP when ``OTEL_TRACES_EXPORTER`` asks for it), and shut down, so
+    every acknowledged record is flushed, when the server's lifespan ends. Settings not passed are read
+    from the environment.
     """
     settings = settings if settings is not None else CaptureSettings.from_environ()
     shutdown: list[Callable[[], None]] = []
     if tracer_provider is None:
-        tracer_provider = build_tracer_provider(settings)
+        tracer_provider = build_tracer_provider(settings, writer if writer is not None else WriterSettings.from_environ())
         shutdown.append(tracer_provider.shutdown)
     proxy = UpstreamProxy(upstream, on_shutdown=shutdown)
     capture = ModelCallCaptureMiddleware(
@@ -238,7 +240,6 @@ class RunningProxy:
     url: str
     server: uvicorn.Server
     thread: threading.Thread
-    _extra: dict[str, Any] = field(default_factory=dict)
 
     def stop(self) -> None:
         """Stop serving; in-flight calls finish and every acknowledged record is on disk."""
@@ -261,11 +262,16 @@ def start_proxy(
     port: int = 0,
     *,
     settings: CaptureSettings | None = None,
+    writer: WriterSettings | None = None,
     tracer_provider: TracerProvider | None = None,
 ) -> RunningProxy:
-    """Serve the capture proxy in a background thread; returns once it accepts connections."""
-    settings = settings if settings is not None else CaptureSettings.from_environ(capture_dir=capture_dir)
-    app = build_proxy_app(upstream, settings=settings, tracer_provider=tracer_provider)
+    """Serve the capture proxy in a background thread; returns once it accepts connections.
+    ``capture_dir`` is a shortcut for ``writer=WriterSettings.from_environ(directory=capture_dir)``."""
+    if writer is None:
+        writer = WriterSettings.from_environ(directory=capture_dir)
+    elif capture_dir is not None:
+        raise TypeError("pass the capture directory either as `capture_dir` or in `writer`, not both")
+    app = build_proxy_app(upstream, settings=settings, writer=writer, tracer_provider=tracer_provider)
     sock = bind_socket(host, port)
     config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False)
     server = uvicorn.Server(config)
@@ -278,16 +284,8 @@ def start_proxy(
     return RunningProxy(socket_url(sock), server, thread)
 
 
-ENV_UPSTREAM = "OTEL_CAPTURE_UPSTREAM"
-
-
 def proxy_app_from_environ() -> ASGIApp:
     """App factory for ``uvicorn --factory`` (and ``otel-capture proxy --workers N``): the upstream comes
     from ``OTEL_CAPTURE_UPSTREAM``, everything else from the usual variables. Each worker process builds
     its own writer; they share the capture files through ``flock``."""
-    import os
-
-    upstream = os.environ.get(ENV_UPSTREAM)
-    if not upstream:
-        raise RuntimeError(f"{ENV_UPSTREAM} is not set: it names the model server to forward to")
-    return build_proxy_app(upstream)
+    return build_proxy_app(upstream_from_environ())

@@ -1,4 +1,10 @@
-"""One settings object, read from the environment once, never at import time (DESIGN §8).
+"""Every ``OTEL_*`` and ``OTEL_CAPTURE_*`` variable the package reads is read here, once, when a settings
+object is built (never at import time); everything else takes the plain objects.
+
+- :class:`CaptureSettings`: what the middleware captures and puts on spans;
+- :class:`WriterSettings`: where and how the ``model_call_jsonl`` exporter writes records;
+- :class:`CorrelationSettings`: whether the agent-side helpers correlate;
+- :func:`upstream_from_environ`, :func:`cache_dir`: the proxy's upstream (for ``--workers``) and the cache.
 
 Precedence: constructor argument, then our variable, then the standard ``OTEL_*`` variable, then the
 default. An empty variable counts as unset (as the OpenTelemetry SDK treats it). A bad value is logged with
@@ -25,6 +31,9 @@ ENV_KEEP_RAW_STREAM = "OTEL_CAPTURE_KEEP_RAW_STREAM"
 ENV_SYNC = "OTEL_CAPTURE_SYNC"
 ENV_CAPTURE_CONTENT = "OTEL_CAPTURE_MESSAGE_CONTENT"
 ENV_CONTENT_MAX_LENGTH = "OTEL_CAPTURE_CONTENT_MAX_LENGTH"
+ENV_CORRELATION = "OTEL_CAPTURE_CORRELATION"
+ENV_UPSTREAM = "OTEL_CAPTURE_UPSTREAM"
+ENV_CACHE = "OTEL_CAPTURE_CACHE"
 # standard
 ENV_SERVICE_NAME = "OTEL_SERVICE_NAME"
 ENV_RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
@@ -46,8 +55,8 @@ _FALSE = {"0", "false", "no", "off"}
 
 @dataclass(frozen=True, slots=True)
 class CaptureSettings:
-    capture_dir: Path | None = None
-    """Where records go; ``None`` means spans only, no records."""
+    """What the capture middleware keeps of each call and puts on its span."""
+
     service_name: str | None = None
     """The model server's name, written as the record's ``model_ref.name``."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -57,10 +66,6 @@ class CaptureSettings:
     capture_content: ContentCapture = "no_content"
     """Message content on spans (the GenAI semconv opt-in attributes): ``span_only`` and
     ``span_and_event`` put it on spans; ``no_content`` and ``event_only`` do not (no events are emitted)."""
-    sync: SyncMode = "auto"
-    """How a batch of lines is made durable: ``auto`` (one ``syncfs`` for a batch that touched several
-    files, where Linux has it; else one ``fsync`` per file) or ``fsync`` (always one per file: for a
-    filesystem shared with heavy unrelated writers, which ``syncfs`` would also flush)."""
     content_max_length: int = DEFAULT_CONTENT_MAX_LENGTH
     """Longest JSON text of one content attribute, in characters; longer ones are cut string by string,
     so the JSON stays valid. Never above the SDK's attribute length limit, which would cut the JSON."""
@@ -74,13 +79,11 @@ class CaptureSettings:
         cls,
         environ: Mapping[str, str] | None = None,
         *,
-        capture_dir: str | os.PathLike[str] | None = None,
         service_name: str | None = None,
         max_body_bytes: int | None = None,
         keep_raw_stream: bool | None = None,
         capture_content: ContentCapture | bool | None = None,
         content_max_length: int | None = None,
-        sync: SyncMode | None = None,
     ) -> CaptureSettings:
         env = os.environ if environ is None else environ
         if isinstance(capture_content, bool):
@@ -94,10 +97,6 @@ class CaptureSettings:
         if sdk_limit is not None and content_length > sdk_limit:
             content_length = sdk_limit  # the SDK would cut the JSON text in the middle
         return cls(
-            capture_dir=_pick(
-                _to_path(os.fspath(capture_dir)) if capture_dir is not None else None,
-                env, (ENV_CAPTURE_DIR,), _path, None,
-            ),
             service_name=_pick(service_name, env, (ENV_SERVICE_NAME, ENV_RESOURCE_ATTRIBUTES), _service_name, None),
             max_body_bytes=_pick(
                 max_body_bytes, env, (ENV_MAX_BODY_BYTES,), _positive_int, DEFAULT_MAX_BODY_BYTES
@@ -107,8 +106,78 @@ class CaptureSettings:
                 capture_content, env, (ENV_CAPTURE_CONTENT, ENV_GENAI_CAPTURE_CONTENT), _content_mode, "no_content"
             ),
             content_max_length=content_length,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WriterSettings:
+    """Where and how the ``model_call_jsonl`` exporter makes records durable."""
+
+    directory: Path | None = None
+    """Where records go; ``None`` means no records (the exporter logs it once)."""
+    sync: SyncMode = "auto"
+    """How a batch of lines is made durable: ``auto`` (one ``syncfs`` for a batch that touched several
+    files, where Linux has it; else one ``fsync`` per file) or ``fsync`` (always one per file: for a
+    filesystem shared with heavy unrelated writers, which ``syncfs`` would also flush)."""
+
+    @classmethod
+    def from_environ(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        directory: str | os.PathLike[str] | None = None,
+        sync: SyncMode | None = None,
+    ) -> WriterSettings:
+        env = os.environ if environ is None else environ
+        given = _to_path(os.fspath(directory)) if directory is not None else None
+        return cls(
+            directory=_pick(given, env, (ENV_CAPTURE_DIR,), _path, None),
             sync=_pick(sync, env, (ENV_SYNC,), _sync_mode, "auto"),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class CorrelationSettings:
+    """Whether agent-side correlation is on (the gate of the gated helpers in ``_agent``)."""
+
+    enabled: bool = False
+
+    @classmethod
+    def from_environ(
+        cls, environ: Mapping[str, str] | None = None, *, enabled: bool | None = None
+    ) -> CorrelationSettings:
+        """``enabled`` if given; else ``OTEL_CAPTURE_CORRELATION`` if set to a boolean; else whether
+        ``OTEL_EXPORTER_MODEL_CALL_JSONL_DIR`` is set (non-empty). A value that is not a boolean is logged
+        with its name and ignored."""
+        if enabled is not None:
+            return cls(enabled=enabled)
+        env = os.environ if environ is None else environ
+        raw = env.get(ENV_CORRELATION)
+        if raw is not None and raw.strip():
+            try:
+                return cls(enabled=_bool(ENV_CORRELATION, raw))
+            except ValueError:
+                _logger.warning(
+                    "ignoring %s=%r (must be true or false); deciding by %s", ENV_CORRELATION, raw, ENV_CAPTURE_DIR
+                )
+        return cls(enabled=bool(env.get(ENV_CAPTURE_DIR, "").strip()))
+
+
+def upstream_from_environ(environ: Mapping[str, str] | None = None) -> str:
+    """The proxy's upstream for ``uvicorn --factory`` workers: ``OTEL_CAPTURE_UPSTREAM``."""
+    env = os.environ if environ is None else environ
+    upstream = env.get(ENV_UPSTREAM, "").strip()
+    if not upstream:
+        raise RuntimeError(f"{ENV_UPSTREAM} is not set: it names the model server to forward to")
+    return upstream
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the demo's assembled model and the test backends live: ``$OTEL_CAPTURE_CACHE``, else
+    ``~/.cache/otel-capture``."""
+    env = os.environ if environ is None else environ
+    configured = env.get(ENV_CACHE, "").strip()
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "otel-capture"
 
 
 def _pick(

@@ -1,63 +1,71 @@
-"""The tracer provider the proxy and the demo use when the host application brings none.
+"""The tracer provider the proxy and the demo build when the host application brings none.
 
-Exporters are found the standard way, by name in the ``opentelemetry_traces_exporter`` entry-point group,
-so ``otel_capture`` never imports ``exporters``. The JSONL exporter sits behind a synchronous processor
-(its ``export`` only queues, so this costs the event loop nothing); every other exporter named in
-``OTEL_TRACES_EXPORTER`` (``otlp``, ``console``, ...) sits behind the SDK's batch processor.
+It is configured by the OpenTelemetry SDK's own rules, so every standard variable means here what it means
+under ``opentelemetry-instrument``: ``OTEL_TRACES_EXPORTER`` (``otlp`` is gRPC or HTTP by
+``OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL``), ``OTEL_TRACES_SAMPLER[_ARG]``, ``OTEL_RESOURCE_ATTRIBUTES``,
+``OTEL_BSP_*`` and each exporter's own variables. Exporters are found by name in the
+``opentelemetry_traces_exporter`` entry-point group (``otel_capture`` never imports its exporters); those
+named in ``OTEL_TRACES_EXPORTER`` sit behind the SDK's batch processor. The records' exporter,
+``model_call_jsonl``, is added with the writer settings passed in code when they name a directory.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Mapping
 from importlib.metadata import entry_points
-from typing import Any
 
+from opentelemetry.sdk import _configuration as sdk_configuration
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 
-from ._settings import CaptureSettings
+from ._settings import CaptureSettings, WriterSettings
 
 _logger = logging.getLogger(__name__)
 
 JSONL_EXPORTER = "model_call_jsonl"
 _GROUP = "opentelemetry_traces_exporter"
+DEFAULT_SERVICE_NAME = "otel-capture"
 
 
-def load_exporter_class(name: str) -> type[SpanExporter] | None:
+def build_tracer_provider(capture: CaptureSettings, writer: WriterSettings) -> TracerProvider:
+    """A provider with the records' exporter (when ``writer.directory`` is set) and the SDK's selection of
+    other exporters, sampler and resource. A name that cannot be loaded is logged and skipped."""
+    sampler = sdk_configuration._import_sampler(sdk_configuration._get_sampler())
+    resource = Resource.create({"service.name": capture.service_name or DEFAULT_SERVICE_NAME})
+    provider = TracerProvider(sampler=sampler, resource=resource)
+    if writer.directory is not None:
+        jsonl = _exporter_class(JSONL_EXPORTER)
+        if jsonl is None:
+            _logger.error("the %s exporter is not installed: no records will be written", JSONL_EXPORTER)
+        else:
+            # its export() does nothing per span (records go through the middleware's sink): no batching needed
+            provider.add_span_processor(SimpleSpanProcessor(jsonl(settings=writer)))  # type: ignore[call-arg]  # ours takes settings
+    for name in _standard_exporter_names():
+        cls = _exporter_class(name)
+        if cls is None:
+            _logger.error("OTEL_TRACES_EXPORTER names %r, which is not installed; ignoring it", name)
+            continue
+        try:
+            provider.add_span_processor(BatchSpanProcessor(cls()))
+        except Exception:  # a broken exporter set-up never stops the proxy
+            _logger.exception("could not set up the %r span exporter; ignoring it", name)
+    return provider
+
+
+def _standard_exporter_names() -> list[str]:
+    """``OTEL_TRACES_EXPORTER`` as the SDK resolves it (``otlp`` to its protocol's entry point), without
+    ``model_call_jsonl``, which is configured from the writer settings instead."""
+    try:
+        names = sdk_configuration._get_exporter_names("traces")
+    except RuntimeError as exc:  # e.g. an unsupported OTLP protocol
+        _logger.error("ignoring OTEL_TRACES_EXPORTER: %s", exc)
+        return []
+    return [name for name in names if name and name != JSONL_EXPORTER]
+
+
+def _exporter_class(name: str) -> type[SpanExporter] | None:
     for entry_point in entry_points(group=_GROUP, name=name):
         cls: type[SpanExporter] = entry_point.load()
         return cls
     return None
-
-
-def build_tracer_provider(
-    settings: CaptureSettings, environ: Mapping[str, str] | None = None
-) -> TracerProvider:
-    env = os.environ if environ is None else environ
-    provider = TracerProvider(resource=Resource.create(_resource_attributes(settings)))
-    if settings.capture_dir is not None:
-        jsonl = load_exporter_class(JSONL_EXPORTER)
-        if jsonl is None:
-            _logger.error("the %s exporter is not installed: no records will be written", JSONL_EXPORTER)
-        else:
-            exporter: Any = jsonl(settings.capture_dir)  # type: ignore[call-arg]  # our exporter takes its directory
-            provider.add_span_processor(SimpleSpanProcessor(exporter))
-    names = [n.strip() for n in env.get("OTEL_TRACES_EXPORTER", "").split(",") if n.strip()]
-    for name in names:
-        if name in (JSONL_EXPORTER, "none"):
-            continue
-        cls = load_exporter_class(name)
-        if cls is None:
-            _logger.error("OTEL_TRACES_EXPORTER names %r, which is not installed; ignoring it", name)
-            continue
-        provider.add_span_processor(BatchSpanProcessor(cls()))
-    return provider
-
-
-def _resource_attributes(settings: CaptureSettings) -> dict[str, Any]:
-    if settings.service_name:
-        return {"service.name": settings.service_name}
-    return {"service.name": "otel-capture"}

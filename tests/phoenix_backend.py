@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from otel_capture._proxy import bind_socket
-from otel_capture._tiny_model import cache_dir
+from otel_capture._settings import cache_dir
 
 PHOENIX_VERSION = "20.26.1"
 INSTALL_TIMEOUT = 1200.0

@@ -19,7 +19,7 @@ import uvicorn
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from exporters.model_call_jsonl import ModelCallJsonlExporter
+from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 from otel_capture import CaptureStore
 from otel_capture._proxy import bind_socket, socket_url
 
@@ -253,7 +253,7 @@ def start_cli_proxy(
     """``otel-capture proxy --upstream UPSTREAM ARGS...`` in its own process, as a user runs it; returns the
     process and the URL from its first line of output."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "otel_capture._cli", "proxy", "--upstream", upstream, *args],
+        [sys.executable, "-m", "otel_capture._cli.main", "proxy", "--upstream", upstream, *args],
         stdout=subprocess.PIPE,
         stderr=stderr,
         text=True,

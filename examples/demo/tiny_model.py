@@ -33,11 +33,12 @@ from typing import IO, Any, final
 
 import httpx
 
+from otel_capture._settings import cache_dir
+
 _logger = logging.getLogger(__name__)
 
 ProgressFn = Callable[[str], None]
 
-CACHE_ENV = "OTEL_CAPTURE_CACHE"
 STARTUP_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 10.0
 N_CTX = 2048
@@ -70,12 +71,6 @@ class TinyModelError(RuntimeError):
 
 
 # --- the model file -------------------------------------------------------------------------------------
-
-
-def cache_dir() -> Path:
-    """Where the assembled model lives: ``$OTEL_CAPTURE_CACHE``, else ``~/.cache/otel-capture``."""
-    configured = os.environ.get(CACHE_ENV)
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "otel-capture"
 
 
 def _gguf_package() -> Any:

@@ -88,10 +88,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _proxy(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from .._proxy import ENV_UPSTREAM, bind_socket, build_proxy_app, socket_url
-    from .._settings import ENV_CAPTURE_DIR, CaptureSettings
+    from .._proxy import bind_socket, build_proxy_app, socket_url
+    from .._settings import ENV_CAPTURE_DIR, ENV_UPSTREAM, CaptureSettings, WriterSettings
 
-    settings = CaptureSettings.from_environ(capture_dir=args.capture_dir)
+    settings = CaptureSettings.from_environ()
+    writer = WriterSettings.from_environ(directory=args.capture_dir)
     sock = bind_socket(args.host, args.port)
     if args.host not in ("127.0.0.1", "::1", "localhost"):
         print(
@@ -99,20 +100,20 @@ def _proxy(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(f"listening on {socket_url(sock)}", flush=True)
-    where = settings.capture_dir if settings.capture_dir is not None else "nowhere (spans only)"
+    where = writer.directory if writer.directory is not None else "nowhere (spans only)"
     print(f"upstream {args.upstream}; records to {where}", flush=True)
     if args.workers > 1:
         # uvicorn's supervisor starts the workers on the socket we bound; each builds its own app and writer
         # from the environment (they share the capture files through flock).
         os.environ[ENV_UPSTREAM] = args.upstream
-        if settings.capture_dir is not None:
-            os.environ[ENV_CAPTURE_DIR] = str(settings.capture_dir)
+        if writer.directory is not None:
+            os.environ[ENV_CAPTURE_DIR] = str(writer.directory)
         uvicorn.run(
             "otel_capture._proxy:proxy_app_from_environ", factory=True, fd=sock.fileno(), workers=args.workers,
             lifespan="on", log_level="warning", access_log=False,
         )
         return EXIT_OK
-    app = build_proxy_app(args.upstream, settings=settings)
+    app = build_proxy_app(args.upstream, settings=settings, writer=writer)
     server = _server_class()(uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False))
     server.run(sockets=[sock])
     print("stopped; every acknowledged record is on disk", flush=True)

@@ -47,7 +47,7 @@ from pathlib import Path
 
 from .._correlation import validate_rollout_id
 from .fences import DirState, Fence, dir_state
-from .._handoff import LoopWaiter
+from .._sink import LoopWaiter
 from .lifecycle_io import fenced_append, fenced_mark_incomplete
 from .types import CaptureFrozenError
 

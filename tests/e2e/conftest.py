@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from otel_capture._tiny_model import TinyModel, start_tiny_model
+from otel_capture.demo.tiny_model import TinyModel, start_tiny_model
 
 
 @pytest.fixture(scope="session")

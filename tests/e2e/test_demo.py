@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from otel_capture import CaptureStore, read_model_call_records
-from otel_capture._demo import run_demo
-from otel_capture._tiny_model import TinyModel
+from otel_capture.demo.run import run_demo
+from otel_capture.demo.tiny_model import TinyModel
 
 pytestmark = pytest.mark.model
 

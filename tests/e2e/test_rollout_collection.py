@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from otel_capture import CaptureStore, maybe_rollout_id_from_run_body, read_model_call_records
-from otel_capture._tiny_model import TinyModel
+from otel_capture.demo.tiny_model import TinyModel
 
 pytestmark = pytest.mark.model
 

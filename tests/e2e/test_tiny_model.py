@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
-from otel_capture import _tiny_model
-from otel_capture._tiny_model import TinyModel, TinyModelError, ensure_model_file, start_tiny_model
+from otel_capture.demo import tiny_model
+from otel_capture.demo.tiny_model import TinyModel, TinyModelError, ensure_model_file, start_tiny_model
 
 pytestmark = pytest.mark.model
 

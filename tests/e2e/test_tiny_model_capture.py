@@ -12,8 +12,8 @@ import openai
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from otel_capture import CaptureSettings, CaptureStore, ModelCallRecord, read_model_call_records, start_proxy
-from otel_capture._tiny_model import TinyModel
+from otel_capture import CaptureStore, ModelCallRecord, read_model_call_records, start_proxy
+from otel_capture.demo.tiny_model import TinyModel
 
 pytestmark = pytest.mark.model
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.model
 @pytest.fixture
 def proxied(tiny_model: TinyModel, tmp_path: Path) -> Iterator[tuple[str, CaptureStore]]:
     store = CaptureStore(tmp_path / "calls")
-    with start_proxy(tiny_model.base_url, settings=CaptureSettings(capture_dir=store.root)) as proxy:
+    with start_proxy(tiny_model.base_url, str(store.root)) as proxy:
         yield proxy.url, store
 
 

@@ -12,7 +12,7 @@ from support import FIXTURES
 
 def _check(directory: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "otel_capture._cli", "check", str(directory), *extra],
+        [sys.executable, "-m", "otel_capture._cli.main", "check", str(directory), *extra],
         capture_output=True,
         text=True,
         check=False,

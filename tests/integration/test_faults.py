@@ -55,8 +55,7 @@ def test_a_full_disk_keeps_responses_exact_and_capture_resumes_when_space_return
     upstream: str, small_disk: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     capture_dir = small_disk / "calls"
-    settings = CaptureSettings(capture_dir=capture_dir)
-    with caplog.at_level(logging.ERROR), start_proxy(upstream, settings=settings) as proxy:
+    with caplog.at_level(logging.ERROR), start_proxy(upstream, str(capture_dir)) as proxy:
         url = f"{proxy.url}/ng-rollout/full/v1/chat/completions"
         assert httpx.post(url, json={"model": "m", "user": "before"}).status_code == 200
         filler = _fill(small_disk, leave=0)
@@ -72,7 +71,7 @@ def test_a_full_disk_keeps_responses_exact_and_capture_resumes_when_space_return
 
 
 def test_a_vanished_capture_directory_is_recreated_and_capture_resumes(upstream: str, telemetry: Telemetry) -> None:
-    settings = CaptureSettings(capture_dir=telemetry.store.root)
+    settings = CaptureSettings()
     with start_proxy(upstream, settings=settings, tracer_provider=telemetry.provider) as proxy:
         url = f"{proxy.url}/ng-rollout/gone/v1/responses"
         assert httpx.post(url, json={"model": "m", "user": "first"}).status_code == 200
@@ -86,8 +85,7 @@ def test_a_vanished_capture_directory_is_recreated_and_capture_resumes(upstream:
 def test_a_blocked_capture_directory_fails_capture_then_resumes(upstream: str, tmp_path: Path) -> None:
     capture_dir = tmp_path / "blocked"
     capture_dir.write_text("a file where the directory should be")
-    settings = CaptureSettings(capture_dir=capture_dir)
-    with start_proxy(upstream, settings=settings) as proxy:
+    with start_proxy(upstream, str(capture_dir)) as proxy:
         url = f"{proxy.url}/ng-rollout/blocked/v1/messages"
         response = httpx.post(url, json={"model": "m", "user": "blocked"})
         assert response.status_code == 200 and response.content == recorded_json("messages")

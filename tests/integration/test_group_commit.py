@@ -14,9 +14,9 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from exporters.model_call_jsonl import ModelCallJsonlExporter
+from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 from otel_capture import ModelCallCaptureMiddleware
-from otel_capture._writer import LIBC_SYNCFS
+from otel_capture._store.writer import LIBC_SYNCFS
 
 from support import RECORDED, ReplayModelServer, serve, sse_chunks
 

@@ -45,7 +45,7 @@ VLLM_CHAT = {
 @pytest.fixture
 def proxy(replay_server: ReplayModelServer, telemetry: Telemetry) -> Iterator[RunningProxy]:
     replay_server.replies["chat"].chunks = [json.dumps(VLLM_CHAT).encode()]
-    settings = CaptureSettings(capture_dir=telemetry.store.root)
+    settings = CaptureSettings()
     with (
         serve(replay_server) as upstream,
         start_proxy(upstream, settings=settings, tracer_provider=telemetry.provider) as running,
@@ -104,7 +104,7 @@ def test_a_freeze_during_a_call_in_flight_reports_incomplete_and_the_late_line_i
     chunks = [b'{"id":"chatcmpl-2","object":"chat.completion","model":"m",', b'"choices":[]}']
     replay_server.replies["chat"].chunks = chunks
     replay_server.replies["chat"].gate = gate
-    settings = CaptureSettings(capture_dir=telemetry.store.root)
+    settings = CaptureSettings()
     with (
         serve(replay_server) as upstream,
         start_proxy(upstream, settings=settings, tracer_provider=telemetry.provider) as running,

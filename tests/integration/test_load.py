@@ -62,7 +62,7 @@ def test_sustained_load_keeps_memory_fds_and_threads_flat_and_loses_no_call(tmp_
     capture_dir = tmp_path / "calls"
     with serve(server) as upstream:
         proxy = subprocess.Popen(
-            [sys.executable, "-m", "otel_capture._cli", "proxy", "--upstream", upstream, "--capture-dir", str(capture_dir)],
+            [sys.executable, "-m", "otel_capture._cli.main", "proxy", "--upstream", upstream, "--capture-dir", str(capture_dir)],
             stdout=subprocess.PIPE,
             text=True,
         )

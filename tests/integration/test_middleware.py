@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from support import ReplayModelServer, recorded_json, serve
 
-from exporters.model_call_jsonl import ModelCallJsonlExporter
+from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 from otel_capture import (
     CaptureSettings,
     CaptureStore,
@@ -31,7 +31,7 @@ from otel_capture._correlation import ROLLOUT_ID_RULE
 
 @pytest.fixture
 def server(replay_server: ReplayModelServer, telemetry: Telemetry) -> Iterator[str]:
-    settings = CaptureSettings(capture_dir=telemetry.store.root, service_name="test_policy")
+    settings = CaptureSettings(service_name="test_policy")
     app = ModelCallCaptureMiddleware(replay_server, tracer_provider=telemetry.provider, settings=settings)
     with serve(app) as url:
         yield url
@@ -311,12 +311,12 @@ def test_upstream_error_status_is_recorded_with_its_category(
 def test_a_record_that_cannot_be_built_marks_the_call_incomplete_and_the_response_is_untouched(
     server: str, telemetry: Telemetry, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from otel_capture._call import CallCapture
+    from otel_capture._call import InFlightCall
 
-    def broken_line(self: CallCapture, trace_id: int, span_id: int) -> bytes:
+    def broken_line(self: InFlightCall, trace_id: int, span_id: int) -> bytes:
         raise RuntimeError("cannot encode this record")
 
-    monkeypatch.setattr(CallCapture, "line", broken_line)  # the seam: a bug in building the record
+    monkeypatch.setattr(InFlightCall, "line", broken_line)  # the seam: a bug in building the record
     with caplog.at_level(logging.ERROR):
         response = httpx.post(f"{server}/ng-rollout/unbuildable/v1/chat/completions", json={"model": "m"})
     assert response.status_code == 200 and response.content == recorded_json("chat")
@@ -324,7 +324,7 @@ def test_a_record_that_cannot_be_built_marks_the_call_incomplete_and_the_respons
     assert telemetry.jsonl.stats.failures == 1
     marker = (telemetry.store.root / "unbuildable.capture.incomplete").read_text().splitlines()
     assert len(marker) == 1 and "cannot encode this record" in json.loads(marker[0])["reason"]
-    from otel_capture._lifecycle_io import INFLIGHT_REASON
+    from otel_capture._store.lifecycle_io import INFLIGHT_REASON
 
     snapshot = telemetry.store.freeze_now("unbuildable")
     assert snapshot.incomplete

@@ -28,7 +28,7 @@ def upstream(replay_server: ReplayModelServer) -> Iterator[str]:
 def test_proxy_captures_all_three_dialects_and_nests_the_call_span_under_the_http_span(
     upstream: str, telemetry: Telemetry, replay_server: ReplayModelServer
 ) -> None:
-    settings = CaptureSettings(capture_dir=telemetry.store.root)
+    settings = CaptureSettings()
     with start_proxy(upstream, settings=settings, tracer_provider=telemetry.provider) as proxy:
         client = openai.OpenAI(base_url=f"{proxy.url}/ng-rollout/p-1/v1", api_key="k", max_retries=0)
         client.responses.create(model="gpt-4o-mini", input="hi")
@@ -57,7 +57,7 @@ def test_proxy_relays_a_stream_byte_for_byte_and_records_the_reassembled_respons
     events = [e + b"\n\n" for e in sse.split(b"\n\n") if e.strip()]
     replay_server.replies["chat"].content_type = "text/event-stream"
     replay_server.replies["chat"].chunks = events
-    settings = CaptureSettings(capture_dir=telemetry.store.root)
+    settings = CaptureSettings()
     with start_proxy(upstream, settings=settings, tracer_provider=telemetry.provider) as proxy:
         with httpx.stream(
             "POST", f"{proxy.url}/ng-rollout/s-1/v1/chat/completions", json={"model": "gpt-4o", "stream": True}
@@ -74,7 +74,7 @@ def test_proxy_relays_a_stream_byte_for_byte_and_records_the_reassembled_respons
 def test_unreachable_upstream_is_a_502_recorded_as_upstream_error(telemetry: Telemetry) -> None:
     with serve(ReplayModelServer()) as dead:
         pass  # the server is gone: its port now refuses connections
-    settings = CaptureSettings(capture_dir=telemetry.store.root)
+    settings = CaptureSettings()
     with start_proxy(dead, settings=settings, tracer_provider=telemetry.provider) as proxy:
         response = httpx.post(f"{proxy.url}/ng-rollout/down/v1/messages", json={"model": "m"})
     assert response.status_code == 502
@@ -118,12 +118,12 @@ def test_cli_show_lists_rollouts_and_calls(upstream: str, tmp_path: Path) -> Non
         client.responses.create(model="gpt-4o-mini", input="hi")
         client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
     listing = subprocess.run(
-        [sys.executable, "-m", "otel_capture._cli", "show", str(capture_dir)], capture_output=True, text=True
+        [sys.executable, "-m", "otel_capture._cli.main", "show", str(capture_dir)], capture_output=True, text=True
     )
     assert listing.returncode == 0, listing.stderr
     assert "show-1" in listing.stdout
     calls = subprocess.run(
-        [sys.executable, "-m", "otel_capture._cli", "show", str(capture_dir), "show-1"], capture_output=True, text=True
+        [sys.executable, "-m", "otel_capture._cli.main", "show", str(capture_dir), "show-1"], capture_output=True, text=True
     )
     assert calls.returncode == 0, calls.stderr
     lines = calls.stdout.splitlines()
@@ -134,7 +134,7 @@ def test_cli_show_lists_rollouts_and_calls(upstream: str, tmp_path: Path) -> Non
 def test_cli_show_exits_nonzero_on_a_damaged_file(tmp_path: Path) -> None:
     (tmp_path / "bad.capture.jsonl").write_text('{"model_call_id": "a", "dialect": "chat"}\nnot json\n')
     result = subprocess.run(
-        [sys.executable, "-m", "otel_capture._cli", "show", str(tmp_path), "bad"], capture_output=True, text=True
+        [sys.executable, "-m", "otel_capture._cli.main", "show", str(tmp_path), "bad"], capture_output=True, text=True
     )
     assert result.returncode == 1
     assert "line 2" in result.stderr
@@ -144,7 +144,7 @@ def test_a_client_that_closes_right_after_reading_a_json_body_is_not_a_cancelled
     upstream: str, telemetry: Telemetry
 ) -> None:
     """The upstream answers with Content-Length; each call uses a fresh connection that closes at once."""
-    settings = CaptureSettings(capture_dir=telemetry.store.root)
+    settings = CaptureSettings()
     with start_proxy(upstream, settings=settings, tracer_provider=telemetry.provider) as proxy:
         for _ in range(10):
             with httpx.Client() as client:

@@ -26,7 +26,7 @@ SECRETS = {
 
 def test_capture_directory_is_0700_and_files_0600(telemetry: Telemetry, replay_server: ReplayModelServer) -> None:
     with serve(replay_server) as upstream, start_proxy(
-        upstream, settings=CaptureSettings(capture_dir=telemetry.store.root), tracer_provider=telemetry.provider
+        upstream, settings=CaptureSettings(), tracer_provider=telemetry.provider
     ) as proxy:
         httpx.post(f"{proxy.url}/ng-rollout/modes/v1/responses", json={"model": "m"})
     assert stat.S_IMODE(telemetry.store.root.stat().st_mode) == 0o700
@@ -40,7 +40,7 @@ def test_secrets_never_reach_records_spans_or_logs_even_when_calls_fail(
         pass  # its port now refuses connections: the proxy logs and answers 502
     blocked = telemetry.store.root
     with caplog.at_level(logging.DEBUG), start_proxy(
-        dead, settings=CaptureSettings(capture_dir=blocked), tracer_provider=telemetry.provider
+        dead, settings=CaptureSettings(), tracer_provider=telemetry.provider
     ) as proxy:
         for dialect in ("responses", "chat/completions", "messages"):
             response = httpx.post(f"{proxy.url}/ng-rollout/leak/v1/{dialect}", json={"model": "m"}, headers=SECRETS)
@@ -57,7 +57,7 @@ def test_secrets_never_reach_records_spans_or_logs_even_when_calls_fail(
 
 def test_the_proxy_says_so_when_it_binds_beyond_loopback(tmp_path: Path) -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "otel_capture._cli", "proxy", "--upstream", "http://127.0.0.1:9", "--host", "0.0.0.0"],
+        [sys.executable, "-m", "otel_capture._cli.main", "proxy", "--upstream", "http://127.0.0.1:9", "--host", "0.0.0.0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -74,7 +74,7 @@ def test_the_proxy_says_so_when_it_binds_beyond_loopback(tmp_path: Path) -> None
 
 def test_the_proxy_binds_loopback_by_default() -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "otel_capture._cli", "proxy", "--upstream", "http://127.0.0.1:9"],
+        [sys.executable, "-m", "otel_capture._cli.main", "proxy", "--upstream", "http://127.0.0.1:9"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -38,7 +38,7 @@ def _app(replay: ReplayModelServer, telemetry: Telemetry, reader: InMemoryMetric
         replay,
         tracer_provider=telemetry.provider,
         meter_provider=MeterProvider(metric_readers=[reader]),
-        settings=CaptureSettings(capture_dir=telemetry.store.root, **settings),
+        settings=CaptureSettings(**settings),
     )
 
 
@@ -153,7 +153,7 @@ async def _chat(request: Request) -> JSONResponse:
 def instrumented(telemetry: Telemetry) -> Iterator[None]:
     instrumentor = ModelCallInstrumentor()
     instrumentor.instrument(
-        tracer_provider=telemetry.provider, settings=CaptureSettings(capture_dir=telemetry.store.root)
+        tracer_provider=telemetry.provider, settings=CaptureSettings()
     )
     yield
     instrumentor.uninstrument()

@@ -55,8 +55,8 @@ from otel_capture import (
     read_model_call_records,
     start_proxy,
 )
-from otel_capture._reassembly import accumulator_for
-from otel_capture._sse import SSEDecoder
+from otel_capture._dialects.reassembly import accumulator_for
+from otel_capture._dialects.sse import SSEDecoder
 
 JsonDict = dict[str, Any]
 RECORDINGS = recorded_streams()
@@ -139,7 +139,7 @@ class Harness:
 def _harness(replay_server: ReplayModelServer, telemetry: Telemetry, proxy: bool) -> Iterator[Harness]:
     ended = SpanEnded()
     telemetry.provider.add_span_processor(ended)
-    settings = CaptureSettings(capture_dir=telemetry.store.root)
+    settings = CaptureSettings()
     if proxy:
         with serve(replay_server) as upstream, start_proxy(
             upstream, settings=settings, tracer_provider=telemetry.provider

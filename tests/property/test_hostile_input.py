@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from exporters.model_call_jsonl import ModelCallJsonlExporter
+from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 from otel_capture import CaptureSettings, ModelCallCaptureMiddleware, is_valid_rollout_id
 from otel_capture._correlation import split_rollout_prefix
 
@@ -38,7 +38,7 @@ class Harness:
         self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         self.reply: tuple[int, bytes, list[bytes]] = (200, b"application/json", [b"{}"])
         self.app = ModelCallCaptureMiddleware(
-            self._upstream, tracer_provider=self.provider, settings=CaptureSettings(capture_dir=root, max_body_bytes=4096)
+            self._upstream, tracer_provider=self.provider, settings=CaptureSettings(max_body_bytes=4096)
         )
         self.upstream_calls = 0
 

@@ -10,8 +10,8 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from otel_capture._reassembly import accumulator_for
-from otel_capture._sse import SSEDecoder, SSEEvent
+from otel_capture._dialects.reassembly import accumulator_for
+from otel_capture._dialects.sse import SSEDecoder, SSEEvent
 
 # Pieces that make SSE-like byte strings dense in the interesting cases: every line ending, fields, comments,
 # a byte-order mark, multi-byte and invalid UTF-8, and long runs that cross a small line cap.

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from otel_capture import CaptureStore
-from otel_capture._cli import main
+from otel_capture._cli.main import main
 
 
 def test_ls_retire_delete(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

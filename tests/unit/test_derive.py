@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from otel_capture._derive import (
+from otel_capture._dialects.derive import (
     cache_signal,
     derive_call_facts,
     finish_reason,

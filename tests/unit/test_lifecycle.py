@@ -20,8 +20,8 @@ from otel_capture import (
     CaptureStore,
     InvalidRolloutIdError,
 )
-from otel_capture._fences import STATE_DIR, dir_state
-from otel_capture._writer import JsonlWriter
+from otel_capture._store.fences import STATE_DIR, dir_state
+from otel_capture._store.writer import JsonlWriter
 from otel_capture.conformance import InMemoryCaptureBackend
 
 TOKENS = {"prompt_token_ids": [1, 2, 3], "generations": [{"index": 0, "token_ids": [7], "log_probs": [-0.5]}]}
@@ -475,7 +475,7 @@ def test_a_torn_journal_tail_from_a_crashed_appender_is_terminated_not_merged(tm
 
 
 def test_the_journal_is_compacted_once_mostly_dead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("otel_capture._fences.COMPACT_MIN_LINES", 50)
+    monkeypatch.setattr("otel_capture._store.fences.COMPACT_MIN_LINES", 50)
     store = CaptureStore(tmp_path / "calls")
     store.retire_now(["keep"])
     for i in range(30):

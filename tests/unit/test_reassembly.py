@@ -44,8 +44,8 @@ from openai.types.chat import ChatCompletionChunk
 from openai.types.responses import ResponseStreamEvent
 from support import RECORDED as STREAMS
 
-from otel_capture._reassembly import Dialect, accumulator_for
-from otel_capture._sse import SSEDecoder, SSEEvent
+from otel_capture._dialects.reassembly import Dialect, accumulator_for
+from otel_capture._dialects.sse import SSEDecoder, SSEEvent
 
 JsonDict = dict[str, Any]
 

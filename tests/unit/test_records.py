@@ -27,7 +27,7 @@ from otel_capture._records import (
     read_available_model_call_records,
     read_model_call_records,
 )
-from otel_capture._store import CaptureStore
+from otel_capture._store.store import CaptureStore
 
 GYM_METRIC_KEYS = (
     "tokens_in",

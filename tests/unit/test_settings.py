@@ -4,22 +4,33 @@ is logged by name and replaced by the default. Environments are injected, never 
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from otel_capture import CaptureSettings
-from otel_capture._settings import DEFAULT_CONTENT_MAX_LENGTH, DEFAULT_MAX_BODY_BYTES
+from otel_capture import CaptureSettings, WriterSettings
+import otel_capture
+from otel_capture._settings import (
+    DEFAULT_CONTENT_MAX_LENGTH,
+    DEFAULT_MAX_BODY_BYTES,
+    cache_dir,
+    upstream_from_environ,
+)
 
 CASES: list[tuple[str, dict[str, str], dict[str, Any], str, Any, str | None]] = [
     # (case, environ, constructor kwargs, field, expected, variable named in a warning)
-    ("dir default", {}, {}, "capture_dir", None, None),
-    ("dir from our variable", {"OTEL_EXPORTER_MODEL_CALL_JSONL_DIR": "/data/calls"}, {}, "capture_dir",
+    ("dir default", {}, {}, "directory", None, None),
+    ("dir from our variable", {"OTEL_EXPORTER_MODEL_CALL_JSONL_DIR": "/data/calls"}, {}, "directory",
      Path("/data/calls"), None),
-    ("dir constructor wins", {"OTEL_EXPORTER_MODEL_CALL_JSONL_DIR": "/data/calls"}, {"capture_dir": "/x"},
-     "capture_dir", Path("/x"), None),
-    ("dir empty is unset", {"OTEL_EXPORTER_MODEL_CALL_JSONL_DIR": "  "}, {}, "capture_dir", None, None),
+    ("dir constructor wins", {"OTEL_EXPORTER_MODEL_CALL_JSONL_DIR": "/data/calls"}, {"directory": "/x"},
+     "directory", Path("/x"), None),
+    ("dir empty is unset", {"OTEL_EXPORTER_MODEL_CALL_JSONL_DIR": "  "}, {}, "directory", None, None),
+    ("sync default", {}, {}, "sync", "auto", None),
+    ("sync from our variable", {"OTEL_CAPTURE_SYNC": "FSYNC"}, {}, "sync", "fsync", None),
+    ("sync constructor wins", {"OTEL_CAPTURE_SYNC": "auto"}, {"sync": "fsync"}, "sync", "fsync", None),
+    ("sync bad", {"OTEL_CAPTURE_SYNC": "never"}, {}, "sync", "auto", "OTEL_CAPTURE_SYNC"),
     ("service default", {}, {}, "service_name", None, None),
     ("service from OTEL_SERVICE_NAME", {"OTEL_SERVICE_NAME": "policy"}, {}, "service_name", "policy", None),
     ("service from resource attributes", {"OTEL_RESOURCE_ATTRIBUTES": "a=b,service.name=pol%20icy"}, {},
@@ -86,8 +97,9 @@ def test_precedence_and_bad_values(
     environ: dict[str, str], kwargs: dict[str, Any], field: str, expected: Any, warned: str | None,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    cls = WriterSettings if field in ("directory", "sync") else CaptureSettings
     with caplog.at_level(logging.WARNING, logger="otel_capture._settings"):
-        settings = CaptureSettings.from_environ(environ, **kwargs)
+        settings = cls.from_environ(environ, **kwargs)
     assert getattr(settings, field) == expected
     warnings = [r.getMessage() for r in caplog.records]
     if warned is None:
@@ -106,3 +118,23 @@ def test_content_goes_on_spans_only_for_the_span_modes() -> None:
 def test_the_environment_is_read_when_asked_not_at_import() -> None:
     assert CaptureSettings.from_environ({"OTEL_SERVICE_NAME": "a"}).service_name == "a"
     assert CaptureSettings.from_environ({"OTEL_SERVICE_NAME": "b"}).service_name == "b"
+
+
+def test_the_proxy_upstream_and_the_cache_come_from_their_variables(tmp_path: Path) -> None:
+    assert upstream_from_environ({"OTEL_CAPTURE_UPSTREAM": " http://127.0.0.1:9 "}) == "http://127.0.0.1:9"
+    with pytest.raises(RuntimeError, match="OTEL_CAPTURE_UPSTREAM"):
+        upstream_from_environ({})
+    assert cache_dir({"OTEL_CAPTURE_CACHE": str(tmp_path)}) == tmp_path
+    assert cache_dir({}) == Path.home() / ".cache" / "otel-capture"
+
+
+def test_no_module_but_the_settings_reads_the_environment() -> None:
+    """One reader of the environment: a setting passed in code is never replaced by a variable elsewhere."""
+    package = Path(otel_capture.__file__).parent
+    sources = [*package.rglob("*.py"), *(package.parent / "exporters").rglob("*.py"),
+               *(package.parent / "examples" / "demo").rglob("*.py")]
+    readers = sorted(
+        str(path.relative_to(package.parent)) for path in sources
+        if path.name != "_settings.py" and re.search(r"(os\.environ\.get|os\.getenv|environ\.get)\((?!\"PYTHONPATH\")", path.read_text())
+    )
+    assert readers == []

@@ -6,8 +6,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from otel_capture._show import format_calls_table, format_rollouts_table, short_model
-from otel_capture._store import CaptureStore
+from otel_capture._cli.show import format_calls_table, format_rollouts_table, short_model
+from otel_capture._store.store import CaptureStore
 
 
 def record(**fields: Any) -> SimpleNamespace:

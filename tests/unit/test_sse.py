@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from otel_capture._sse import DEFAULT_MAX_LINE_BYTES, SSEDecoder, SSEEvent
+from otel_capture._dialects.sse import DEFAULT_MAX_LINE_BYTES, SSEDecoder, SSEEvent
 
 
 def decode(*chunks: bytes, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> list[SSEEvent]:

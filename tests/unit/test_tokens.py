@@ -7,7 +7,7 @@ import json
 from support import RECORDED, recorded_json
 
 from otel_capture import extract_tokens
-from otel_capture._tokens import tokens_line
+from otel_capture._dialects.tokens import tokens_line
 
 
 def test_vllm_chat_with_return_token_ids_and_logprobs() -> None:
@@ -79,8 +79,8 @@ def test_responses_logprobs_and_nemo_gym_vllm_output_items() -> None:
 
 
 def test_the_openai_logprobs_of_a_recorded_stream_reassembled() -> None:
-    from otel_capture._reassembly import accumulator_for
-    from otel_capture._sse import SSEDecoder
+    from otel_capture._dialects.reassembly import accumulator_for
+    from otel_capture._dialects.sse import SSEDecoder
 
     raw = (
         RECORDED / "openai-python/chat_completions_sse/content_logprobs_events.83b060bae42e.sse"
