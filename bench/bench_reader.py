@@ -44,7 +44,8 @@ from otel_capture import (
     read_available_model_call_records,
     read_model_call_records,
 )
-from otel_capture._records import _line_values, aggregate_model_call_records
+from otel_capture._records import aggregate_model_call_records
+from otel_capture._records.build import _line_values
 
 FIXTURE = H.REPO / "tests" / "fixtures" / "nemo_gym" / "gym_server_0-0.capture.jsonl"
 ROLLOUT = "bench-reader"

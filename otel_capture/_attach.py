@@ -208,7 +208,7 @@ def build_model_call_capture(
     """The ``ng_model_call_capture`` value for one rollout, read from every directory.
 
     ``{"rollout_id", "metrics", "calls", "gaps"?}``: ``metrics`` is
-    :func:`~otel_capture._records.aggregate_model_call_records` (NeMo Gym's keys with its values, then
+    :func:`~otel_capture._records.aggregate.aggregate_model_call_records` (NeMo Gym's keys with its values, then
     ours); each call is its ``ModelCallRecord`` without the payloads (``request``, ``response``,
     ``request_raw``, ``response_raw``) unless ``include_payloads``: NeMo Gym's keys, then ours (``None``
     on lines NeMo Gym wrote). ``gaps`` only when there is one. Raises ``ValueError`` for a bad id only.

@@ -1,0 +1,88 @@
+"""``ModelCallRecord``: one captured model call as the readers return it, compatible with NeMo Gym 0.7.0.
+
+The fields up to ``latency_ttft_ms`` are Gym's, in its order; the rest (:data:`EXTRA_RECORD_FIELDS`) are
+ours and ``None`` on every line Gym writes. The line format and how a record is derived from a line are
+in ``docs/records.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+__all__ = ["EXTRA_RECORD_FIELDS", "GYM_RECORD_FIELDS", "ModelCallRecord", "ModelServerRef"]
+
+_logger = logging.getLogger(__name__)
+
+
+class ModelServerRef(BaseModel):
+    """Gym's reference to the model server that answered (``config_types.ModelServerRef``)."""
+
+    type: Literal["responses_api_models"]
+    name: str
+
+
+class ModelCallRecord(BaseModel):
+    """One captured model call. Fields up to ``latency_ttft_ms`` are NeMo Gym 0.7.0's, in its order."""
+
+    model_call_id: str | None = None
+    response_id: str | None = None
+    client_session_id: str | None = None
+    # Durable append order (position among non-blank lines), not the order in which calls started.
+    call_index: int
+    model_ref: ModelServerRef | None = None
+    model: str | None = None
+    dialect: str | None = None
+    status_code: int | None = None
+    response_status: str | None = None
+    finish_reason: str | None = None
+    upstream_attempted: bool | None = None
+    response_source: Literal["upstream", "local"] | None = None
+    upstream_status_code: int | None = None
+    local_response_reason: str | None = None
+    # Wall-clock bounds, UTC Unix seconds; durations are the monotonic latency fields below.
+    started_at: float | None = None
+    completed_at: float | None = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    tokens_reasoning: int | None = None
+    tokens_total: int | None = None
+    request: dict[str, Any] | None = None
+    response: dict[str, Any] | None = None
+    request_raw: str | None = None
+    response_raw: str | None = None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    reasoning_content: str | None = None
+    cache_hit: bool | None = None
+    cached_tokens: int | None = None
+    cache_creation_tokens: int | None = None
+    error_category: str | None = None
+    latency_total_ms: float | None = None
+    latency_ttft_ms: float | None = None
+
+    # Ours, ignored by Gym. ``None`` when the line does not carry them (every line Gym writes).
+    schema_version: int | None = None
+    rollout_id: str | None = None
+    trace_id: str | None = None
+    span_id: str | None = None
+    stream: bool | None = None
+    stream_truncated: bool | None = None
+    truncated: bool | None = None
+    failure: dict[str, Any] | None = None
+
+
+EXTRA_RECORD_FIELDS: tuple[str, ...] = (
+    "schema_version",
+    "rollout_id",
+    "trace_id",
+    "span_id",
+    "stream",
+    "stream_truncated",
+    "truncated",
+    "failure",
+)
+GYM_RECORD_FIELDS: tuple[str, ...] = tuple(
+    name for name in ModelCallRecord.model_fields if name not in EXTRA_RECORD_FIELDS
+)
