@@ -22,10 +22,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import httpx
 
-from otel_capture._proxy import start_proxy
+from otel_capture import CaptureStore, start_proxy
 from otel_capture._cli.show import format_calls_table, format_rollouts_table, is_error
-from otel_capture._store.store import CaptureStore
-from otel_capture.demo.tiny_model import TinyModelError, start_tiny_model
+from .tiny_model import TinyModelError, start_tiny_model
 
 if TYPE_CHECKING:
     import anthropic
