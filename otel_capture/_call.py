@@ -4,29 +4,24 @@ span attributes). No I/O here: the middleware feeds bytes in and takes dicts and
 
 from __future__ import annotations
 
+import logging
 import random
 import time
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
 from . import _attributes as A
-from ._dialects.reassembly import StreamAccumulator, accumulator_for
+from ._dialects import DIALECTS, Dialect, StreamAccumulator
+from ._dialects.sse import SSEDecoder
 from ._semconv import content_attributes, request_attributes, response_attributes
 from ._settings import CaptureSettings
-from ._dialects.sse import SSEDecoder
 
-Dialect = Literal["responses", "chat", "messages"]
+_logger = logging.getLogger(__name__)
+
 SCHEMA_VERSION = 1
-
-DIALECT_PATHS: dict[str, Dialect] = {
-    "/v1/responses": "responses",
-    "/v1/chat/completions": "chat",
-    "/v1/messages": "messages",
-}
-_PROVIDER = {"responses": "openai", "chat": "openai", "messages": "anthropic"}
-_OPENAI_API_TYPE = {"responses": "responses", "chat": "chat_completions"}
 _MODEL_REF_TYPE = "responses_api_models"  # the only type NeMo Gym's reader accepts
+
 
 class _Body:
     """Raw bytes kept up to a cap; past it they are counted, not kept."""
@@ -114,6 +109,7 @@ class InFlightCall:
         # as the OpenTelemetry SDK's span ids are) because os.urandom is a ~10 us syscall per call here
         self.model_call_id = format(random.getrandbits(128), "032x")
         self.dialect = dialect
+        self._spec = DIALECTS[dialect]
         self.rollout_id = rollout_id
         self.settings = settings
         self.session_id = session_id
@@ -154,7 +150,7 @@ class InFlightCall:
         if content_type.lower().lstrip().startswith("text/event-stream"):
             self.stream = True
             self._decoder = SSEDecoder()
-            self._accumulator = accumulator_for(self.dialect)
+            self._accumulator = self._spec.accumulator()
 
     def on_body(self, chunk: bytes) -> bool:
         """Take one response chunk; True once the dialect's terminal event has been seen."""
@@ -276,15 +272,16 @@ class InFlightCall:
 
     def start_attributes(self) -> dict[str, Any]:
         """What samplers may use (set at span start): operation, provider, model, request parameters."""
+        spec = self._spec
         attributes: dict[str, Any] = {
-            A.GEN_AI_OPERATION_NAME: A.OPERATION_CHAT,
-            A.GEN_AI_PROVIDER_NAME: _PROVIDER[self.dialect],
+            A.GEN_AI_OPERATION_NAME: spec.operation_name,
+            A.GEN_AI_PROVIDER_NAME: spec.provider_name,
             A.ROLLOUT_ID: self.rollout_id,
             A.MODEL_CALL_ID: self.model_call_id,
             A.MODEL_CALL_DIALECT: self.dialect,
         }
-        if self.dialect in _OPENAI_API_TYPE:
-            attributes[A.OPENAI_API_TYPE] = _OPENAI_API_TYPE[self.dialect]
+        if spec.openai_api_type is not None:
+            attributes[A.OPENAI_API_TYPE] = spec.openai_api_type
         if self.request_model:
             attributes[A.GEN_AI_REQUEST_MODEL] = self.request_model
         if self.session_id:

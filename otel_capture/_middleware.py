@@ -31,8 +31,9 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from . import _attributes as A
 from ._asgi import ASGIApp, Message, Receive, Scope, Send
-from ._call import DIALECT_PATHS, Dialect, InFlightCall
+from ._call import InFlightCall
 from ._correlation import ROLLOUT_ID_RULE, is_valid_rollout_id, rollout_id_from_baggage, split_rollout_prefix
+from ._dialects import DIALECT_PATHS, Dialect
 from ._metrics import ServerMetrics
 from ._settings import CaptureSettings
 from ._sink import CallSink, FinishedCall, LoopWaiter, find_sink

@@ -8,7 +8,8 @@ Two users:
   ``output`` list is read as Responses, else one with ``choices`` as Chat Completions, else one with
   ``content`` as Anthropic Messages; the dialect is not consulted. Their odd corners are kept on purpose
   (see the notes in each function): changing them would make our records differ from Gym's.
-- the span code, which also wants *every* finish reason (:func:`finish_reasons`, dialect-aware).
+- the span code, which also wants *every* finish reason: one function per dialect (``*_finish_reasons``),
+  named in the dialect table (:mod:`.table`).
 
 Malformed shapes that Gym's code trips over (for example a non-iterable ``tool_calls``) raise here too, so
 the readers count the same lines as damaged.
@@ -17,12 +18,11 @@ the readers count the same lines as damaged.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any, TypedDict
 
-DIALECT_RESPONSES = "responses"
-DIALECT_CHAT = "chat"
-DIALECT_MESSAGES = "messages"
+_logger = logging.getLogger(__name__)
 
 _EMPTY: Mapping[str, Any] = {}
 
@@ -299,47 +299,31 @@ def derive_call_facts(response: object, request: object) -> CallFacts:
     )
 
 
-# --- span facts (ours, not Gym's) --------------------------------------------------------------------
+# --- span facts (ours, not Gym's): every finish reason, per dialect -----------------------------------
 
 
-def shape_dialect(response: Mapping[str, Any]) -> str | None:
-    """The dialect a response's shape suggests, with Gym's precedence (output, choices, content)."""
-    if isinstance(response.get("output"), list):
-        return DIALECT_RESPONSES
-    if isinstance(response.get("choices"), list):
-        return DIALECT_CHAT
-    if isinstance(response.get("content"), list) or "stop_reason" in response:
-        return DIALECT_MESSAGES
-    return None
-
-
-def finish_reasons(response: object, dialect: str | None = None) -> list[str]:
-    """Every finish reason of a call, for ``gen_ai.response.finish_reasons``.
-
-    Chat: each choice's ``finish_reason`` in list order; Anthropic: ``stop_reason``; Responses:
-    ``incomplete_details.reason`` when present, else ``status``. Non-string values are skipped. An unknown
-    or missing ``dialect`` is guessed from the shape (:func:`shape_dialect`). Never raises.
-    """
-    if not isinstance(response, Mapping):
+def chat_finish_reasons(response: Mapping[str, Any]) -> list[str]:
+    """Each choice's ``finish_reason``, in list order (non-strings skipped)."""
+    choices = response.get("choices")
+    if not isinstance(choices, list):
         return []
-    if dialect not in (DIALECT_RESPONSES, DIALECT_CHAT, DIALECT_MESSAGES):
-        dialect = shape_dialect(response)
-    if dialect == DIALECT_CHAT:
-        choices = response.get("choices")
-        if not isinstance(choices, list):
-            return []
-        return [
-            reason
-            for choice in choices
-            if isinstance(choice, Mapping) and isinstance(reason := choice.get("finish_reason"), str)
-        ]
-    if dialect == DIALECT_MESSAGES:
-        stop_reason = response.get("stop_reason")
-        return [stop_reason] if isinstance(stop_reason, str) else []
-    if dialect == DIALECT_RESPONSES:
-        details = response.get("incomplete_details")
-        reason = details.get("reason") if isinstance(details, Mapping) else None
-        if not isinstance(reason, str):
-            reason = response.get("status")
-        return [reason] if isinstance(reason, str) else []
-    return []
+    return [
+        reason
+        for choice in choices
+        if isinstance(choice, Mapping) and isinstance(reason := choice.get("finish_reason"), str)
+    ]
+
+
+def messages_finish_reasons(response: Mapping[str, Any]) -> list[str]:
+    """Anthropic's ``stop_reason``."""
+    stop_reason = response.get("stop_reason")
+    return [stop_reason] if isinstance(stop_reason, str) else []
+
+
+def responses_finish_reasons(response: Mapping[str, Any]) -> list[str]:
+    """``incomplete_details.reason`` when present, else ``status``."""
+    details = response.get("incomplete_details")
+    reason = details.get("reason") if isinstance(details, Mapping) else None
+    if not isinstance(reason, str):
+        reason = response.get("status")
+    return [reason] if isinstance(reason, str) else []

@@ -5,7 +5,7 @@ stream back into the object the non-streaming endpoint would have returned, and 
 terminal event. The official SDKs' own accumulators are the reference (``tests/unit/test_reassembly.py``
 compares against them on every recorded stream); where they differ on purpose it is said below.
 
-Rules that fix NeMo Gym's reassembly (``reference/nemo_gym_model_call_format.md`` §4, §8):
+Rules that fix NeMo Gym's reassembly:
 
 - the terminal event comes from each payload's JSON ``type`` (or ``data: [DONE]``), not from ``event:``
   lines alone, so a ``data:``-only stream is still seen to complete; the first terminal event wins;
@@ -22,20 +22,18 @@ type are ignored, and as a last resort an unexpected exception is logged, counte
 and the event skipped. :meth:`result` returns the accumulator's own dicts: read them, do not mutate them
 while the stream is still being fed.
 
-Layout: this module is the interface (:func:`accumulator_for`, :class:`StreamAccumulator`); the fail-safe
-shell and JSON helpers are in ``_stream_base``, one accumulator per dialect in ``_responses_stream``,
-``_chat_stream`` and ``_messages_stream``.
+Layout: this module is the interface (:func:`accumulator_for`, :class:`StreamAccumulator`); the interface
+type, the fail-safe shell and JSON helpers are in :mod:`.stream`, one accumulator per dialect in
+:mod:`.responses`, :mod:`.chat` and :mod:`.messages`, each named in the dialect table (:mod:`.table`).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from .chat import ChatCompletionsAccumulator
 from .messages import MessagesAccumulator
 from .responses import ResponsesAccumulator
-from .sse import SSEEvent
-from .stream import Dialect, JsonDict, TerminalKind
+from .stream import StreamAccumulator, TerminalKind
+from .table import DIALECTS, Dialect
 
 __all__ = [
     "ChatCompletionsAccumulator",
@@ -48,22 +46,9 @@ __all__ = [
 ]
 
 
-class StreamAccumulator(Protocol):
-    terminal: TerminalKind | None
-    error: JsonDict | None
-    internal_errors: int  # events skipped because reassembly itself failed (a bug, logged at DEBUG)
-
-    def add(self, event: SSEEvent) -> bool: ...
-
-    def result(self) -> JsonDict | None: ...
-
-
 def accumulator_for(dialect: Dialect) -> StreamAccumulator:
-    """A fresh accumulator for one stream of ``dialect``."""
-    if dialect == "responses":
-        return ResponsesAccumulator()
-    if dialect == "chat":
-        return ChatCompletionsAccumulator()
-    if dialect == "messages":
-        return MessagesAccumulator()
-    raise ValueError(f"unknown dialect {dialect!r}")
+    """A fresh accumulator for one stream of ``dialect``; ``ValueError`` for an unknown one."""
+    spec = DIALECTS.get(dialect)
+    if spec is None:
+        raise ValueError(f"unknown dialect {dialect!r}")
+    return spec.accumulator()

@@ -1,5 +1,5 @@
-"""Shared pieces of stream reassembly: the fail-safe accumulator shell and the JSON helpers the three
-dialect accumulators (``_responses_stream``, ``_chat_stream``, ``_messages_stream``) use.
+"""Shared pieces of stream reassembly: the accumulator interface, its fail-safe shell and the JSON
+helpers the three dialect accumulators (:mod:`.responses`, :mod:`.chat`, :mod:`.messages`) use.
 
 See :mod:`otel_capture._dialects.reassembly` for the rules every accumulator follows.
 """
@@ -7,19 +7,30 @@ See :mod:`otel_capture._dialects.reassembly` for the rules every accumulator fol
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import orjson
 
 from .sse import SSEEvent
 
-__all__ = ["Dialect", "JsonDict", "TerminalKind"]
+__all__ = ["JsonDict", "StreamAccumulator", "TerminalKind"]
 
-_logger = logging.getLogger("otel_capture._dialects.reassembly")
+_logger = logging.getLogger(__name__)
 
-Dialect = Literal["responses", "chat", "messages"]
 TerminalKind = Literal["completed", "incomplete", "failed", "error"]
 JsonDict = dict[str, Any]
+
+
+class StreamAccumulator(Protocol):
+    """One streamed call's reassembly: events in, the non-streaming response object out."""
+
+    terminal: TerminalKind | None
+    error: JsonDict | None
+    internal_errors: int  # events skipped because reassembly itself failed (a bug, logged at DEBUG)
+
+    def add(self, event: SSEEvent) -> bool: ...
+
+    def result(self) -> JsonDict | None: ...
 
 
 def _loads(data: str) -> JsonDict | None:

@@ -1,4 +1,4 @@
-"""The derivation rules of NeMo Gym 0.7.0 (reference §2.2), and our span-side ``finish_reasons``."""
+"""The derivation rules of NeMo Gym 0.7.0, and our span-side ``finish_reasons``."""
 
 from __future__ import annotations
 
@@ -6,13 +6,12 @@ from typing import Any
 
 import pytest
 
+from otel_capture._dialects import finish_reasons, shape_dialect
 from otel_capture._dialects.derive import (
     cache_signal,
     derive_call_facts,
     finish_reason,
-    finish_reasons,
     response_model,
-    shape_dialect,
     token_stats,
     tool_calls_and_reasoning,
 )
