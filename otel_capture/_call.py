@@ -4,14 +4,18 @@ span attributes). No I/O here: the middleware feeds bytes in and takes dicts and
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import random
+import sys
 import time
 from typing import Any
 
 import orjson
 
 from . import _attributes as A
+from ._content_encoding import ResponseDecoding, decoding_for
 from ._dialects import DIALECTS, Dialect, StreamAccumulator
 from ._dialects.sse import SSEDecoder
 from ._semconv import content_attributes, request_attributes, response_attributes
@@ -83,14 +87,44 @@ def classify_status(status: int | None) -> str | None:
     return "client_error" if status < 500 else "upstream_error"
 
 
+# Classes of libraries the host app may use, looked up only once the library is imported (an exception of
+# a library that was never imported cannot exist). httpx re-raises httpcore's as its own; aiohttp's timeout
+# errors are ``asyncio.TimeoutError`` subclasses.
+_LIBRARY_CLASSES: dict[str, tuple[tuple[str, str], ...]] = {
+    "cancelled": (("trio", "Cancelled"),),
+    "timeout": (("httpx", "TimeoutException"), ("httpcore", "TimeoutException")),
+    # the peer went away: a refused or reset connection, or one closed in the middle of a message
+    "connection": (
+        ("httpx", "NetworkError"),
+        ("httpx", "RemoteProtocolError"),
+        ("httpcore", "NetworkError"),
+        ("httpcore", "RemoteProtocolError"),
+        ("aiohttp", "ClientConnectionError"),
+    ),
+}
+_BUILTIN_CLASSES: dict[str, tuple[type[BaseException], ...]] = {
+    "cancelled": (asyncio.CancelledError, concurrent.futures.CancelledError),
+    "timeout": (TimeoutError, asyncio.TimeoutError, concurrent.futures.TimeoutError),
+    "connection": (ConnectionError,),
+}
+
+
+def _classes(category: str) -> tuple[type[BaseException], ...]:
+    found = list(_BUILTIN_CLASSES[category])
+    for module_name, class_name in _LIBRARY_CLASSES[category]:
+        module = sys.modules.get(module_name)
+        cls = getattr(module, class_name, None) if module is not None else None
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            found.append(cls)
+    return tuple(found)
+
+
 def classify_exception(exc: BaseException) -> str:
-    name = type(exc).__name__.lower()
-    if "cancel" in name:
-        return "cancelled"
-    if "timeout" in name:
-        return "timeout"
-    if "conn" in name or isinstance(exc, ConnectionError):
-        return "connection"
+    """The error category of an exception that ended a call, by its class and bases (never its name):
+    ``cancelled``, ``timeout``, ``connection``, else ``exception``."""
+    for category in ("cancelled", "timeout", "connection"):
+        if isinstance(exc, _classes(category)):
+            return category
     return "exception"
 
 
@@ -121,6 +155,7 @@ class InFlightCall:
         self.status_code: int | None = None
         self.stream = False
         self._decoder: SSEDecoder | None = None
+        self._decoding: ResponseDecoding | None = None  # undoes a Content-Encoding, for the record only
         self._accumulator: StreamAccumulator | None = None
         self.ttft_ms: float | None = None
         self._first_byte_ms: float | None = None
@@ -145,8 +180,9 @@ class InFlightCall:
 
     # -- response -----------------------------------------------------------------------------------
 
-    def on_response_start(self, status: int, content_type: str) -> None:
+    def on_response_start(self, status: int, content_type: str, content_encoding: str = "") -> None:
         self.status_code = status
+        self._decoding = decoding_for(content_encoding) if content_encoding else None
         if content_type.lower().lstrip().startswith("text/event-stream"):
             self.stream = True
             self._decoder = SSEDecoder()
@@ -159,6 +195,9 @@ class InFlightCall:
         now_ms = (time.perf_counter() - self._t0) * 1000
         if self._first_byte_ms is None:
             self._first_byte_ms = now_ms
+        if self._decoding is not None:
+            chunk = self._decoding.decode(chunk)  # the client got the bytes as sent; the record keeps them decoded
+            self.response.truncated = self.response.truncated or self._decoding.failed
         self.response.add(chunk)
         if self._decoder is None or self._accumulator is None:
             if self.ttft_ms is None:
@@ -168,6 +207,13 @@ class InFlightCall:
             if self._accumulator.add(event) and self.ttft_ms is None:
                 self.ttft_ms = now_ms
         return self._accumulator.terminal is not None
+
+    @property
+    def stream_complete(self) -> bool:
+        """The stream's last event has arrived: a completed, incomplete or failed terminal event (after an
+        error event a server may still send more, e.g. chat's ``data: [DONE]``)."""
+        terminal = self._accumulator.terminal if self._accumulator is not None else None
+        return terminal is not None and terminal != "error"
 
     # -- end ----------------------------------------------------------------------------------------
 
