@@ -6,6 +6,7 @@ from ._agent import (
     maybe_rollout_id_from_run_body,
     resolve_model_base_url,
     rollout_context_for_run,
+    rollout_headers,
     rollout_id_from_run,
     url_path_for_request,
     url_path_for_run,
@@ -38,6 +39,9 @@ from ._store.types import (
 from ._middleware import ModelCallCaptureMiddleware
 from ._proxy import build_proxy_app, start_proxy
 from ._records import (
+    AvailableRecords,
+    CaptureReadError,
+    InvalidLine,
     ModelCallRecord,
     aggregate_model_call_metrics,
     read_available_model_call_records,
@@ -50,7 +54,9 @@ from ._version import __version__
 
 __all__ = [
     "ROLLOUT_ID_PATTERN",
+    "AvailableRecords",
     "CaptureFrozenError",
+    "CaptureReadError",
     "CaptureRetiredError",
     "CaptureSettings",
     "CaptureSnapshot",
@@ -58,6 +64,7 @@ __all__ = [
     "CaptureStore",
     "CorrelationSettings",
     "IncompleteCall",
+    "InvalidLine",
     "InvalidRolloutIdError",
     "ModelCallCaptureMiddleware",
     "ModelCallInstrumentor",
@@ -85,6 +92,7 @@ __all__ = [
     "rollout_baggage_hook",
     "rollout_context",
     "rollout_context_for_run",
+    "rollout_headers",
     "rollout_id_from_run",
     "start_proxy",
     "url_path_for_request",

@@ -15,6 +15,8 @@ import pytest
 from pydantic import ValidationError
 from support import FIXTURES
 
+import otel_capture
+
 from otel_capture._records import (
     EXTRA_RECORD_FIELDS,
     GYM_RECORD_FIELDS,
@@ -304,6 +306,15 @@ def test_tolerant_reader_reports_the_damaged_line(store: CaptureStore, bad: byte
     assert invalid.line_number == 3 and reason in invalid.reason
     assert invalid.raw.startswith(bad.strip().decode()[:200])
     assert (available.torn_tail, available.incomplete, available.damaged) == (False, False, 1)
+
+
+def test_the_public_api_names_what_the_readers_raise_and_return(store: CaptureStore) -> None:
+    _write(store, "r", _line() + b"{not json\n")
+    with pytest.raises(otel_capture.CaptureReadError):
+        otel_capture.read_model_call_records(store, "r")
+    available = otel_capture.read_available_model_call_records(store, "r")
+    assert isinstance(available, otel_capture.AvailableRecords)
+    assert [type(line) for line in available.invalid] == [otel_capture.InvalidLine]
 
 
 def test_validation_error_comes_from_pydantic() -> None:

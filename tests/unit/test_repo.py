@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import otel_capture
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,3 +32,15 @@ def test_public_api_is_sorted_and_importable() -> None:
     assert otel_capture.__all__ == sorted(otel_capture.__all__, key=kind)
     for name in otel_capture.__all__:
         assert getattr(otel_capture, name) is not None
+
+
+def test_the_build_ships_every_subpackage_and_py_typed() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    core = {
+        ".".join(init.parent.relative_to(REPO).parts)
+        for init in (REPO / "otel_capture").rglob("__init__.py")
+    }
+    assert core <= set(setuptools["packages"])  # an unlisted subpackage is missing from the wheel
+    assert "py.typed" in setuptools["package-data"]["otel_capture"]
+    assert (REPO / "otel_capture" / "py.typed").is_file()
