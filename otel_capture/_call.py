@@ -18,6 +18,7 @@ from . import _attributes as A
 from ._content_encoding import ResponseDecoding, decoding_for
 from ._dialects import DIALECTS, Dialect, StreamAccumulator
 from ._dialects.sse import SSEDecoder
+from ._records.schema import call_failed
 from ._semconv import content_attributes, request_attributes, response_attributes
 from ._settings import CaptureSettings
 
@@ -360,16 +361,22 @@ class InFlightCall:
 
     # -- metrics ------------------------------------------------------------------------------------
 
+    @property
+    def failed(self) -> bool:
+        """Whether the call failed, by the records' definition (:func:`call_failed`); after :meth:`finish`."""
+        status = self.response_obj.get("status") if self.response_obj is not None else None
+        return call_failed(self.status_code, self.error_category, status if isinstance(status, str) else None)
+
     def server_timings(self, output_tokens: object = None) -> tuple[float | None, float | None, float | None]:
         """``(request duration, time to first token, time per output token)`` in seconds, for the
-        ``gen_ai.server.*`` histograms. TTFT and TPOT only for streams that completed without error
+        ``gen_ai.server.*`` histograms. TTFT and TPOT only for streams that did not fail
         (a non-streamed body arrives all at once: its first byte says nothing about the first token);
         TPOT only with more than one output token (``output_tokens``, the span's
         ``gen_ai.usage.output_tokens``): ``(duration - ttft) / (output tokens - 1)``."""
         if self.latency_ms is None:
             return None, None, None
         duration = self.latency_ms / 1000
-        if not self.stream or self.error_category is not None or self.ttft_ms is None:
+        if not self.stream or self.failed or self.ttft_ms is None:
             return duration, None, None
         ttft = self.ttft_ms / 1000
         if not isinstance(output_tokens, int) or output_tokens < 2:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import httpx
 
 from otel_capture import CaptureStore, start_proxy
-from otel_capture._cli.show import format_calls_table, format_rollouts_table, is_error
+from otel_capture._cli.show import format_calls_table, format_rollouts_table
 from .tiny_model import TinyModelError, start_tiny_model
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ def _check_rollout(store: CaptureStore, rollout_id: str, records: Sequence[Any])
     if len(records) != len(CALLS):
         problems.append(f"{rollout_id}: {len(records)} records, expected {len(CALLS)}")
     for record in records:
-        if is_error(record):
+        if record.failed:
             what = f"status {record.status_code}, error {record.error_category}"
             problems.append(f"{rollout_id} call {record.call_index}: {what}")
     if store.is_incomplete(rollout_id):

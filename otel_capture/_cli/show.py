@@ -8,14 +8,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._records import ModelCallRecord, read_model_call_records
 
 if TYPE_CHECKING:
     from .._store.store import CaptureStore
 
 _logger = logging.getLogger(__name__)
 
-ReadRecords = Callable[["CaptureStore", str], Sequence[Any]]
+ReadRecords = Callable[["CaptureStore", str], Sequence[ModelCallRecord]]
 
 MISSING = "-"
 CALL_HEADERS = (
@@ -76,13 +78,7 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[str]], right: f
     return "\n".join(line(row) for row in all_rows)
 
 
-def is_error(record: Any) -> bool:
-    """A call failed if it has an error category or a non-2xx (or no) status."""
-    status = record.status_code
-    return bool(record.error_category) or status is None or not 200 <= status < 300
-
-
-def _call_row(record: Any) -> list[str]:
+def _call_row(record: ModelCallRecord) -> list[str]:
     return [
         _cell(record.call_index),
         _cell(record.dialect),
@@ -96,16 +92,18 @@ def _call_row(record: Any) -> list[str]:
     ]
 
 
-def format_calls_table(records: Iterable[Any]) -> str:
+def format_calls_table(records: Iterable[ModelCallRecord]) -> str:
     """One line per call: index, dialect, model, status, tokens in/out, latency, TTFT, error category."""
     return format_table(CALL_HEADERS, (_call_row(r) for r in records), CALL_RIGHT)
 
 
-def summarize_rollout(rollout_id: str, records: Sequence[Any], incomplete: bool) -> RolloutSummary:
+def summarize_rollout(rollout_id: str, records: Sequence[ModelCallRecord], incomplete: bool) -> RolloutSummary:
+    """A rollout's calls, failed calls (:attr:`ModelCallRecord.failed`, as ``num_errors`` counts them) and
+    summed tokens."""
     return RolloutSummary(
         rollout_id=rollout_id,
         calls=len(records),
-        errors=sum(1 for r in records if is_error(r)),
+        errors=sum(1 for r in records if r.failed),
         tokens_in=sum(r.tokens_in or 0 for r in records),
         tokens_out=sum(r.tokens_out or 0 for r in records),
         incomplete=incomplete,
@@ -122,17 +120,10 @@ def _rollout_row(s: RolloutSummary) -> list[str]:
     return [s.rollout_id, *(str(n) for n in counts), "yes" if s.incomplete else "no"]
 
 
-def _default_reader() -> ReadRecords:
-    # Imported late: the CLI imports this module, and the package's __init__ may re-export from it.
-    from .. import read_model_call_records
-
-    reader: ReadRecords = read_model_call_records
-    return reader
-
-
-def format_rollouts_table(store: CaptureStore, read_records: ReadRecords | None = None) -> str:
-    """One line per rollout in the store: calls, errors, summed tokens, and whether a capture failed."""
-    read = read_records or _default_reader()
+def format_rollouts_table(store: CaptureStore, read_records: ReadRecords = read_model_call_records) -> str:
+    """One line per rollout in the store (:meth:`CaptureStore.rollout_ids`): calls, errors, summed tokens,
+    and whether a capture failed."""
+    read = read_records
     summaries = [
         summarize_rollout(rollout_id, read(store, rollout_id), store.is_incomplete(rollout_id))
         for rollout_id in store.rollout_ids()

@@ -11,7 +11,7 @@ from .readers import (
     read_available_model_call_records,
     read_model_call_records,
 )
-from .schema import EXTRA_RECORD_FIELDS, GYM_RECORD_FIELDS, ModelCallRecord, ModelServerRef
+from .schema import EXTRA_RECORD_FIELDS, GYM_RECORD_FIELDS, ModelCallRecord, ModelServerRef, call_failed
 
 __all__ = [
     "EXTRA_RECORD_FIELDS",
@@ -24,6 +24,7 @@ __all__ = [
     "aggregate_model_call_metrics",
     "aggregate_model_call_records",
     "build_model_call_record",
+    "call_failed",
     "read_available_model_call_records",
     "read_model_call_records",
 ]

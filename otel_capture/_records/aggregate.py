@@ -4,35 +4,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .._store.store import CaptureStore
 from .readers import read_model_call_records
 from .schema import ModelCallRecord
+
+if TYPE_CHECKING:
+    from .._store.store import CaptureStore
 
 __all__ = ["aggregate_model_call_metrics", "aggregate_model_call_records"]
 
 _logger = logging.getLogger(__name__)
 
-_FAILED_RESPONSE_STATUSES = frozenset({"failed", "error", "cancelled"})
-
-
-def _is_failed(record: ModelCallRecord) -> bool:
-    """Gym's health-check notion of a failed call (``health/checks.py::_is_failed``)."""
-    status = record.status_code
-    return (
-        (status is not None and status >= 400)
-        or bool(record.error_category)
-        or record.response_status in _FAILED_RESPONSE_STATUSES
-    )
-
-
 def aggregate_model_call_records(records: Sequence[ModelCallRecord]) -> dict[str, Any]:
     """Gym's aggregate (each value the sum over calls that have it, ``None`` if none do), then ours.
 
     Gym's keys: ``tokens_in``, ``tokens_out``, ``tokens_reasoning``, ``tokens_total``, ``cached_tokens``,
-    ``latency_total_ms``, ``num_calls`` (failed calls included). Ours: ``num_errors`` (HTTP status >= 400,
-    a non-empty ``error_category``, or a Responses status failed/error/cancelled: Gym's health-check rule),
+    ``latency_total_ms``, ``num_calls`` (failed calls included). Ours: ``num_errors`` (the calls that
+    :attr:`~.schema.ModelCallRecord.failed`),
     ``cache_creation_tokens`` (a sum) and ``latency_ttft_ms_mean`` (the mean over calls that have a TTFT).
     """
 
@@ -49,7 +38,7 @@ def aggregate_model_call_records(records: Sequence[ModelCallRecord]) -> dict[str
         "cached_tokens": _sum("cached_tokens"),
         "latency_total_ms": _sum("latency_total_ms"),
         "num_calls": len(records),
-        "num_errors": sum(1 for call in records if _is_failed(call)),
+        "num_errors": sum(1 for call in records if call.failed),
         "cache_creation_tokens": _sum("cache_creation_tokens"),
         "latency_ttft_ms_mean": sum(ttfts) / len(ttfts) if ttfts else None,
     }

@@ -17,15 +17,17 @@ from collections.abc import Generator, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import orjson
 from pydantic import ValidationError
 
-from .._store.store import CaptureStore
 from .build import build_model_call_record
 from .schema import ModelCallRecord
 from .speed import gc_paused
+
+if TYPE_CHECKING:  # the store hands snapshots of these records out, so it imports this package
+    from .._store.store import CaptureStore
 
 __all__ = [
     "AvailableRecords",

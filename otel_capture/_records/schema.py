@@ -12,9 +12,23 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-__all__ = ["EXTRA_RECORD_FIELDS", "GYM_RECORD_FIELDS", "ModelCallRecord", "ModelServerRef"]
+__all__ = ["EXTRA_RECORD_FIELDS", "GYM_RECORD_FIELDS", "ModelCallRecord", "ModelServerRef", "call_failed"]
 
 _logger = logging.getLogger(__name__)
+
+FAILED_RESPONSE_STATUSES = frozenset({"failed", "error", "cancelled"})
+
+
+def call_failed(status_code: int | None, error_category: str | None, response_status: str | None) -> bool:
+    """Whether a model call failed: an error category, an HTTP status >= 400, or a Responses ``status`` of
+    failed, error or cancelled (NeMo Gym's health-check rule). A 3xx or a missing status alone is not a
+    failure. The one definition behind ``show``'s errors, ``num_errors`` and the metrics' successful calls.
+    """
+    return (
+        bool(error_category)
+        or (status_code is not None and status_code >= 400)
+        or response_status in FAILED_RESPONSE_STATUSES
+    )
 
 
 class ModelServerRef(BaseModel):
@@ -71,6 +85,11 @@ class ModelCallRecord(BaseModel):
     stream_truncated: bool | None = None
     truncated: bool | None = None
     failure: dict[str, Any] | None = None
+
+    @property
+    def failed(self) -> bool:
+        """Whether the call failed (:func:`call_failed`)."""
+        return call_failed(self.status_code, self.error_category, self.response_status)
 
 
 EXTRA_RECORD_FIELDS: tuple[str, ...] = (

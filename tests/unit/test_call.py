@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import orjson
 import pytest
 
 from otel_capture._call import InFlightCall, classify_exception
+from otel_capture._records import build_model_call_record
 from otel_capture._settings import CaptureSettings
 
 
@@ -61,3 +63,28 @@ def test_the_record_and_span_carry_that_category() -> None:
     assert call.error_category == "timeout"
     assert call.end_attributes()["error.type"] == "timeout"
     assert b'"error_category":"timeout"' in call.line(1, 2)
+
+
+def _finished(status: int, body: bytes) -> InFlightCall:
+    call = InFlightCall("responses", "r1", CaptureSettings())
+    call.set_request(b'{"model": "m", "input": "hi"}')
+    call.on_response_start(status, "application/json")
+    call.on_body(body)
+    call.finish()
+    return call
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "failed"),
+    [
+        (200, b'{"id": "r", "status": "completed", "output": []}', False),
+        (307, b"", False),  # a redirect is not a failed model call
+        (200, b'{"id": "r", "status": "failed", "output": []}', True),
+        (429, b'{"error": {"message": "slow down"}}', True),
+        (200, b"not json", True),  # a capture failure: capture_parse_error
+    ],
+)
+def test_the_metrics_and_the_records_agree_on_a_failed_call(status: int, body: bytes, failed: bool) -> None:
+    call = _finished(status, body)
+    record = build_model_call_record(orjson.loads(call.line(1, 2)), call_index=0)
+    assert call.failed is record.failed is failed

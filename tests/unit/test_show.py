@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
+from otel_capture import ModelCallRecord, aggregate_model_call_metrics
 from otel_capture._cli.show import format_calls_table, format_rollouts_table, short_model
 from otel_capture._store.store import CaptureStore
 
 
-def record(**fields: Any) -> SimpleNamespace:
+def record(**fields: Any) -> ModelCallRecord:
     base: dict[str, Any] = {
         "call_index": 0,
         "dialect": "chat",
@@ -23,7 +24,7 @@ def record(**fields: Any) -> SimpleNamespace:
         "error_category": None,
         "finish_reason": "length",
     }
-    return SimpleNamespace(**{**base, **fields})
+    return ModelCallRecord(**{**base, **fields})
 
 
 def test_calls_table_has_a_header_and_one_aligned_line_per_call() -> None:
@@ -100,3 +101,20 @@ def test_rollouts_table_sums_each_rollout_and_flags_incomplete(tmp_path: Path) -
         ["r-0", "2", "0", "20", "19", "no"],
         ["r-1", "1", "1", "0", "0", "yes"],
     ]
+
+
+def test_show_counts_as_errors_exactly_the_calls_num_errors_counts(tmp_path: Path) -> None:
+    store = CaptureStore(tmp_path)
+    lines = [
+        {"status_code": 200},
+        {"status_code": 307},  # a redirect is not a failed model call
+        {"status_code": None},  # no status alone is not one either
+        {"status_code": 200, "response": {"status": "failed", "output": []}},
+        {"status_code": 200, "error_category": "stream_truncated"},
+        {"status_code": 422, "error_category": "client_error"},
+        {"status_code": 500},
+    ]
+    store.data_path("r-0").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    errors = format_rollouts_table(store).splitlines()[1].split()[2]
+    assert errors == "4"
+    assert aggregate_model_call_metrics(store, "r-0")["num_errors"] == 4
