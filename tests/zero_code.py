@@ -36,15 +36,17 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def instrumented_model_server(env: dict[str, str], timeout: float = 60) -> Iterator[ServerProcess]:
-    """Start the model app under ``opentelemetry-instrument`` on a socket bound here (port 0), and wait
-    until it answers ``/health`` (a bounded deadline)."""
+def instrumented_model_server(
+    env: dict[str, str], timeout: float = 60, app: str = "model_app:app"
+) -> Iterator[ServerProcess]:
+    """Start the model app (``app``: ``module:attribute`` in tests/) under ``opentelemetry-instrument`` on a
+    socket bound here (port 0), and wait until it answers ``/health`` (a bounded deadline)."""
     sock = bind_socket("127.0.0.1", 0)
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     child_env.update(env)
     process = subprocess.Popen(
         [
-            str(BIN / "opentelemetry-instrument"), str(BIN / "uvicorn"), "model_app:app",
+            str(BIN / "opentelemetry-instrument"), str(BIN / "uvicorn"), app,
             "--app-dir", str(TESTS), "--fd", str(sock.fileno()), "--log-level", "warning",
         ],
         pass_fds=[sock.fileno()],

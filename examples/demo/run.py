@@ -29,6 +29,7 @@ from .tiny_model import TinyModelError, start_tiny_model
 if TYPE_CHECKING:
     import anthropic
     import openai
+    from opentelemetry.sdk.trace import TracerProvider
 
 _logger = logging.getLogger(__name__)
 
@@ -144,19 +145,23 @@ def _check_rollout(store: CaptureStore, rollout_id: str, records: Sequence[Any])
     return problems
 
 
-def _report(store: CaptureStore, rollout_ids: Sequence[str], say: Say) -> list[str]:
-    """Print each rollout's calls and the per-rollout summary; return what does not look right."""
+def _report(
+    store: CaptureStore, rollout_ids: Sequence[str], say: Say, trace_url: str | None = None
+) -> list[str]:
+    """Print each rollout's calls (with their trace links when ``trace_url`` names a tracing UI) and the
+    per-rollout summary; return what does not look right."""
     from otel_capture import read_model_call_records
 
     problems = []
     for rollout_id in rollout_ids:
         records = read_model_call_records(store, rollout_id)
         say(f"\nrollout {rollout_id}: {store.data_path(rollout_id)}")
-        say(format_calls_table(records))
+        say(format_calls_table(records, trace_url=trace_url))
         problems += _check_rollout(store, rollout_id, records)
     say("\n" + format_rollouts_table(store))
     say(f"\nrecords are in {store.root}")
-    say(f"show them again: otel-capture show {store.root} [ROLLOUT_ID]")
+    again = f" --trace-url {trace_url}" if trace_url else ""
+    say(f"show them again: otel-capture show {store.root} [ROLLOUT_ID]{again}")
     return problems
 
 
@@ -169,6 +174,28 @@ def _capture_dir(capture_dir: str | None) -> Path:
     path = Path(capture_dir).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def _otlp_tracer_provider(otlp_endpoint: str, store: CaptureStore) -> TracerProvider:
+    """The provider the proxy would build (records, and whatever the ``OTEL_*`` variables ask for), plus
+    OTLP/HTTP to ``otlp_endpoint`` (a base URL, as ``OTEL_EXPORTER_OTLP_ENDPOINT``). Raises ``RuntimeError``
+    when the OTLP/HTTP exporter is not installed."""
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from otel_capture._settings import CaptureSettings, WriterSettings
+    from otel_capture._telemetry import build_tracer_provider
+
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ImportError as exc:
+        raise RuntimeError(
+            "--otlp-endpoint needs the OTLP/HTTP exporter: pip install 'otel-capture[auto]'"
+        ) from exc
+    writer = WriterSettings.from_environ(directory=str(store.root))
+    provider = build_tracer_provider(CaptureSettings.from_environ(), writer)
+    exporter = OTLPSpanExporter(endpoint=f"{otlp_endpoint.rstrip('/')}/v1/traces")
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
 
 
 def _upstream_model(upstream: str, say: Say) -> str:
@@ -201,10 +228,15 @@ def run_demo(
     capture_dir: str | None = None,
     rollouts: int = 3,
     out: TextIO | None = None,
+    otlp_endpoint: str | None = None,
+    trace_url: str | None = None,
 ) -> int:
     """Run the demo; return the exit code (0 when every call was captured with status 200).
 
-    Progress and tables go to ``out`` (``sys.stdout`` as it is at call time); errors to ``sys.stderr``.
+    Spans go where the standard ``OTEL_*`` variables say (``OTEL_TRACES_EXPORTER=otlp`` ...) and, with
+    ``otlp_endpoint``, over OTLP/HTTP there too; with ``trace_url`` (a tracing UI's base URL) each call's
+    line ends with the link to its trace. Progress and tables go to ``out`` (``sys.stdout`` as it is at
+    call time); errors to ``sys.stderr``.
     """
     stream = out if out is not None else sys.stdout
     lock = threading.Lock()
@@ -224,15 +256,23 @@ def run_demo(
     say(f"capture directory: {store.root}")
     with contextlib.ExitStack() as stack:
         try:
+            provider = _otlp_tracer_provider(otlp_endpoint, store) if otlp_endpoint else None
+            if provider is not None:
+                stack.callback(provider.shutdown)  # after the proxy stops: flushes records and spans
             upstream_url, model = _start_upstream(upstream, stack, say)
-            proxy = stack.enter_context(start_proxy(upstream_url, str(store.root)))
+            if provider is None:
+                proxy = stack.enter_context(start_proxy(upstream_url, str(store.root)))
+            else:
+                proxy = stack.enter_context(start_proxy(upstream_url, tracer_provider=provider))
         except (TinyModelError, OSError, RuntimeError) as exc:
             return _fail(str(exc))
         say(f"capture proxy: {proxy.url} -> {upstream_url}")
+        if otlp_endpoint:
+            say(f"spans: OTLP/HTTP to {otlp_endpoint}")
         say(f"running {rollouts} rollouts ({', '.join(DIALECTS)} calls each)…")
         failures = _run_rollouts(proxy.url, model, rollout_ids, say)
     try:
-        problems = failures + _report(store, rollout_ids, say)
+        problems = failures + _report(store, rollout_ids, say, trace_url)
     except Exception as exc:  # the reader's typed errors (a damaged file, ...): one line, exit 1
         _logger.debug("reading the demo's records failed", exc_info=True)
         return _fail(f"could not read the records in {store.root}: {type(exc).__name__}: {exc}")

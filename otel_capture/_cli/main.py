@@ -37,6 +37,11 @@ def _parser() -> argparse.ArgumentParser:
     show = commands.add_parser("show", help="list a capture directory's rollouts, or one rollout's calls")
     show.add_argument("dir")
     show.add_argument("rollout_id", nargs="?")
+    show.add_argument(
+        "--trace-url", metavar="BASE",
+        help="a tracing UI's base URL: print each call's trace link, BASE/trace/TRACE_ID (Jaeger), or BASE "
+        "with {trace_id} in it replaced",
+    )
 
     check = commands.add_parser("check", help="verify a capture directory; exit 1 on damage")
     check.add_argument("dir")
@@ -58,6 +63,15 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--upstream", help="use this model server instead of starting the embedded tiny model")
     demo.add_argument("--capture-dir", help="where records go (default: a new temporary directory)")
     demo.add_argument("--rollouts", type=int, default=3, help="how many rollouts (default 3)")
+    demo.add_argument(
+        "--otlp-endpoint", metavar="URL",
+        help="also send the spans over OTLP/HTTP to URL, e.g. Jaeger's http://127.0.0.1:4318 (needs "
+        "otel-capture[auto]; the standard OTEL_TRACES_EXPORTER etc. work too)",
+    )
+    demo.add_argument(
+        "--trace-url", metavar="BASE",
+        help="a tracing UI's base URL, e.g. Jaeger's http://127.0.0.1:16686: print each call's trace link",
+    )
     return parser
 
 
@@ -76,7 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             from otel_capture.demo.run import run_demo
 
-            return run_demo(upstream=args.upstream, capture_dir=args.capture_dir, rollouts=args.rollouts)
+            return run_demo(
+                upstream=args.upstream, capture_dir=args.capture_dir, rollouts=args.rollouts,
+                otlp_endpoint=args.otlp_endpoint, trace_url=args.trace_url,
+            )
     except (ValueError, OSError) as exc:
         print(f"otel-capture: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -168,7 +185,7 @@ def _show(args: argparse.Namespace) -> int:
         print(format_rollouts_table(store))
         return EXIT_OK
     available = read_available_model_call_records(store, args.rollout_id)
-    print(format_calls_table(available.records))
+    print(format_calls_table(available.records, trace_url=args.trace_url))
     if available.invalid:
         print(f"{len(available.invalid)} damaged line(s):", file=sys.stderr)
         for number, reason, _raw in available.invalid:

@@ -92,9 +92,24 @@ def _call_row(record: ModelCallRecord) -> list[str]:
     ]
 
 
-def format_calls_table(records: Iterable[ModelCallRecord]) -> str:
-    """One line per call: index, dialect, model, status, tokens in/out, latency, TTFT, error category."""
-    return format_table(CALL_HEADERS, (_call_row(r) for r in records), CALL_RIGHT)
+def trace_link(trace_url: str, trace_id: str | None) -> str:
+    """The page of one trace in a tracing UI whose base URL is ``trace_url``: ``{trace_url}/trace/{id}``
+    (Jaeger's), or ``trace_url`` with ``{trace_id}`` replaced when it has that placeholder (e.g. Phoenix:
+    ``http://127.0.0.1:6006/redirects/traces/{trace_id}``)."""
+    if not trace_id:
+        return MISSING
+    if "{trace_id}" in trace_url:
+        return trace_url.replace("{trace_id}", trace_id)
+    return f"{trace_url.rstrip('/')}/trace/{trace_id}"
+
+
+def format_calls_table(records: Iterable[ModelCallRecord], trace_url: str | None = None) -> str:
+    """One line per call: index, dialect, model, status, tokens in/out, latency, TTFT, error category, and
+    with ``trace_url`` (a tracing UI's base URL) the link to the call's trace (:func:`trace_link`)."""
+    if trace_url is None:
+        return format_table(CALL_HEADERS, (_call_row(r) for r in records), CALL_RIGHT)
+    rows = ([*_call_row(r), trace_link(trace_url, r.trace_id)] for r in records)
+    return format_table((*CALL_HEADERS, "trace"), rows, CALL_RIGHT)
 
 
 def summarize_rollout(rollout_id: str, records: Sequence[ModelCallRecord], incomplete: bool) -> RolloutSummary:
