@@ -11,6 +11,8 @@ proxy read, or into the current rollout for the httpx baggage integration:
 ``rollout_context_for_run(body)``  makes the run's id current for the calls inside the block (**gated**)
 ``url_path_for_request(path, r)``  copies an inbound request's prefix onto a downstream path (not gated)
 ``resolve_model_base_url(u, id)``  ``u`` + ``/ng-rollout/<id>`` + ``/v1`` (not gated: callers pass the id)
+``rollout_headers(id)``            ``{"x-rollout-id": id}``, for a gateway that forwards only ``x-*``
+                                   headers (not gated: callers pass the id; ``docs/gateways.md``)
 =================================  ======================================================================
 
 Ids follow NeMo Gym's rules (``maybe_rollout_id_from_run_body``): an explicit ``_ng_rollout_id`` wins,
@@ -32,7 +34,14 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from ._correlation import rollout_context, rollout_path_prefix, split_rollout_prefix, validate_rollout_id
+from ._correlation import (
+    ROLLOUT_ID_HEADER,
+    current_rollout_id,
+    rollout_context,
+    rollout_path_prefix,
+    split_rollout_prefix,
+    validate_rollout_id,
+)
 from ._settings import CorrelationSettings
 
 _logger = logging.getLogger(__name__)
@@ -184,6 +193,17 @@ def resolve_model_base_url(base_url: str, rollout_id: str | None = None) -> str:
     if rollout_id is None:
         return base + _API_VERSION_SUFFIX
     return _prefixed_base_url(base, rollout_id) + _API_VERSION_SUFFIX
+
+
+def rollout_headers(rollout_id: str | None = None) -> dict[str, str]:
+    """``{"x-rollout-id": id}`` for ``rollout_id``, else the current rollout (:func:`rollout_context`);
+    ``{}`` when there is neither. For a path through a gateway that drops the URL prefix and ``baggage``
+    but forwards ``x-*`` headers: pass it as an SDK's ``default_headers`` or ``extra_headers``. The capture
+    reads it after the URL prefix and before baggage, and removes it before the model server sees it."""
+    rollout_id = rollout_id if rollout_id is not None else current_rollout_id()
+    if rollout_id is None:
+        return {}
+    return {ROLLOUT_ID_HEADER: validate_rollout_id(rollout_id)}
 
 
 # --- the current rollout --------------------------------------------------------------------------------

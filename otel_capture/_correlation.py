@@ -1,4 +1,6 @@
-"""Rollout correlation: the one id grammar, the ``/ng-rollout/<id>/`` URL prefix and W3C baggage.
+"""Rollout correlation: the one id grammar and its three carriers, in the order the middleware reads them:
+the ``/ng-rollout/<id>/`` URL prefix, the ``x-rollout-id`` header (for gateways that forward only ``x-*``
+headers), and the W3C baggage entry ``rollout.id``. See ``docs/gateways.md``.
 
 Every place that accepts a rollout id (middleware, store, collector) validates it here, with the same rule.
 """
@@ -17,6 +19,11 @@ ROLLOUT_ID_RULE = (
 )
 ROLLOUT_PATH_PREFIX = "ng-rollout"
 BAGGAGE_ROLLOUT_KEY = "rollout.id"
+ROLLOUT_ID_HEADER = "x-rollout-id"
+# The mark the capturing layer puts on the request it passes on: a capture layer behind it (a proxy, a
+# zero-code server) that sees it records nothing, so one call is one record however the layers stack.
+CAPTURED_HEADER = "x-otel-capture"
+CAPTURED_VALUE = "captured"
 
 _ROLLOUT_ID_RE = re.compile(ROLLOUT_ID_PATTERN)
 _PREFIX = "/" + ROLLOUT_PATH_PREFIX + "/"
@@ -68,6 +75,13 @@ def rollout_id_from_baggage(header_values: list[bytes]) -> str | None:
             if sep and key.strip() == BAGGAGE_ROLLOUT_KEY:
                 return unquote(value.split(";", 1)[0].strip())
     return None
+
+
+def rollout_id_from_header(header_values: list[bytes]) -> str | None:
+    """The ``x-rollout-id`` header's value (unvalidated), or ``None`` when it is absent. Repeated headers
+    with different values join with ``,``, which the grammar refuses."""
+    values = dict.fromkeys(v.decode("latin-1").strip() for v in header_values)
+    return ",".join(values) if values else None
 
 
 def rollout_path_prefix(rollout_id: str) -> str:

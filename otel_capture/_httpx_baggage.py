@@ -12,6 +12,9 @@ through the clients' request event hooks:
     client = openai.OpenAI(http_client=instrument_http_client(openai.DefaultHttpxClient()))
     with rollout_context("0-0"):
         client.chat.completions.create(...)   # baggage: rollout.id=0-0
+
+``instrument_http_client(client, rollout_header=True)`` also sets ``x-rollout-id`` (for a gateway that
+forwards only ``x-*`` headers; ``docs/gateways.md``).
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from typing import Any, Protocol, TypeVar
 from opentelemetry import baggage, propagate
 from opentelemetry import context as otel_context
 
-from ._correlation import BAGGAGE_ROLLOUT_KEY, current_rollout_id
+from ._correlation import BAGGAGE_ROLLOUT_KEY, ROLLOUT_ID_HEADER, current_rollout_id
 
 _HOOKED = "_otel_capture_rollout_baggage"
+_HEADER_HOOKED = "_otel_capture_rollout_header"
 
 
 class _Request(Protocol):
@@ -71,14 +75,30 @@ async def async_rollout_baggage_hook(request: _Request) -> None:
     inject_rollout_baggage(request.headers)
 
 
-def instrument_http_client(client: _C) -> _C:
+def _rollout_header_hook(request: _Request) -> None:
+    rollout_id = current_rollout_id()
+    if rollout_id is not None:
+        request.headers[ROLLOUT_ID_HEADER] = rollout_id
+
+
+async def _async_rollout_header_hook(request: _Request) -> None:
+    _rollout_header_hook(request)
+
+
+def instrument_http_client(client: _C, *, rollout_header: bool = False) -> _C:
     """Add the rollout-baggage hook to an ``httpx``/``httpx2`` client, sync or async (once), and return
-    it: pass the result as an SDK's ``http_client``."""
-    if getattr(client, _HOOKED, False):
-        return client
-    hooks = client.event_hooks  # type: ignore[attr-defined]  # any httpx-like client
+    it: pass the result as an SDK's ``http_client``. With ``rollout_header`` the current rollout also goes
+    out as ``x-rollout-id``, which survives gateways that drop ``baggage``."""
     is_async = inspect.iscoroutinefunction(getattr(type(client), "send", None))
-    hooks["request"] = [*hooks.get("request", []), async_rollout_baggage_hook if is_async else rollout_baggage_hook]
-    client.event_hooks = hooks  # type: ignore[attr-defined]
-    setattr(client, _HOOKED, True)
+    hooks = client.event_hooks  # type: ignore[attr-defined]  # any httpx-like client
+    added = []
+    if not getattr(client, _HOOKED, False):
+        added.append(async_rollout_baggage_hook if is_async else rollout_baggage_hook)
+        setattr(client, _HOOKED, True)
+    if rollout_header and not getattr(client, _HEADER_HOOKED, False):
+        added.append(_async_rollout_header_hook if is_async else _rollout_header_hook)
+        setattr(client, _HEADER_HOOKED, True)
+    if added:
+        hooks["request"] = [*hooks.get("request", []), *added]
+        client.event_hooks = hooks  # type: ignore[attr-defined]
     return client
