@@ -37,6 +37,7 @@ OPENAI_RESPONSE_SYSTEM_FINGERPRINT = "openai.response.system_fingerprint"
 SERVER_ADDRESS = "server.address"
 SERVER_PORT = "server.port"
 HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
+HTTP_ROUTE = "http.route"  # on the HTTP server span: a model call's route, without the rollout prefix
 ERROR_TYPE = "error.type"
 
 # Opt-in content (JSON text on spans, only when OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT asks).
@@ -50,7 +51,7 @@ ROLLOUT_ID = "rollout.id"
 ROLLOUT_ID_BAGGAGE = "rollout.id.baggage"  # set only when baggage disagreed with the URL prefix
 MODEL_CALL_ID = "otel_capture.model_call.id"
 MODEL_CALL_DIALECT = "otel_capture.model_call.dialect"
-MODEL_CALL_ROLLOUT_SOURCE = "otel_capture.rollout.source"  # "url_prefix" or "baggage"
+MODEL_CALL_ROLLOUT_SOURCE = "otel_capture.rollout.source"  # "url_prefix", "header" or "baggage"
 
 OPERATION_CHAT = "chat"
 

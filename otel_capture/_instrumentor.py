@@ -36,7 +36,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type:
 from opentelemetry.util.http import get_excluded_urls
 
 from ._asgi import ASGIApp, Message, Receive, Scope, Send
-from ._middleware import ModelCallCaptureMiddleware
+from ._middleware import ModelCallCaptureMiddleware, server_span_details
 from ._settings import CaptureSettings
 
 _logger = logging.getLogger(__name__)
@@ -108,7 +108,8 @@ class ModelCallInstrumentor(BaseInstrumentor):  # type: ignore[misc]  # BaseInst
     """
 
     def instrumentation_dependencies(self) -> Collection[str]:
-        return ("starlette >= 0.27",)
+        # 0.33 routes on path minus root_path (ASGI spec), where the capture puts the /ng-rollout/<id> prefix
+        return ("starlette >= 0.33",)
 
     def _instrument(self, **kwargs: Any) -> None:
         import starlette.applications  # a ModuleNotFoundError tells the auto-instrumentation loader to skip us
@@ -173,5 +174,6 @@ def _instrument_stack(app: Any, stack: ASGIApp, options: dict[str, Any]) -> ASGI
         tracer_provider=options["tracer_provider"],
         meter_provider=options["meter_provider"],
         exclude_spans=["receive", "send"],
+        default_span_details=server_span_details,  # named without the rollout prefix
     )
     return _OncePerRequest(server, stack)

@@ -5,6 +5,9 @@ They go through the OpenTelemetry metrics API, so whatever ``MeterProvider`` is 
 ``opentelemetry-instrument`` from ``OTEL_METRICS_EXPORTER``, or by the host app) exports them; with none
 set they cost nothing. Their attributes are the low-cardinality span attributes only
 (:data:`otel_capture._attributes.METRIC_ATTRIBUTES`), never the rollout id.
+
+One counter of ours, ``otel_capture.uncorrelated_calls``: model calls served without a rollout id (so not
+recorded), by dialect; a missing prefix or header shows there at once (``docs/gateways.md``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from . import _attributes as A
 from ._version import __version__
 
 _logger = logging.getLogger(__name__)
+
+UNCORRELATED_CALLS = "otel_capture.uncorrelated_calls"
 
 
 class ServerMetrics:
@@ -44,6 +49,11 @@ class ServerMetrics:
             description="Time per output token generated after the first, for successful streamed responses.",
             explicit_bucket_boundaries_advisory=list(A.BUCKETS_TIME_PER_OUTPUT_TOKEN),
         )
+        self.uncorrelated_calls = meter.create_counter(
+            UNCORRELATED_CALLS,
+            unit="{call}",
+            description="Model calls served without a rollout id, so not recorded.",
+        )
 
     def record(
         self,
@@ -63,3 +73,10 @@ class ServerMetrics:
                 self.time_per_output_token.record(time_per_output_token, attributes)
         except Exception:
             _logger.exception("recording the gen_ai.server metrics failed")
+
+    def count_uncorrelated(self, dialect: str) -> None:
+        """Count one model call that had no rollout id. Never raises."""
+        try:
+            self.uncorrelated_calls.add(1, {A.MODEL_CALL_DIALECT: dialect})
+        except Exception:
+            _logger.exception("counting an uncorrelated model call failed")

@@ -1,29 +1,34 @@
 """``ModelCallCaptureMiddleware``: a pure ASGI middleware that turns each model call into a span and a
 durable record, without delaying or changing the response.
 
-Per request:
+Per request (``docs/gateways.md`` has the whole story):
 
-1. ``/ng-rollout/<id>/...`` is stripped before routing (an id that breaks the grammar gets ``400``);
-   without a prefix, the W3C ``baggage`` entry ``rollout.id`` correlates the call.
-2. Only ``POST`` to ``/v1/responses``, ``/v1/chat/completions``, ``/v1/messages`` (a trailing slash
-   tolerated) with a rollout id is captured; everything else goes to the app untouched.
+1. The rollout id comes from the ``/ng-rollout/<id>/`` URL prefix, else the ``x-rollout-id`` header, else
+   the W3C ``baggage`` entry ``rollout.id``. The prefix moves into ``root_path`` (so the app's redirects
+   and links keep it) and the header is removed; an id that breaks the grammar in either gets ``400``.
+2. Only ``POST`` to ``/v1/responses``, ``/v1/chat/completions``, ``/v1/messages`` (also without ``/v1``,
+   a trailing slash tolerated) with a rollout id is captured; everything else goes to the app untouched.
+   A model call without a rollout id is logged (the first time, then once a minute) and counted.
 3. Response chunks are forwarded as they come; only the terminal chunk (the final SSE event, or the last
-   body message of a JSON response) and what follows it wait until the record is durable.
+   body message of a JSON response) and what follows it wait until the record is durable. A redirect the
+   app answers without reading the request (a trailing-slash redirect) is not a model call: no record.
 4. The span (GenAI semconv v1.41.1, ``_semconv``) is a child of the HTTP server span when one is current,
    else of the caller's ``traceparent``; the ``gen_ai.server.*`` metrics are recorded when it ends.
 
 A request is captured at most once: a capture middleware that captures marks the scope, and any other
 below it (a mounted sub-app instrumented too) passes through. One that only strips the URL prefix hands
 the rollout id down in the scope, so a mounted sub-app whose route is a dialect path still captures it.
+Across processes, a layer that records adds ``x-otel-capture: captured`` to the request it passes on, and
+a capture layer behind it (another proxy, a zero-code server) passes such a request through.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import time
 from typing import Any
-from urllib.parse import unquote
-
 import orjson
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
@@ -32,7 +37,19 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from . import _attributes as A
 from ._asgi import ASGIApp, Message, Receive, Scope, Send
 from ._call import InFlightCall
-from ._correlation import ROLLOUT_ID_RULE, is_valid_rollout_id, rollout_id_from_baggage, split_rollout_prefix
+from ._correlation import (
+    BAGGAGE_ROLLOUT_KEY,
+    CAPTURED_HEADER,
+    CAPTURED_VALUE,
+    ROLLOUT_ID_HEADER,
+    ROLLOUT_ID_RULE,
+    ROLLOUT_PATH_PREFIX,
+    is_valid_rollout_id,
+    rollout_id_from_baggage,
+    rollout_id_from_header,
+    rollout_path_prefix,
+    split_rollout_prefix,
+)
 from ._dialects import DIALECT_PATHS, Dialect
 from ._metrics import ServerMetrics
 from ._settings import CaptureSettings
@@ -44,6 +61,13 @@ _logger = logging.getLogger(__name__)
 
 SCOPE_CAPTURED = "otel_capture.captured"
 SCOPE_ROLLOUT_ID = "otel_capture.rollout_id"  # from a URL prefix stripped by an outer capture middleware
+SCOPE_ROLLOUT_SOURCE = "otel_capture.rollout_source"  # where that id came from: "url_prefix" or "header"
+# The raw path without the /ng-rollout/<id> part (the path and raw_path keep it, as the ASGI spec wants with
+# the prefix in root_path): what a forwarding app (the proxy) sends on.
+SCOPE_UNPREFIXED_RAW_PATH = "otel_capture.unprefixed_raw_path"
+_CAPTURED_MARK = (CAPTURED_HEADER.encode(), CAPTURED_VALUE.encode())
+_UNCORRELATED_NOTICE_INTERVAL_S = 60.0
+_PREFIX_IN_TEXT = re.compile("/" + ROLLOUT_PATH_PREFIX + "/[^/\\s]*")  # in a span name or a decoded path
 
 
 class ModelCallCaptureMiddleware:
@@ -67,42 +91,60 @@ class ModelCallCaptureMiddleware:
         self._tracer = trace.get_tracer(__name__, __version__, tracer_provider)
         self._metrics = ServerMetrics(meter_provider)
         self._span_kind = span_kind
+        self._uncorrelated_notice = _RateLimitedNotice(_UNCORRELATED_NOTICE_INTERVAL_S)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get(SCOPE_CAPTURED):
             await self.app(scope, receive, send)
             return
-        rollout_id: str | None = scope.get(SCOPE_ROLLOUT_ID)
-        # Split on the raw path: in the decoded one, /ng-rollout/a%2Fb/... would look like id "a".
-        raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
-        split = split_rollout_prefix(raw_path.decode("latin-1"))
-        if split is not None:
-            rollout_id, raw_rest = split
-            if not is_valid_rollout_id(rollout_id):
-                await _send_json(send, 400, _invalid_id_error(rollout_id))
-                return
-            scope = dict(scope, path=unquote(raw_rest), raw_path=raw_rest.encode("latin-1"))
-            scope[SCOPE_ROLLOUT_ID] = rollout_id
+        correlated = _correlate(scope)
+        if isinstance(correlated, dict):  # an id that breaks the grammar: refused, naming the rule
+            await _send_json(send, 400, correlated)
+            return
+        scope, rollout_id, source, prefixed = correlated
         dialect = _dialect_of(scope)
+        if prefixed:
+            _name_server_span(scope, dialect)
         if dialect is None:
             await self.app(scope, receive, send)
             return
         headers = _headers(scope)
+        if CAPTURED_VALUE in (v.decode("latin-1").strip() for v in headers.get(CAPTURED_HEADER, [])):
+            # A capture layer in front of this one records the call: pass it through (one call, one record).
+            await self.app(scope, receive, send)
+            return
         baggage_id = rollout_id_from_baggage(headers.get("baggage", []))
-        source = "url_prefix"
-        if rollout_id is None:
-            if baggage_id is None:
-                await self.app(scope, receive, send)
-                return
-            if not is_valid_rollout_id(baggage_id):
+        if rollout_id is None and baggage_id is not None:
+            if is_valid_rollout_id(baggage_id):
+                rollout_id, source = baggage_id, "baggage"
+            else:
                 # Baggage is ambient context from any upstream system: a bad value must not fail the call.
                 _logger.warning("not capturing a call with invalid baggage rollout.id %r", baggage_id[:64])
-                await self.app(scope, receive, send)
-                return
-            rollout_id, source = baggage_id, "baggage"
+        if rollout_id is None:
+            self._uncorrelated(scope, dialect)
+            await self.app(scope, receive, send)
+            return
         scope = dict(scope)
         scope[SCOPE_CAPTURED] = True
+        if self.sink is not None:  # this layer records: mark the request for any capture layer behind it
+            scope["headers"] = [*scope.get("headers", ()), _CAPTURED_MARK]
         await self._capture(scope, receive, send, dialect, rollout_id, source, baggage_id, headers)
+
+    def _uncorrelated(self, scope: Scope, dialect: Dialect) -> None:
+        """A model call without a rollout id is served but cannot be recorded: say so (the first time,
+        then at most once a minute with a count) and count it, so a missing prefix shows at once."""
+        self._metrics.count_uncorrelated(dialect)
+        suppressed = self._uncorrelated_notice.note()
+        if suppressed is None:
+            return
+        if suppressed == 0:
+            _logger.warning(
+                "a %s model call to %s has no rollout id (no /ng-rollout/<id>/ prefix, %s header or baggage "
+                "%s): it is served but not recorded; see docs/gateways.md",
+                dialect, scope.get("path", ""), ROLLOUT_ID_HEADER, BAGGAGE_ROLLOUT_KEY,
+            )
+        else:
+            _logger.warning("%d more model calls without a rollout id were served but not recorded", suppressed)
 
     async def _capture(
         self,
@@ -116,8 +158,7 @@ class ModelCallCaptureMiddleware:
         headers: dict[str, list[bytes]],
     ) -> None:
         call = InFlightCall(dialect, rollout_id, self.settings, session_id=_session_id(headers))
-        if self.sink is not None:
-            self.sink.begin_call(rollout_id, call.model_call_id)  # a freeze meanwhile reports it in flight
+        start = _CallStart(self.sink, rollout_id, call.model_call_id)
         body_messages, disconnected = await _read_request(receive)
         call.set_request(b"".join(m.get("body", b"") for m in body_messages))
         span, attributes = self._start_span(call, scope, headers, source, baggage_id)
@@ -127,6 +168,7 @@ class ModelCallCaptureMiddleware:
 
         async def replay_receive() -> Message:
             nonlocal cancelled
+            start.now()
             if body_messages:
                 return body_messages.pop(0)
             message = await receive()
@@ -142,6 +184,11 @@ class ModelCallCaptureMiddleware:
                 return
             kind = message["type"]
             if kind == "http.response.start":
+                # 3xx before the app read the request: routing redirected it (a trailing slash); the call
+                # the client makes next is the model call, not this one
+                state.redirected = not start.begun and 300 <= message["status"] < 400
+                if not state.redirected:
+                    start.now()
                 headers = message.get("headers", ())
                 call.on_response_start(message["status"], _header(headers, b"content-type"))
                 state.content_length = _content_length(headers)
@@ -171,8 +218,12 @@ class ModelCallCaptureMiddleware:
                 cancelled = True
         finally:
             otel_context.detach(token)
-            # A disconnect after the app produced the whole response is not a cancelled call.
-            await self._finish(call, span, attributes, exception, cancelled and not state.holding)
+            if state.redirected:
+                span.end()  # traced, not recorded and not counted as a model call
+            else:
+                start.now()
+                # A disconnect after the app produced the whole response is not a cancelled call.
+                await self._finish(call, span, attributes, exception, cancelled and not state.holding)
             # Capture never changes the response: what was held goes out now, durable or not.
             for message in state.held:
                 await send(message)
@@ -243,10 +294,53 @@ class ModelCallCaptureMiddleware:
             pass
 
 
+class _CallStart:
+    """Tells the sink, once, that a call has begun (a freeze from then on reports it in flight): when the
+    app takes the request, by reading it or answering it. A redirect answered by routing alone never begins."""
+
+    __slots__ = ("_model_call_id", "_rollout_id", "_sink", "begun")
+
+    def __init__(self, sink: CallSink | None, rollout_id: str, model_call_id: str) -> None:
+        self._sink = sink
+        self._rollout_id = rollout_id
+        self._model_call_id = model_call_id
+        self.begun = False
+
+    def now(self) -> None:
+        if not self.begun:
+            self.begun = True
+            if self._sink is not None:
+                self._sink.begin_call(self._rollout_id, self._model_call_id)
+
+
+class _RateLimitedNotice:
+    """When to log a recurring condition: the first time, then at most once per interval, with the number
+    of occurrences since the last line."""
+
+    def __init__(self, interval_s: float) -> None:
+        self._interval_s = interval_s
+        self._next_at: float | None = None
+        self._held = 0
+
+    def note(self) -> int | None:
+        """``0`` the first time, ``None`` while held back, else the occurrences since the last line."""
+        now = time.monotonic()
+        if self._next_at is None:
+            self._next_at = now + self._interval_s
+            return 0
+        self._held += 1
+        if now < self._next_at:
+            return None
+        held, self._held = self._held, 0
+        self._next_at = now + self._interval_s
+        return held
+
+
 class _SendState:
-    __slots__ = ("content_length", "held", "holding", "sent")
+    __slots__ = ("content_length", "held", "holding", "redirected", "sent")
 
     def __init__(self) -> None:
+        self.redirected = False
         self.holding = False
         self.held: list[Message] = []
         self.sent = 0
@@ -267,16 +361,113 @@ async def _read_request(receive: Receive) -> tuple[list[Message], bool]:
             return messages, False
 
 
-def _dialect_of(scope: Scope) -> Dialect | None:
-    if scope.get("method") != "POST":
-        return None
+def _correlate(scope: Scope) -> tuple[Scope, str | None, str, bool] | dict[str, Any]:
+    """Read the rollout id a request carries in its URL prefix or ``x-rollout-id`` header (baggage is read
+    later, for model calls only) and hide both from the app: ``(scope, id, source, prefixed)``, or the
+    ``400`` error payload for an id that breaks the grammar.
+
+    The prefix moves into ``root_path`` (``path`` keeps the full path, as the ASGI spec and Starlette want),
+    so the app routes the rest and the URLs it builds (redirects, ``url_for``) keep the prefix.
+    """
+    rollout_id: str | None = scope.get(SCOPE_ROLLOUT_ID)
+    source: str = scope.get(SCOPE_ROLLOUT_SOURCE, "url_prefix")
+    changes: dict[str, Any] = {}
+    root_path: str = scope.get("root_path", "")
+    # Split on the raw path: in the decoded one, /ng-rollout/a%2Fb/... would look like id "a".
+    raw_root, raw_route = _split_root(scope, root_path)
+    split = split_rollout_prefix(raw_route)
+    if split is not None:
+        prefix_id, raw_rest = split
+        if not is_valid_rollout_id(prefix_id):
+            return _invalid_id_error(prefix_id, "/ng-rollout/<id>/")
+        changes["root_path"] = root_path + rollout_path_prefix(prefix_id)
+        changes[SCOPE_UNPREFIXED_RAW_PATH] = (raw_root + raw_rest).encode("latin-1")
+        rollout_id, source = prefix_id, "url_prefix"
+    header_values = [v for k, v in scope.get("headers", ()) if k.lower() == ROLLOUT_ID_HEADER.encode()]
+    header_id = rollout_id_from_header(header_values)
+    if header_id is not None:
+        if not is_valid_rollout_id(header_id):
+            return _invalid_id_error(header_id, f"the {ROLLOUT_ID_HEADER} header")
+        changes["headers"] = [(k, v) for k, v in scope["headers"] if k.lower() != ROLLOUT_ID_HEADER.encode()]
+        if rollout_id is None:
+            rollout_id, source = header_id, "header"
+    if not changes:
+        return scope, rollout_id, source, False
+    scope = dict(scope, **changes)
+    if rollout_id is not None:  # for a capture middleware below this one (a mounted sub-app)
+        scope[SCOPE_ROLLOUT_ID], scope[SCOPE_ROLLOUT_SOURCE] = rollout_id, source
+    return scope, rollout_id, source, split is not None
+
+
+def _split_root(scope: Scope, root_path: str) -> tuple[str, str]:
+    """The raw path cut into the part ``root_path`` stands for and the rest (the raw route path)."""
+    raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+    path: str = scope["path"]
+    if not root_path or not path.startswith(root_path) or path[len(root_path) : len(root_path) + 1] not in ("", "/"):
+        return "", raw_path
+    cut = 0
+    for _ in range(root_path.rstrip("/").count("/")):  # one raw segment per decoded one
+        cut = raw_path.find("/", cut + 1)
+        if cut < 0:
+            return raw_path, ""
+    return raw_path[:cut], raw_path[cut:]
+
+
+def unprefixed_raw_path(scope: Scope) -> bytes:
+    """The raw path to forward: without the ``/ng-rollout/<id>`` part the capture middleware read."""
+    raw: bytes = scope.get(SCOPE_UNPREFIXED_RAW_PATH) or scope.get("raw_path") or scope["path"].encode()
+    return raw
+
+
+def _route_path(scope: Scope) -> str:
+    """The path the app routes: ``path`` without ``root_path`` (Starlette's ``get_route_path``)."""
     path: str = scope["path"]
     root_path: str = scope.get("root_path", "")
     if root_path and path.startswith(root_path + "/"):
         path = path[len(root_path):]  # a mounted app's route path, as Starlette routes it
+    return path
+
+
+def _dialect_of(scope: Scope) -> Dialect | None:
+    if scope.get("method") != "POST":
+        return None
+    path = _route_path(scope)
     if len(path) > 1 and path.endswith("/"):
         path = path[:-1]
+    if not path.startswith("/v1/"):
+        path = "/v1" + path  # servers (llama.cpp) and gateways serve /chat/completions etc. without /v1 too
     return DIALECT_PATHS.get(path)
+
+
+def server_span_details(scope: Scope) -> tuple[str, dict[str, Any]]:
+    """The HTTP server span's name and attributes for ``OpenTelemetryMiddleware(default_span_details=...)``:
+    ``METHOD path`` without the ``/ng-rollout/<id>`` part (one name per route, not one per rollout), and
+    ``http.route`` for a model call's path (``url.path`` keeps the real path)."""
+    method = str(scope.get("method", "")).strip() or "HTTP"
+    path: str = scope.get("path", "")
+    if scope.get("type") != "http":
+        return path or method, {}
+    route = _PREFIX_IN_TEXT.sub("", path, count=1) or "/"
+    attributes: dict[str, Any] = {}
+    if _dialect_of({**scope, "path": route, "root_path": ""}) is not None:
+        attributes[A.HTTP_ROUTE] = route
+    return f"{method} {route}", attributes
+
+
+def _name_server_span(scope: Scope, dialect: Dialect | None) -> None:
+    """Take the rollout id out of the current HTTP server span's name (an outer instrumentation named it by
+    the prefixed path, or only by its method because no route matched it)."""
+    span = trace.get_current_span()
+    name = getattr(span, "name", None)
+    if not span.is_recording() or getattr(span, "kind", None) != SpanKind.SERVER or not isinstance(name, str):
+        return
+    method = str(scope.get("method", ""))
+    route = _route_path(scope)
+    if _PREFIX_IN_TEXT.search(name):
+        span.update_name(_PREFIX_IN_TEXT.sub("", name, count=1))
+    elif dialect is not None and name == method:
+        span.update_name(f"{method} {route}")
+        span.set_attribute(A.HTTP_ROUTE, route)
 
 
 def _headers(scope: Scope) -> dict[str, list[bytes]]:
@@ -328,11 +519,11 @@ def _content_length(headers: Any) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def _invalid_id_error(rollout_id: str) -> dict[str, Any]:
+def _invalid_id_error(rollout_id: str, where: str) -> dict[str, Any]:
     return {
         "error": {
             "type": "invalid_rollout_id",
-            "message": f"invalid rollout id {rollout_id[:256]!r} in /ng-rollout/<id>/: {ROLLOUT_ID_RULE}",
+            "message": f"invalid rollout id {rollout_id[:256]!r} in {where}: {ROLLOUT_ID_RULE}",
             "rule": ROLLOUT_ID_RULE,
         }
     }

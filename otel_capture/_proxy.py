@@ -20,12 +20,13 @@ from types import TracebackType
 import httpx
 import orjson
 import uvicorn
+from opentelemetry import propagate
 from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind
 
 from ._asgi import ASGIApp, Receive, Scope, Send
-from ._middleware import ModelCallCaptureMiddleware
+from ._middleware import ModelCallCaptureMiddleware, server_span_details, unprefixed_raw_path
 from ._settings import CaptureSettings, WriterSettings, upstream_from_environ
 from ._telemetry import build_tracer_provider
 
@@ -102,11 +103,16 @@ class UpstreamProxy:
         body = await _read_body(receive)
         if body is None:
             return  # the client left before sending its request
-        path = self.upstream.raw_path.rstrip(b"/") + scope.get("raw_path", scope["path"].encode())
+        path = self.upstream.raw_path.rstrip(b"/") + unprefixed_raw_path(scope)
         if scope.get("query_string"):
             path += b"?" + scope["query_string"]
         url = self.upstream.copy_with(raw_path=path)
-        headers = [(k, v) for k, v in scope.get("headers", ()) if k.lower() not in _REQUEST_DROP]
+        trace_headers: dict[str, str] = {}
+        propagate.inject(trace_headers)  # this proxy's span is the upstream's parent (baggage passes as sent)
+        trace_headers.pop("baggage", None)
+        drop = _REQUEST_DROP | {k.encode() for k in trace_headers}
+        headers = [(k, v) for k, v in scope.get("headers", ()) if k.lower() not in drop]
+        headers += [(k.encode(), v.encode()) for k, v in trace_headers.items()]
         client = self._next_client()
         request = client.build_request(scope["method"], url, headers=headers, content=body)
         try:
@@ -211,7 +217,10 @@ def build_proxy_app(
     capture = ModelCallCaptureMiddleware(
         proxy, tracer_provider=tracer_provider, settings=settings, span_kind=SpanKind.CLIENT
     )
-    return OpenTelemetryMiddleware(capture, tracer_provider=tracer_provider, exclude_spans=["receive", "send"])
+    return OpenTelemetryMiddleware(
+        capture, tracer_provider=tracer_provider, exclude_spans=["receive", "send"],
+        default_span_details=server_span_details,  # named without the rollout prefix
+    )
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -1,11 +1,14 @@
-"""A tiny OTLP/HTTP receiver for tests: ``POST /v1/traces`` and ``/v1/metrics`` with protobuf bodies,
-decoded with ``opentelemetry-proto`` into plain dicts. Serve it with ``support.serve``."""
+"""A tiny OTLP receiver for tests: OTLP/HTTP (``POST /v1/traces`` and ``/v1/metrics`` with protobuf bodies;
+serve it with ``support.serve``) and OTLP/gRPC traces (:func:`serve_grpc`), decoded with
+``opentelemetry-proto`` into plain dicts."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,7 +90,9 @@ class OtlpReceiver:
         await send({"type": "http.response.body", "body": reply})
 
     def _traces(self, body: bytes) -> None:
-        request = ExportTraceServiceRequest.FromString(body)
+        self.add_traces(ExportTraceServiceRequest.FromString(body))
+
+    def add_traces(self, request: ExportTraceServiceRequest) -> None:
         received = []
         for resource_spans in request.resource_spans:
             resource = attributes(resource_spans.resource.attributes)
@@ -135,3 +140,25 @@ class OtlpReceiver:
                 if remaining <= 0:
                     raise AssertionError(f"the OTLP receiver did not get what was expected: {self.spans!r}")
                 self._changed.wait(remaining)
+
+
+@contextlib.contextmanager
+def serve_grpc(receiver: OtlpReceiver) -> Iterator[str]:
+    """Serve ``receiver`` as an OTLP/gRPC trace endpoint on 127.0.0.1 (a free port), without TLS; yields
+    ``http://127.0.0.1:<port>`` (the ``http`` scheme tells the gRPC exporter to connect insecurely)."""
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+    class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]  # generated, untyped
+        def Export(self, request: ExportTraceServiceRequest, context: object) -> ExportTraceServiceResponse:  # noqa: N802
+            receiver.add_traces(request)
+            return ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop(grace=None).wait()

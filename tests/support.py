@@ -127,12 +127,14 @@ class ReplayModelServer:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        self.seen.append((scope["method"], scope["path"], body))
+        # the path it routes, as an ASGI app mounted at root_path does (the capture puts the prefix there)
+        path = scope["path"].removeprefix(scope.get("root_path", ""))
+        self.seen.append((scope["method"], path, body))
         dialect = {"/v1/responses": "responses", "/v1/chat/completions": "chat", "/v1/messages": "messages"}.get(
-            scope["path"].rstrip("/")
+            path.rstrip("/")
         )
         if dialect is None or scope["method"] != "POST":
-            payload = json.dumps({"path": scope["path"], "method": scope["method"]}).encode()
+            payload = json.dumps({"path": path, "method": scope["method"]}).encode()
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
             await send({"type": "http.response.body", "body": payload})
             return

@@ -136,6 +136,15 @@ def test_url_prefix_wins_over_baggage_and_the_span_says_so(server: str, telemetr
     assert span.attributes["rollout.id.baggage"] == "from-bag"
 
 
+def test_correlation_order_is_url_prefix_then_rollout_header_then_baggage(server: str, telemetry: Telemetry) -> None:
+    both = {"x-rollout-id": "from-header", "baggage": "rollout.id=from-bag"}
+    _openai(f"{server}/ng-rollout/from-url/v1", default_headers=both).chat.completions.create(model="m", messages=[])
+    _openai(f"{server}/v1", default_headers=both).chat.completions.create(model="m", messages=[])
+    assert telemetry.store.rollout_ids() == ["from-header", "from-url"]
+    sources = [s.attributes["otel_capture.rollout.source"] for s in telemetry.spans.get_finished_spans()]
+    assert sources == ["url_prefix", "header"]
+
+
 @pytest.mark.parametrize("bad_id", ["bad%20id", "..x", "-lead", "a" * 201, "a%2Fb", "%00"])
 def test_invalid_rollout_id_is_refused_with_400_and_nothing_written(
     server: str, telemetry: Telemetry, replay_server: ReplayModelServer, bad_id: str

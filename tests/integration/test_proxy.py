@@ -14,9 +14,12 @@ import anthropic
 import httpx
 import openai
 import pytest
+from otlp_receiver import OtlpReceiver, serve_grpc
 from support import RECORDED, ReplayModelServer, Telemetry, recorded_json, serve, start_cli_proxy
 
 from otel_capture import CaptureSettings, CaptureStore, read_model_call_records, start_proxy
+
+SERVER = 2  # OTLP Span.SpanKind SPAN_KIND_SERVER
 
 
 @pytest.fixture
@@ -155,3 +158,73 @@ def test_a_client_that_closes_right_after_reading_a_json_body_is_not_a_cancelled
     records = read_model_call_records(telemetry.store, "fresh")
     assert len(records) == 10
     assert [r.error_category for r in records] == [None] * 10
+
+
+# -- the standard OTEL_* variables, as the SDK reads them (a real OTLP receiver, HTTP and gRPC) -------------
+
+
+def _two_calls_through_the_cli_proxy(upstream: str, capture_dir: Path, env: dict[str, str]) -> str:
+    """Two prefixed calls through ``otel-capture proxy``, stopped (SIGTERM) before returning: everything it
+    exports has been sent by then. Returns its stderr."""
+    process, url = start_cli_proxy(upstream, "--capture-dir", str(capture_dir), env=env, stderr=subprocess.PIPE)
+    try:
+        client = openai.OpenAI(base_url=f"{url}/ng-rollout/otlp-1/v1", api_key="k", max_retries=0)
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+        client.responses.create(model="gpt-4o-mini", input="hi")
+    finally:
+        process.terminate()
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    return err
+
+
+@pytest.fixture(params=["http/protobuf", "grpc"])
+def otlp_endpoint(request: pytest.FixtureRequest) -> Iterator[tuple[OtlpReceiver, str, str]]:
+    otlp = OtlpReceiver()
+    with serve(otlp) if request.param == "http/protobuf" else serve_grpc(otlp) as endpoint:
+        yield otlp, endpoint, request.param
+
+
+def test_cli_proxy_sends_spans_where_the_standard_variables_say(
+    upstream: str, tmp_path: Path, otlp_endpoint: tuple[OtlpReceiver, str, str]
+) -> None:
+    otlp, endpoint, protocol = otlp_endpoint
+    env = {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_SERVICE_NAME": "capture-proxy-under-test",
+        "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment.name=test",
+    }
+    err = _two_calls_through_the_cli_proxy(upstream, tmp_path / "calls", env)
+    assert "not installed" not in err and "ignoring" not in err, err
+    otlp.wait_for(lambda r: sum(s.kind == SERVER for s in r.spans) == 2)
+    records = read_model_call_records(CaptureStore(tmp_path / "calls"), "otlp-1")
+    by_id = {s.span_id: s for s in otlp.spans}
+    assert [by_id[r.span_id].name for r in records] == ["chat gpt-4o", "chat gpt-4o-mini"]
+    servers = sorted((s for s in otlp.spans if s.kind == SERVER), key=lambda s: s.start_ns)
+    # named by the route, never by the rollout: one operation for every rollout in the backend
+    assert [s.name for s in servers] == ["POST /v1/chat/completions", "POST /v1/responses"]
+    assert [s.attributes["http.route"] for s in servers] == ["/v1/chat/completions", "/v1/responses"]
+    assert not [s.name for s in otlp.spans if "ng-rollout" in s.name]
+    for span in otlp.spans:
+        assert span.resource["service.name"] == "capture-proxy-under-test"
+        assert span.resource["deployment.environment.name"] == "test"
+
+
+def test_cli_proxy_with_sampler_always_off_sends_no_spans_and_still_writes_every_record(
+    upstream: str, tmp_path: Path
+) -> None:
+    otlp = OtlpReceiver()
+    with serve(otlp) as endpoint:
+        env = {
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_TRACES_SAMPLER": "always_off",
+        }
+        _two_calls_through_the_cli_proxy(upstream, tmp_path / "calls", env)
+    assert otlp.spans == []  # the proxy has exited: whatever it was going to export is sent
+    records = read_model_call_records(CaptureStore(tmp_path / "calls"), "otlp-1")
+    assert [r.dialect for r in records] == ["chat", "responses"]
+    assert all(r.status_code == 200 for r in records)

@@ -4,7 +4,10 @@ metrics at a real OTLP/HTTP receiver (protobuf decoded with opentelemetry-proto)
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from otlp_receiver import OtlpReceiver
 from support import serve
-from zero_code import instrumented_model_server
+from zero_code import BIN, instrumented_model_server
 
 from otel_capture import CaptureStore, instrument_http_client, read_model_call_records, rollout_context
 from otel_capture import _attributes as A
@@ -97,6 +100,12 @@ def test_unmodified_fastapi_app_under_opentelemetry_instrument(
     model_spans = [s for s in otlp.spans if s.name.startswith("chat ")]
     server_spans = [s for s in otlp.spans if s.kind == SERVER and s.name.startswith("POST")]
     assert len(server_spans) == 4, "exactly one HTTP server span per call (no double wrapping)"
+    # named by the route, never by the rollout (one operation per route in the backend), with or without
+    # the FastAPI instrumentation (which names a path no route matched by its method alone)
+    assert sorted(s.name for s in server_spans) == [
+        "POST /v1/chat/completions", "POST /v1/chat/completions", "POST /v1/messages", "POST /v1/responses",
+    ]
+    assert all(s.attributes["http.route"] == s.name.removeprefix("POST ") for s in server_spans)
     for record in records:
         span = by_id[record.span_id]
         assert span.trace_id == record.trace_id
@@ -124,3 +133,17 @@ def test_unmodified_fastapi_app_under_opentelemetry_instrument(
     assert sum(h.count for h in ttft) == 1 and ttft[0].bounds == list(A.BUCKETS_TIME_TO_FIRST_TOKEN)
     assert all("rollout.id" not in h.attributes for h in otlp.histograms)
     agent_provider.shutdown()
+
+
+def test_program_flags_that_look_like_opentelemetry_instrument_options_pass_after_a_double_dash() -> None:
+    """The README's advice: ``opentelemetry-instrument`` takes any abbreviation of its own options (argparse),
+    so a program flag such as ``--config`` is refused as ambiguous unless ``--`` ends its options."""
+    program = [sys.executable, "-c", "import sys; print(sys.argv[1:])", "--config", "run.yaml"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update({"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"})
+    instrument = str(BIN / "opentelemetry-instrument")
+    refused = subprocess.run([instrument, *program], env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "ambiguous option: --config" in refused.stderr
+    passed = subprocess.run([instrument, "--", *program], env=env, capture_output=True, text=True, timeout=120)
+    assert passed.returncode == 0, passed.stderr
+    assert passed.stdout.strip() == "['--config', 'run.yaml']"
