@@ -29,6 +29,7 @@ import logging
 import re
 import time
 from typing import Any
+
 import orjson
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace

@@ -150,7 +150,7 @@ def serve_grpc(receiver: OtlpReceiver) -> Iterator[str]:
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
     class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]  # generated, untyped
-        def Export(self, request: ExportTraceServiceRequest, context: object) -> ExportTraceServiceResponse:  # noqa: N802
+        def Export(self, request: ExportTraceServiceRequest, context: object) -> ExportTraceServiceResponse:
             receiver.add_traces(request)
             return ExportTraceServiceResponse()
 

@@ -1,0 +1,84 @@
+"""The pure parts of gateway correlation: the header, the prefix in root_path, span naming, the rate-limited
+notice. End to end: tests/integration/test_gateways.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from otel_capture import InvalidRolloutIdError, rollout_context, rollout_headers
+from otel_capture._correlation import rollout_id_from_header
+from otel_capture._middleware import _correlate, _RateLimitedNotice, server_span_details, unprefixed_raw_path
+
+
+def _scope(raw_path: bytes, *, root_path: str = "", headers: list[tuple[bytes, bytes]] | None = None) -> dict[str, Any]:
+    from urllib.parse import unquote
+
+    return {
+        "type": "http", "method": "POST", "path": unquote(raw_path.decode()), "raw_path": raw_path,
+        "root_path": root_path, "headers": headers or [],
+    }
+
+
+def test_rollout_headers_name_the_given_or_the_current_rollout() -> None:
+    assert rollout_headers("0-1") == {"x-rollout-id": "0-1"}
+    assert rollout_headers() == {}
+    with rollout_context("r-7"):
+        assert rollout_headers() == {"x-rollout-id": "r-7"}
+    with pytest.raises(InvalidRolloutIdError):
+        rollout_headers("bad id")
+
+
+def test_repeated_rollout_headers_that_disagree_break_the_grammar() -> None:
+    assert rollout_id_from_header([]) is None
+    assert rollout_id_from_header([b" a-1 ", b"a-1"]) == "a-1"
+    assert rollout_id_from_header([b"a-1", b"b-2"]) == "a-1,b-2"
+
+
+def test_the_prefix_moves_into_root_path_and_the_path_keeps_it() -> None:
+    result = _correlate(_scope(b"/api/ng-rollout/%72-1/v1/chat/completions", root_path="/api"))
+    assert not isinstance(result, dict)
+    scope, rollout_id, source, prefixed = result
+    assert (rollout_id, source, prefixed) == ("r-1", "url_prefix", True)
+    assert scope["root_path"] == "/api/ng-rollout/r-1"
+    assert scope["path"] == "/api/ng-rollout/r-1/v1/chat/completions"
+    assert unprefixed_raw_path(scope) == b"/api/v1/chat/completions"
+
+
+def test_an_encoded_slash_in_the_id_is_refused_not_routed() -> None:
+    error = _correlate(_scope(b"/ng-rollout/a%2Fb/v1/chat/completions"))
+    assert isinstance(error, dict) and error["error"]["type"] == "invalid_rollout_id"
+
+
+def test_the_header_is_removed_and_loses_to_the_prefix() -> None:
+    headers = [(b"x-rollout-id", b"from-header"), (b"x-other", b"kept")]
+    result = _correlate(_scope(b"/ng-rollout/from-url/v1/responses", headers=headers))
+    assert not isinstance(result, dict)
+    scope, rollout_id, source, _ = result
+    assert (rollout_id, source) == ("from-url", "url_prefix")
+    assert scope["headers"] == [(b"x-other", b"kept")]
+    error = _correlate(_scope(b"/v1/responses", headers=[(b"x-rollout-id", b"a"), (b"x-rollout-id", b"b")]))
+    assert isinstance(error, dict) and "x-rollout-id" in error["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "name", "route"),
+    [
+        ("/ng-rollout/r-1/v1/chat/completions", "POST /v1/chat/completions", "/v1/chat/completions"),
+        ("/ng-rollout/r-2/responses", "POST /responses", "/responses"),
+        ("/v1/messages", "POST /v1/messages", "/v1/messages"),
+        ("/ng-rollout/r-3/v1/models", "POST /v1/models", None),  # not a model path: no http.route
+    ],
+)
+def test_server_spans_are_named_without_the_rollout(path: str, name: str, route: str | None) -> None:
+    span_name, attributes = server_span_details(_scope(path.encode()))
+    assert span_name == name
+    assert attributes.get("http.route") == route
+
+
+def test_the_notice_says_the_first_time_then_counts_what_it_held_back() -> None:
+    always = _RateLimitedNotice(0.0)
+    assert [always.note() for _ in range(3)] == [0, 1, 1]
+    rarely = _RateLimitedNotice(3600.0)
+    assert [rarely.note() for _ in range(3)] == [0, None, None]
