@@ -67,6 +67,25 @@ def uvicorn_impl() -> str:
     return f"uvicorn http={http} loop={loop}"
 
 
+def package_line() -> str:
+    """Which ``otel_capture`` the servers import (its path), and the git state of that checkout: the
+    commit, and whether the package's files differ from it (engineers edit the shared tree while this runs)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("otel_capture")
+    where = Path(spec.origin).parent.parent if spec and spec.origin else REPO
+    try:
+        commit = subprocess.run(["git", "-C", str(where), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--", "otel_capture", "exporters"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "", ""
+    state = (f"git {commit}" + (", package files modified since" if dirty else ", package files as committed")) if commit \
+        else "not a git checkout"
+    return f"package: otel_capture from {where} ({state})"
+
+
 def machine_line(data_dir: str | os.PathLike[str] | None = None) -> str:
     where = data_dir if data_dir is not None else tempfile.gettempdir()
     parts = [
@@ -137,6 +156,43 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (fields 14 and 15)
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU of ``pid`` and every live descendant (``--workers N``: the supervisor and its workers)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            total += cpu_seconds(current)
+        except (OSError, ValueError, IndexError):
+            continue
+        todo.extend(children.get(current, ()))
+    return total
+
+
+def system_busy_seconds() -> float:
+    """CPU seconds the whole machine spent busy (all cores; not idle, not iowait), from ``/proc/stat``."""
+    with open("/proc/stat") as handle:
+        fields = [int(x) for x in handle.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / CLOCK_TICKS
+
+
+def own_cpu_seconds() -> float:
+    """This process's CPU (the benchmark driver itself)."""
+    t = os.times()
+    return t.user + t.system
+
+
 class ServerProcess:
     """A server in its own process (its own GIL), that prints ``listening on <url>`` as its first line."""
 
@@ -181,6 +237,12 @@ class ServerProcess:
 
         with urllib.request.urlopen(self.url + "/_bench/stats", timeout=30) as response:
             return json.loads(response.read())
+
+    def log_tail(self, chars: int = 3000) -> str:
+        """The end of what the server wrote on stderr so far."""
+        self._log.flush()
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")[-chars:]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -245,6 +307,9 @@ wrk.headers["Content-Type"] = "application/json"
 wrk.body = [==[%(body)s]==]
 request = function()
   n = n + 1
+  if rollouts == 0 then
+    return wrk.format(nil, "%(suffix)s")
+  end
   return wrk.format(nil, "%(prefix)s" .. (n %% rollouts) .. "%(suffix)s")
 end
 done = function(summary, latency, requests)
@@ -298,7 +363,7 @@ def run_load(
     force_python: bool = False,
 ) -> LoadResult:
     """Closed-loop load: ``concurrency`` keep-alive connections POSTing ``body`` for ``seconds``, each
-    request to ``<prefix><n % rollouts><suffix>``."""
+    request to ``<prefix><n % rollouts><suffix>`` (``rollouts=0``: every request to ``suffix`` alone)."""
     if wrk_available() and not force_python:
         return _run_wrk(url, body, concurrency, seconds, rollouts, prefix, suffix)
     argv = [

@@ -29,11 +29,21 @@ async def _connection(
             writer.write(request)
             head = await reader.readuntil(b"\r\n\r\n")
             length = 0
+            chunked = False
             status_ok = head[9:10] == b"2"
             for line in head.split(b"\r\n"):
-                if line[:15].lower() == b"content-length:":
+                lower = line.lower()
+                if lower[:15] == b"content-length:":
                     length = int(line[15:])
-            if length:
+                elif lower.startswith(b"transfer-encoding:") and b"chunked" in lower:
+                    chunked = True
+            if chunked:  # a streamed answer: chunks until the empty one
+                while True:
+                    size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                    await reader.readexactly(size + 2)
+                    if size == 0:
+                        break
+            elif length:
                 await reader.readexactly(length)
             latencies.append(time.perf_counter() - t0)
             if not status_ok:
@@ -49,13 +59,14 @@ async def _main(args: argparse.Namespace) -> None:
     host, port = url.hostname or "127.0.0.1", url.port or 80
     with open(args.body_file, "rb") as handle:
         body = handle.read()
+    paths = [f"{args.prefix}{i}{args.suffix}" for i in range(args.rollouts)] if args.rollouts else [args.suffix]
     requests = [
         (
-            f"POST {args.prefix}{i}{args.suffix} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode()
         + body
-        for i in range(args.rollouts)
+        for path in paths
     ]
     latencies: list[float] = []
     errors: list[int] = []
