@@ -56,6 +56,10 @@ class GymStore:
         self.records += 1  # threads of the default executor race here; a counter off by a few is fine
         self.fsyncs += 1
 
+    def stats(self) -> dict[str, int]:
+        """The benchmark's counters (one batch per record: nothing is grouped)."""
+        return {"records": self.records, "fsyncs": self.fsyncs, "batches": self.records, "failures": 0}
+
 
 class GymCaptureMiddleware:
     """The per-call-fsync baseline (see the module docstring)."""
