@@ -3,7 +3,8 @@
     python bench/run_all.py [--quick] [--only NAME[,NAME...]]
 
 Runs each ``bench/bench_*.py`` in its own process, one after the other (never two at once: they would
-measure each other), passing ``--quick`` along, streaming its output as it comes. Exits non-zero when a
+measure each other), ``bench_goals.py`` first (issue #12's goals, each against its baseline, met or missed),
+passing ``--quick`` along, streaming its output as it comes. Exits non-zero when a
 benchmark fails (its own checks included: the writers benchmark fails when a line is torn or missing).
 
 ``--quick`` is a smoke run (about two minutes in all): fewer concurrency levels, shorter runs, smaller
@@ -28,7 +29,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a short smoke run of every benchmark")
     parser.add_argument("--only", help="comma-separated benchmark names, e.g. reader,writers")
     args = parser.parse_args()
-    scripts = sorted(BENCH.glob("bench_*.py"))
+    # the goals first (issue #12's table), then every other benchmark in name order
+    scripts = sorted(BENCH.glob("bench_*.py"), key=lambda s: (s.name != "bench_goals.py", s.name))
     if args.only:
         wanted = {f"bench_{name.removeprefix('bench_').removesuffix('.py')}.py" for name in args.only.split(",")}
         scripts = [s for s in scripts if s.name in wanted]

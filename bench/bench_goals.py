@@ -1,0 +1,605 @@
+"""The goals of issue #12, each measured against its baseline side by side in one run, at 64 concurrent.
+
+    python bench/bench_goals.py [--quick] [--seconds N] [--rounds N] [--goals 1,2,3,4] [--no-diagnostics]
+                                [--dir DIR] [--python-loadgen]
+
+Every server is its own process, uvicorn with its defaults (``http`` and ``loop`` on ``auto``: httptools and
+uvloop when installed; the machine line says which), one worker unless the row says otherwise. The load is
+wrk (one thread, 64 keep-alive connections, each request to one of 32 rollouts' ``/ng-rollout/<id>/``
+paths; the uninstrumented baselines get the plain ``/v1/chat/completions`` path, since nothing strips a
+prefix for them). Within a goal the servers are measured back to back in rounds whose order rotates; each
+keeps its best round (highest req/s).
+
+1. **Zero-code**: a Starlette model app (one route, ``await request.body()``, a fixed 659-byte chat
+   completion) under ``opentelemetry-instrument`` with the distro, ``OTEL_TRACES_EXPORTER=model_call_jsonl``,
+   ``OTEL_EXPORTER_MODEL_CALL_JSONL_DIR``, ``OTEL_METRICS_EXPORTER=none``, ``OTEL_LOGS_EXPORTER=none``; against
+   the same app uninstrumented (goal >= 0.4x) and against the same app with the per-call-fsync baseline of
+   NeMo Gym 0.7.0's design as its first user middleware (``_gym_baseline.py``; goal >= 2x).
+2. **Library mode**: a raw ASGI model app inside ``ModelCallCaptureMiddleware`` with an SDK tracer provider
+   and the ``model_call_jsonl`` exporter wired in code (no HTTP server span), against the app alone (>= 0.5x).
+3. **Proxy**: ``otel-capture proxy --capture-dir`` in front of a raw ASGI upstream (its own process), against
+   calling that upstream directly (>= 0.3x; about <= 300 us of proxy CPU per call); ``--workers 2`` beside it.
+4. **Streaming**: 512-event Chat Completions streams (one SSE event per ASGI message), capture on against
+   off, library mode and zero-code: added server CPU per event (<= 3 us), and the median time to first event
+   from a client calling one at a time, servers rotated call by call (within 0.3 ms of capture off).
+5. **fsyncs per record** (<= 0.25), from the writers' own counters over the measured windows of 1-3.
+
+Every row prints the absolute figures next to the ratio: req/s, and microseconds of server CPU per call
+(user + system of the server process and its children, all threads, from ``/proc/<pid>/stat``, divided by
+the calls served). CPU per call is the steadier figure on this shared machine: other tenants take cores
+away (lower req/s) but do not add CPU to our process. ``other cores`` is how busy the rest of the machine
+was during that window (``/proc/stat`` busy time minus the server, upstream, wrk and this driver).
+
+Diagnostic rows (not goals; ``--no-diagnostics`` and ``--quick`` skip them) build each goal up layer by layer,
+so the CPU each layer adds per call is a difference of figures measured side by side: the contrib HTTP server
+span alone around the Starlette app, zero-code with no exporter (both spans, no record), library mode without
+records (``spans``) and without fsync (``capture-nosync``), the proxy without ``--capture-dir``.
+``bench/profile_goals.py`` profiles inside each layer; ``bench/bench_forwarders.py`` compares upstream clients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness as H
+from _servers import REQUEST_BODY, chat_events
+
+CONCURRENCY = 64
+ROLLOUTS = 32
+STREAM_EVENTS = 512
+STREAM_EVENTS_SHORT = 32  # the second length: per-event cost is the slope between the two
+STREAM_REQUEST_BODY = orjson.dumps({**orjson.loads(REQUEST_BODY), "stream": True, "stream_options": {"include_usage": True}})
+INSTRUMENT = str(Path(H.PYTHON).with_name("opentelemetry-instrument"))
+
+
+# --- servers ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Spec:
+    """How to start one server and how to call it."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] | None = None
+    prefixed: bool = True  # requests go to /ng-rollout/<id>/...; False: the plain path (nothing strips it)
+    capture_dir: Path | None = None
+    stats: bool = True  # the server answers GET /_bench/stats with its own writer's counters
+    upstream: str | None = None  # name of the Spec whose URL goes after --upstream
+
+
+def _zero_code_env(directory: Path | None) -> dict[str, str]:
+    env = {"OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"}
+    if directory is None:
+        env["OTEL_TRACES_EXPORTER"] = "none"
+    else:
+        env["OTEL_TRACES_EXPORTER"] = "model_call_jsonl"
+        env["OTEL_EXPORTER_MODEL_CALL_JSONL_DIR"] = str(directory)
+    return env
+
+
+def _proxy_workers_argv(upstream_url: str, capture_dir: Path, workers: int) -> list[str]:
+    code = "import sys; from otel_capture._cli.main import main; sys.exit(main())"
+    return [H.PYTHON, "-c", code, "proxy", "--upstream", upstream_url, "--port", "0",
+            "--workers", str(workers), "--capture-dir", str(capture_dir)]
+
+
+class Servers:
+    """Starts specs in order (an upstream before the servers that name it); stops them all."""
+
+    def __init__(self) -> None:
+        self.running: dict[str, H.ServerProcess] = {}
+        self.specs: dict[str, Spec] = {}
+
+    def start(self, spec: Spec) -> H.ServerProcess:
+        argv = list(spec.argv)
+        if spec.upstream is not None:
+            url = self.running[spec.upstream].url
+            argv = [url if a == "{upstream}" else a for a in argv]
+        if spec.capture_dir is not None:
+            spec.capture_dir.mkdir(parents=True, exist_ok=True)
+        server = H.ServerProcess(argv, env=spec.env, name=spec.name)
+        self.running[spec.name] = server
+        self.specs[spec.name] = spec
+        return server
+
+    def stop_all(self) -> None:
+        for server in reversed(list(self.running.values())):
+            server.stop()
+        self.running.clear()
+
+    def __enter__(self) -> Servers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
+
+
+# --- one measurement --------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    name: str
+    rps: float
+    requests: int
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    cpu_us: float | None  # server CPU per call (process tree)
+    server_cores: float
+    upstream_cpu_us: float | None
+    others_cores: float  # the rest of the machine during the window
+    loadgen_cores: float
+    records: int = 0
+    fsyncs: int = 0
+    batches: int = 0
+
+
+def measure(
+    servers: Servers, name: str, seconds: int, force_python: bool, *, body: bytes = REQUEST_BODY,
+    upstream: str | None = None,
+) -> Run:
+    server = servers.running[name]
+    spec = servers.specs[name]
+    up = servers.running[upstream] if upstream else None
+    before = server.stats() if spec.stats else None
+    busy0, own0 = H.system_busy_seconds(), H.own_cpu_seconds()
+    cpu0 = H.tree_cpu_seconds(server.pid)
+    up0 = H.cpu_seconds(up.pid) if up else 0.0
+    t0 = time.monotonic()
+    load = H.run_load(
+        server.url, body=body, concurrency=CONCURRENCY, seconds=seconds, rollouts=ROLLOUTS if spec.prefixed else 0,
+        force_python=force_python,
+    )
+    wall = time.monotonic() - t0
+    cpu = H.tree_cpu_seconds(server.pid) - cpu0
+    up_cpu = (H.cpu_seconds(up.pid) - up0) if up else 0.0
+    busy, own = H.system_busy_seconds() - busy0, H.own_cpu_seconds() - own0
+    after = server.stats() if spec.stats else None
+    delta = {k: after[k] - before[k] for k in after} if before and after else {}
+    n = load.requests
+    return Run(
+        name, load.rps, n, load.p50_ms, load.p99_ms, load.errors,
+        cpu_us=cpu / n * 1e6 if n else None,
+        server_cores=cpu / wall,
+        upstream_cpu_us=up_cpu / n * 1e6 if (up and n) else None,
+        others_cores=max(0.0, (busy - cpu - up_cpu - load.loadgen_cpu - own) / wall),
+        loadgen_cores=load.loadgen_cpu / wall,
+        records=delta.get("records", 0), fsyncs=delta.get("fsyncs", 0), batches=delta.get("batches", 0),
+    )
+
+
+def rounds_of(
+    servers: Servers, names: Sequence[str], rounds: int, seconds: int, force_python: bool, *,
+    body: bytes = REQUEST_BODY, upstreams: dict[str, str] | None = None,
+) -> dict[str, Run]:
+    """Warm each server up (1 s), then ``rounds`` rotated rounds; the best round of each by req/s."""
+    upstreams = upstreams or {}
+    for name in names:
+        spec = servers.specs[name]
+        H.run_load(servers.running[name].url, body=body, concurrency=CONCURRENCY, seconds=1,
+                   rollouts=ROLLOUTS if spec.prefixed else 0, force_python=force_python)
+    for name in names:  # a capturing server that does not capture (say, the instrumentor failed to load) stops the run
+        spec = servers.specs[name]
+        if spec.capture_dir is not None and spec.stats and not servers.running[name].stats()["records"]:
+            raise RuntimeError(f"{name} wrote no record during its warm-up; its log:\n{servers.running[name].log_tail()}")
+    best: dict[str, Run] = {}
+    for r in range(rounds):
+        order = list(names[r % len(names):]) + list(names[: r % len(names)])
+        for name in order:
+            run = measure(servers, name, seconds, force_python, body=body, upstream=upstreams.get(name))
+            if name not in best or run.rps > best[name].rps:
+                best[name] = run
+    return best
+
+
+# --- time to first event, one call at a time ----------------------------------------------------------
+
+
+def _ttft_call(sock: socket.socket, request: bytes, expected_end: bytes) -> float:
+    """Send one streamed request on a kept-alive socket; seconds to the first SSE event's bytes."""
+    t0 = time.perf_counter()
+    sock.sendall(request)
+    buffer = b""
+    first = None
+    while True:
+        data = sock.recv(1 << 16)
+        if not data:
+            raise ConnectionError("server closed the connection")
+        buffer += data
+        if first is None:
+            head_end = buffer.find(b"\r\n\r\n")
+            if head_end >= 0 and buffer.find(b"data: ", head_end) >= 0:
+                first = time.perf_counter()
+        if buffer.endswith(expected_end):
+            assert first is not None
+            return first - t0
+
+
+def ttft_rounds(urls: dict[str, tuple[str, bool]], calls: int, warmup: int) -> dict[str, list[float]]:
+    """For each server (url, prefixed): ``calls`` streamed calls, one at a time, servers rotated call by
+    call, each on its own kept-alive TCP_NODELAY connection. Returns the times to first event."""
+    socks: dict[str, socket.socket] = {}
+    requests: dict[str, list[bytes]] = {}
+    for name, (url, prefixed) in urls.items():
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        socks[name] = sock
+        paths = [f"/ng-rollout/ttft-{i % ROLLOUTS}/v1/chat/completions" if prefixed else "/v1/chat/completions"
+                 for i in range(ROLLOUTS)]
+        requests[name] = [
+            (f"POST {p} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+             f"Content-Length: {len(STREAM_REQUEST_BODY)}\r\n\r\n").encode() + STREAM_REQUEST_BODY
+            for p in paths
+        ]
+    out: dict[str, list[float]] = {name: [] for name in urls}
+    order = list(urls)
+    try:
+        for i in range(warmup + calls):
+            order = order[1:] + order[:1]
+            for name in order:
+                t = _ttft_call(socks[name], requests[name][i % ROLLOUTS], b"0\r\n\r\n")
+                if i >= warmup:
+                    out[name].append(t)
+    finally:
+        for sock in socks.values():
+            sock.close()
+    return out
+
+
+# --- the report -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Goal:
+    number: str
+    what: str
+    figure: float | None
+    target: float
+    higher_better: bool
+    unit: str  # "x", "us", "ms", "" (a plain number)
+    this: Run | None = None
+    base: Run | None = None
+    base_label: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def met(self) -> bool | None:
+        if self.figure is None:
+            return None
+        return self.figure >= self.target if self.higher_better else self.figure <= self.target
+
+    def verdict(self) -> str:
+        if self.met is None:
+            return "not measured"
+        if self.met:
+            return "MET"
+        assert self.figure is not None
+        if self.higher_better:
+            return f"MISSED: {self.figure / self.target:.0%} of the goal"
+        return f"MISSED: {self.figure / self.target:.1f}x the limit"
+
+
+def _fmt_value(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "x":
+        return f"{value:.2f}x"
+    if unit == "us":
+        return f"{value:.2f} us" if value < 10 else f"{value:.0f} us"
+    if unit == "ms":
+        return f"{value:+.3f} ms"
+    return f"{value:.3f}"
+
+
+def run_table(title: str, runs: Sequence[tuple[str, Run, Run | None]], notes: Sequence[str] = ()) -> None:
+    header = ["server", "req/s", "vs", "ratio", "CPU us/call", "srv cores", "upstream us/call", "p50 ms",
+              "p99 ms", "fsyncs/rec", "recs/batch", "other cores", "errors"]
+    rows = []
+    for label, run, base in runs:
+        rows.append([
+            label, run.rps, base.name if base else "-", H.ratio(run.rps, base.rps) if base else None,
+            run.cpu_us, run.server_cores, run.upstream_cpu_us, run.p50_ms, run.p99_ms,
+            run.fsyncs / run.records if run.records else None,
+            run.records / run.batches if run.batches else None,
+            run.others_cores, run.errors,
+        ])
+    H.print_table(title, header, rows, notes)
+
+
+def goals_table(goals: Sequence[Goal]) -> None:
+    header = ["goal", "figure", "measured", "target", "this req/s", "this CPU us/call", "baseline",
+              "base req/s", "base CPU us/call", "verdict"]
+    rows = []
+    for g in goals:
+        rows.append([
+            g.number, g.what, _fmt_value(g.figure, g.unit),
+            ("at least " if g.higher_better else "at most ") + _fmt_value(g.target, g.unit).lstrip("+"),
+            g.this.rps if g.this else None, g.this.cpu_us if g.this else None,
+            g.base_label or (g.base.name if g.base else "-"),
+            g.base.rps if g.base else None, g.base.cpu_us if g.base else None,
+            g.verdict(),
+        ])
+    notes = [note for g in goals for note in g.notes]
+    H.print_table(f"GOALS (issue #12), {CONCURRENCY} concurrent", header, rows, notes)
+
+
+# --- the goals --------------------------------------------------------------------------------------
+
+
+def goal_zero_code(data: Path, rounds: int, seconds: int, fp: bool, diagnostics: bool) -> tuple[list[Goal], dict[str, Run]]:
+    specs = [
+        Spec("starlette", H.server_argv("bare", "--app", "starlette"), prefixed=False),
+        Spec("zero-code", [INSTRUMENT, *H.server_argv("bare", "--app", "starlette")],
+             env=_zero_code_env(data / "zero-code"), capture_dir=data / "zero-code"),
+        Spec("gym-fsync", H.server_argv("gym", "--app", "starlette", "--capture-dir", str(data / "gym")),
+             capture_dir=data / "gym"),
+    ]
+    if diagnostics:
+        specs += [
+            Spec("server-span", [INSTRUMENT, *H.server_argv("server-span", "--app", "starlette")],
+                 env={**_zero_code_env(None), "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "otel_capture"}, prefixed=False),
+            Spec("zero-code-spans", [INSTRUMENT, *H.server_argv("bare", "--app", "starlette")], env=_zero_code_env(None)),
+        ]
+    with Servers() as servers:
+        for spec in specs:
+            servers.start(spec)
+        runs = rounds_of(servers, [s.name for s in specs], rounds, seconds, fp)
+        disk = _disk_check(servers, ["zero-code", "gym-fsync"])
+    base, zc, gym = runs["starlette"], runs["zero-code"], runs["gym-fsync"]
+    rows = [("starlette app, uninstrumented", base, None),
+            ("zero-code durable capture", zc, base),
+            ("gym-fsync (NeMo Gym 0.7.0 design)", gym, base)]
+    if diagnostics:
+        rows += [("diag: contrib HTTP server span alone (no capture)", runs["server-span"], base),
+                 ("diag: zero-code, spans only (no exporter)", runs["zero-code-spans"], base)]
+    if diagnostics:
+        disk.append(_ladder([("the app", base), ("+ contrib server span", runs["server-span"]),
+                             ("+ model-call span (zero-code, no exporter)", runs["zero-code-spans"]),
+                             ("+ record and writer (durable)", zc)]))
+    run_table("goal 1: zero-code (opentelemetry-instrument + distro) around a Starlette model app", rows, disk)
+    goals = [
+        Goal("1a", "zero-code capture / uninstrumented", zc.rps / base.rps, 0.4, True, "x", zc, base, "uninstrumented"),
+        Goal("1b", "zero-code capture / per-call-fsync (Gym)", zc.rps / gym.rps, 2.0, True, "x", zc, gym, "gym-fsync"),
+    ]
+    return goals, runs
+
+
+def goal_library(data: Path, rounds: int, seconds: int, fp: bool, diagnostics: bool) -> tuple[list[Goal], dict[str, Run]]:
+    specs = [
+        Spec("bare", H.server_argv("bare")),
+        Spec("library", H.server_argv("capture", "--capture-dir", str(data / "library")), capture_dir=data / "library"),
+    ]
+    if diagnostics:
+        specs += [
+            Spec("library-spans", H.server_argv("spans")),
+            Spec("library-nosync", H.server_argv("capture-nosync", "--capture-dir", str(data / "nosync")),
+                 capture_dir=data / "nosync"),
+        ]
+    with Servers() as servers:
+        for spec in specs:
+            servers.start(spec)
+        runs = rounds_of(servers, [s.name for s in specs], rounds, seconds, fp)
+        disk = _disk_check(servers, ["library"])
+    base, lib = runs["bare"], runs["library"]
+    rows = [("raw ASGI app alone", base, None), ("library mode, durable capture", lib, base)]
+    if diagnostics:
+        rows += [("diag: library mode, spans only", runs["library-spans"], base),
+                 ("diag: library mode, fsync off", runs["library-nosync"], base)]
+    if diagnostics:
+        disk.append(_ladder([("the app", base), ("+ middleware and model-call span", runs["library-spans"]),
+                             ("+ record and writer, fsync off", runs["library-nosync"]), ("+ fsync (durable)", lib)]))
+    run_table("goal 2: library mode (middleware + exporter in code, no HTTP server span)", rows, disk)
+    return [Goal("2", "library capture / bare", lib.rps / base.rps, 0.5, True, "x", lib, base, "bare")], runs
+
+
+def goal_proxy(data: Path, rounds: int, seconds: int, fp: bool, diagnostics: bool) -> tuple[list[Goal], dict[str, Run]]:
+    specs = [
+        Spec("upstream", H.server_argv("bare")),
+        Spec("proxy", H.server_argv("proxy", "--upstream", "{upstream}", "--capture-dir", str(data / "proxy")),
+             capture_dir=data / "proxy", upstream="upstream"),
+        Spec("proxy-w2", _proxy_workers_argv("{upstream}", data / "proxy-w2", 2), capture_dir=data / "proxy-w2",
+             stats=False, upstream="upstream"),
+    ]
+    if diagnostics:
+        specs.append(Spec("proxy-off", H.server_argv("proxy", "--upstream", "{upstream}"), upstream="upstream"))
+    names = [s.name for s in specs]
+    with Servers() as servers:
+        for spec in specs:
+            servers.start(spec)
+        runs = rounds_of(servers, names, rounds, seconds, fp,
+                         upstreams={n: "upstream" for n in names if n != "upstream"})
+        disk = _disk_check(servers, ["proxy"])
+        lines_w2 = H.count_lines(data / "proxy-w2")
+    base, proxy, w2 = runs["upstream"], runs["proxy"], runs["proxy-w2"]
+    rows = [("upstream called directly", base, None), ("proxy with capture, 1 worker", proxy, base),
+            ("proxy with capture, --workers 2", w2, base)]
+    if diagnostics:
+        rows.append(("diag: proxy without --capture-dir", runs["proxy-off"], base))
+    run_table(
+        "goal 3: otel-capture proxy in front of an upstream that answers at once", rows,
+        [*disk, f"proxy-w2: {lines_w2:,} lines on disk (its workers' counters are not reachable)",
+         "CPU us/call of a proxy row: the proxy's processes only; the upstream's is in its own column"],
+    )
+    goals = [
+        Goal("3a", "proxy capture / upstream direct", proxy.rps / base.rps, 0.3, True, "x", proxy, base, "upstream direct"),
+        Goal("3b", "proxy CPU per call, 1 worker", proxy.cpu_us, 300.0, False, "us", proxy, base, "upstream direct"),
+        Goal("3c", "(shown) proxy --workers 2 / direct", w2.rps / base.rps, 0.3, True, "x", w2, base, "upstream direct"),
+    ]
+    return goals, runs
+
+
+def goal_streaming(data: Path, rounds: int, seconds: int, fp: bool, ttft_calls: int) -> tuple[list[Goal], dict[str, Run]]:
+    goals: list[Goal] = []
+    runs_out: dict[str, Run] = {}
+    pairs = [
+        ("library", lambda n: Spec(f"off-{n}", H.server_argv("bare", "--events", str(n)), prefixed=False),
+         lambda n: Spec(f"on-{n}", H.server_argv("capture", "--events", str(n), "--capture-dir", str(data / f"lib-{n}")),
+                        capture_dir=data / f"lib-{n}")),
+        ("zero-code", lambda n: Spec(f"off-{n}", H.server_argv("bare", "--app", "starlette", "--events", str(n)), prefixed=False),
+         lambda n: Spec(f"on-{n}", [INSTRUMENT, *H.server_argv("bare", "--app", "starlette", "--events", str(n))],
+                        env=_zero_code_env(data / f"zc-{n}"), capture_dir=data / f"zc-{n}")),
+    ]
+    expected = {n: sum(len(e) for e in chat_events(n)) for n in (STREAM_EVENTS, STREAM_EVENTS_SHORT)}
+    for mode, off_spec, on_spec in pairs:
+        with Servers() as servers:
+            specs = [make(n) for n in (STREAM_EVENTS, STREAM_EVENTS_SHORT) for make in (off_spec, on_spec)]
+            for spec in specs:
+                servers.start(spec)
+            runs = rounds_of(servers, [s.name for s in specs], rounds, seconds, fp, body=STREAM_REQUEST_BODY)
+            ttft = ttft_rounds(
+                {name: (servers.running[name].url, servers.specs[name].prefixed)
+                 for name in (f"off-{STREAM_EVENTS}", f"on-{STREAM_EVENTS}")},
+                ttft_calls, warmup=max(5, ttft_calls // 10),
+            )
+            disk = _disk_check(servers, [f"on-{STREAM_EVENTS}", f"on-{STREAM_EVENTS_SHORT}"])
+        off, on = runs[f"off-{STREAM_EVENTS}"], runs[f"on-{STREAM_EVENTS}"]
+        off_s, on_s = runs[f"off-{STREAM_EVENTS_SHORT}"], runs[f"on-{STREAM_EVENTS_SHORT}"]
+        added = (on.cpu_us or 0) - (off.cpu_us or 0)
+        added_short = (on_s.cpu_us or 0) - (off_s.cpu_us or 0)
+        per_event_marginal = (added - added_short) / (STREAM_EVENTS - STREAM_EVENTS_SHORT)
+        per_event_average = added / STREAM_EVENTS
+        t_off, t_on = statistics.median(ttft[off.name]), statistics.median(ttft[on.name])
+        run_table(
+            f"goal 4: streaming, {mode}: {STREAM_EVENTS}- and {STREAM_EVENTS_SHORT}-event streams "
+            f"({expected[STREAM_EVENTS]:,} and {expected[STREAM_EVENTS_SHORT]:,} bytes), capture off vs on",
+            [(f"capture off, {STREAM_EVENTS} events", off, None), (f"capture on, {STREAM_EVENTS} events", on, off),
+             (f"capture off, {STREAM_EVENTS_SHORT} events", off_s, None),
+             (f"capture on, {STREAM_EVENTS_SHORT} events", on_s, off_s)],
+            [
+                *disk,
+                f"added CPU per call: {added:.0f} us at {STREAM_EVENTS} events, {added_short:.0f} us at "
+                f"{STREAM_EVENTS_SHORT}: per event {per_event_marginal:.2f} us at the margin (the slope), "
+                f"{per_event_average:.2f} us on average (all added CPU / {STREAM_EVENTS})",
+                f"time to first event, one call at a time ({len(ttft[off.name])} calls each, servers rotated): "
+                f"median off {t_off * 1e3:.3f} ms, on {t_on * 1e3:.3f} ms; p90 off "
+                f"{_pct(ttft[off.name], 0.9) * 1e3:.3f} ms, on {_pct(ttft[on.name], 0.9) * 1e3:.3f} ms",
+            ],
+        )
+        key = "4L" if mode == "library" else "4Z"
+        goals.append(Goal(f"{key}a", f"streaming {mode}: added CPU per event (slope)", per_event_marginal, 3.0,
+                          False, "us", on, off, "capture off", [
+                              f"{key}a: the average over the stream (all added CPU / {STREAM_EVENTS}) is "
+                              f"{per_event_average:.2f} us per event"]))
+        goals.append(Goal(f"{key}b", f"streaming {mode}: TTFT median on - off", (t_on - t_off) * 1e3, 0.3, False, "ms",
+                          on, off, "capture off"))
+        runs_out.update({f"{mode}-{k}": v for k, v in runs.items()})
+    return goals, runs_out
+
+
+def _ladder(steps: Sequence[tuple[str, Run]]) -> str:
+    """CPU per call added by each layer, from servers measured side by side (differences of CPU per call)."""
+    parts = [f"{steps[0][0]} {steps[0][1].cpu_us or 0:.0f} us"]
+    for (_, before), (label, after) in itertools.pairwise(steps):
+        parts.append(f"{label} {(after.cpu_us or 0) - (before.cpu_us or 0):+.0f} us")
+    return "CPU per call, layer by layer: " + ", ".join(parts)
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _disk_check(servers: Servers, names: Sequence[str]) -> list[str]:
+    """Lines on disk against records the writer acknowledged (after calls in flight settle)."""
+    notes = []
+    for name in names:
+        spec = servers.specs[name]
+        assert spec.capture_dir is not None
+        acknowledged, previous = servers.running[name].stats()["records"], -1
+        while acknowledged != previous:
+            time.sleep(0.3)
+            previous, acknowledged = acknowledged, servers.running[name].stats()["records"]
+        lines = H.count_lines(spec.capture_dir)
+        notes.append(f"{name}: {lines:,} lines on disk, {acknowledged:,} acknowledged by its writer"
+                     + ("" if lines == acknowledged else "  << MISMATCH"))
+    return notes
+
+
+def fsync_goal(runs: dict[str, Run]) -> Goal:
+    parts = [(name, r) for name, r in runs.items() if r.records and name in ("zero-code", "library", "proxy")]
+    if not parts:
+        return Goal("5", "fsyncs per record", None, 0.25, False, "")
+    worst_name, worst = max(parts, key=lambda p: p[1].fsyncs / p[1].records)
+    note = "5: fsyncs per record: " + ", ".join(f"{n} {r.fsyncs / r.records:.3f} ({r.records:,} records)" for n, r in parts)
+    return Goal("5", f"fsyncs per record (worst: {worst_name})", worst.fsyncs / worst.records, 0.25, False, "",
+                worst, None, "-", [note])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one round of 2 s, no diagnostic rows, fewer TTFT calls")
+    parser.add_argument("--seconds", type=int, help="seconds per measured run (default 3; quick 2)")
+    parser.add_argument("--rounds", type=int, help="rotated rounds per server (default 2; quick 1)")
+    parser.add_argument("--goals", default="1,2,3,4", help="which goals to measure (default 1,2,3,4; 5 comes with 1-3)")
+    parser.add_argument("--no-diagnostics", action="store_true", help="only the goals' own servers")
+    parser.add_argument("--ttft-calls", type=int, help="streamed calls per server for time to first event (default 200)")
+    parser.add_argument("--dir", help="where capture files go (default: a new temporary directory)")
+    parser.add_argument("--python-loadgen", action="store_true", help="the Python fallback even if wrk is installed")
+    args = parser.parse_args(argv)
+    seconds = args.seconds or (2 if args.quick else 3)
+    rounds = args.rounds or (1 if args.quick else 2)
+    diagnostics = not (args.quick or args.no_diagnostics)
+    ttft_calls = args.ttft_calls or (40 if args.quick else 200)
+    wanted = {g.strip() for g in args.goals.split(",")}
+    fp = args.python_loadgen
+    data = Path(tempfile.mkdtemp(prefix="otel-capture-goals-", dir=args.dir))
+    print(f"== bench_goals: issue #12's goals, {CONCURRENCY} concurrent, each against its baseline side by side ==")
+    print(H.machine_line(data))
+    print(H.package_line())
+    impl = H.uvicorn_impl()
+    if "httptools" not in impl or "uvloop" not in impl:
+        print(f"NOTE: {impl}: install httptools and uvloop (uvicorn[standard]) to measure the stack that serves "
+              "the most calls per core")
+    print(f"load generator: {H.loadgen_name(fp)}, {CONCURRENCY} connections")
+    print(f"{rounds} round(s) x {seconds} s per server, rotated, best round kept; 1 s warm-up; "
+          f"request {len(REQUEST_BODY)} B (streamed: {len(STREAM_REQUEST_BODY)} B), {ROLLOUTS} rollouts")
+    t0 = time.monotonic()
+    goals: list[Goal] = []
+    all_runs: dict[str, Run] = {}
+    steps: list[tuple[str, Callable[[], tuple[list[Goal], dict[str, Run]]]]] = [
+        ("1", lambda: goal_zero_code(data, rounds, seconds, fp, diagnostics)),
+        ("2", lambda: goal_library(data, rounds, seconds, fp, diagnostics)),
+        ("3", lambda: goal_proxy(data, rounds, seconds, fp, diagnostics)),
+        ("4", lambda: goal_streaming(data, rounds, seconds, fp, ttft_calls)),
+    ]
+    try:
+        for number, step in steps:
+            if number in wanted:
+                g, r = step()
+                goals += g
+                all_runs.update(r)
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+    if any(n in wanted for n in "123"):
+        goals.append(fsync_goal(all_runs))
+    goals_table(goals)
+    others = [r.others_cores for r in all_runs.values()]
+    try:
+        load_end = f"load avg {os.getloadavg()[0]:.2f} at the end; "
+    except OSError:
+        load_end = ""
+    print(f"machine: {load_end}other tenants used {statistics.median(others):.2f} cores at the median over the "
+          f"{len(others)} measured windows (max {max(others):.2f}) of {os.cpu_count()}; "
+          f"errors over all runs: {sum(r.errors for r in all_runs.values())}; took {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
