@@ -57,7 +57,8 @@ class ModelCallJsonlExporter(SpanExporter):
             )
             return
         self._writer = JsonlWriter(
-            settings.directory, fsync=fsync, syncfs=syncfs if settings.sync == "auto" else None
+            settings.directory, fsync=fsync, syncfs=syncfs if settings.sync == "auto" else None,
+            allow_shared_directory=settings.allow_shared_directory,
         )
 
     @property

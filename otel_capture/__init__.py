@@ -32,8 +32,10 @@ from ._store.types import (
     CaptureRetiredError,
     CaptureSnapshot,
     CaptureStateError,
+    DamagedEntryError,
     IncompleteCall,
     RemovalResult,
+    UnsafeDirectoryError,
     validate_rollout_ids,
 )
 from ._middleware import ModelCallCaptureMiddleware
@@ -63,6 +65,7 @@ __all__ = [
     "CaptureStateError",
     "CaptureStore",
     "CorrelationSettings",
+    "DamagedEntryError",
     "IncompleteCall",
     "InvalidLine",
     "InvalidRolloutIdError",
@@ -70,6 +73,7 @@ __all__ = [
     "ModelCallInstrumentor",
     "ModelCallRecord",
     "RemovalResult",
+    "UnsafeDirectoryError",
     "WriterSettings",
     "__version__",
     "aggregate_model_call_metrics",

@@ -287,12 +287,20 @@ class ModelCallCaptureMiddleware:
         if finished is None or self.sink is None:
             return
         self.sink.write_call(finished)
+        future = finished.waiter.future
+        deadline = future.get_loop().call_later(self.settings.durable_timeout_s, _past_deadline, future)
         try:
-            await finished.waiter.future  # resolved with the rest of its batch: one wake-up per batch
+            await future  # resolved with the rest of its batch: one wake-up per batch
         except asyncio.CancelledError:
             raise
+        except _NotDurableInTime:  # a stalled writer (a hung disk) never holds the call: answer, mark it failed
+            reason = f"capture_error: record not durable within {self.settings.durable_timeout_s:g} s"
+            _logger.error("rollout %s, call %s: %s", call.rollout_id, call.model_call_id, reason)
+            self.sink.abandon_call(call.rollout_id, call.model_call_id, reason)
         except Exception:  # noqa: BLE001, S110  # the writer logged it, counted it and marked the rollout incomplete
             pass
+        finally:
+            deadline.cancel()
 
 
 class _CallStart:
@@ -335,6 +343,15 @@ class _RateLimitedNotice:
         held, self._held = self._held, 0
         self._next_at = now + self._interval_s
         return held
+
+
+class _NotDurableInTime(Exception):
+    """The durability wait's deadline (``CaptureSettings.durable_timeout_s``) passed."""
+
+
+def _past_deadline(future: asyncio.Future[None]) -> None:
+    if not future.done():  # the writer resolves it later into the void (it skips done futures)
+        future.set_exception(_NotDurableInTime())
 
 
 class _SendState:

@@ -34,6 +34,8 @@ ENV_CONTENT_MAX_LENGTH = "OTEL_CAPTURE_CONTENT_MAX_LENGTH"
 ENV_CORRELATION = "OTEL_CAPTURE_CORRELATION"
 ENV_UPSTREAM = "OTEL_CAPTURE_UPSTREAM"
 ENV_CACHE = "OTEL_CAPTURE_CACHE"
+ENV_DURABLE_TIMEOUT = "OTEL_CAPTURE_DURABLE_TIMEOUT_S"
+ENV_ALLOW_SHARED_DIR = "OTEL_CAPTURE_ALLOW_SHARED_DIR"
 # standard
 ENV_SERVICE_NAME = "OTEL_SERVICE_NAME"
 ENV_RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
@@ -43,6 +45,7 @@ ENV_ATTRIBUTE_VALUE_LENGTH_LIMIT = "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_CONTENT_MAX_LENGTH = 16 * 1024
+DEFAULT_DURABLE_TIMEOUT_S = 120.0  # a sync that takes longer is a hung disk: answer the call, mark it failed
 
 ContentCapture = Literal["no_content", "span_only", "event_only", "span_and_event"]
 CONTENT_CAPTURE_MODES: tuple[ContentCapture, ...] = ("no_content", "span_only", "event_only", "span_and_event")
@@ -69,6 +72,9 @@ class CaptureSettings:
     content_max_length: int = DEFAULT_CONTENT_MAX_LENGTH
     """Longest JSON text of one content attribute, in characters; longer ones are cut string by string,
     so the JSON stays valid. Never above the SDK's attribute length limit, which would cut the JSON."""
+    durable_timeout_s: float = DEFAULT_DURABLE_TIMEOUT_S
+    """Longest wait for a call's record to be durable before its terminal chunk is released anyway and its
+    capture marked failed (a disk or network filesystem that stopped answering never holds a call)."""
 
     @property
     def content_on_spans(self) -> bool:
@@ -84,6 +90,7 @@ class CaptureSettings:
         keep_raw_stream: bool | None = None,
         capture_content: ContentCapture | bool | None = None,
         content_max_length: int | None = None,
+        durable_timeout_s: float | None = None,
     ) -> CaptureSettings:
         env = os.environ if environ is None else environ
         if isinstance(capture_content, bool):
@@ -106,6 +113,9 @@ class CaptureSettings:
                 capture_content, env, (ENV_CAPTURE_CONTENT, ENV_GENAI_CAPTURE_CONTENT), _content_mode, "no_content"
             ),
             content_max_length=content_length,
+            durable_timeout_s=_pick(
+                durable_timeout_s, env, (ENV_DURABLE_TIMEOUT,), _seconds, DEFAULT_DURABLE_TIMEOUT_S
+            ),
         )
 
 
@@ -119,6 +129,9 @@ class WriterSettings:
     """How a batch of lines is made durable: ``auto`` (one ``syncfs`` for a batch that touched several
     files, where Linux has it; else one ``fsync`` per file) or ``fsync`` (always one per file: for a
     filesystem shared with heavy unrelated writers, which ``syncfs`` would also flush)."""
+    allow_shared_directory: bool = False
+    """Write into a world-writable directory, or one owned by another user (refused by default: others
+    could plant links or FIFOs in it). ``OTEL_CAPTURE_ALLOW_SHARED_DIR``."""
 
     @classmethod
     def from_environ(
@@ -127,13 +140,20 @@ class WriterSettings:
         *,
         directory: str | os.PathLike[str] | None = None,
         sync: SyncMode | None = None,
+        allow_shared_directory: bool | None = None,
     ) -> WriterSettings:
         env = os.environ if environ is None else environ
         given = _to_path(os.fspath(directory)) if directory is not None else None
         return cls(
             directory=_pick(given, env, (ENV_CAPTURE_DIR,), _path, None),
             sync=_pick(sync, env, (ENV_SYNC,), _sync_mode, "auto"),
+            allow_shared_directory=_pick(allow_shared_directory, env, (ENV_ALLOW_SHARED_DIR,), _bool, False),
         )
+
+
+def allow_shared_dir_from_environ(environ: Mapping[str, str] | None = None) -> bool:
+    """``OTEL_CAPTURE_ALLOW_SHARED_DIR``: the default of ``CaptureStore(allow_shared_directory=)``."""
+    return _pick(None, os.environ if environ is None else environ, (ENV_ALLOW_SHARED_DIR,), _bool, False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +248,13 @@ def _positive_int(_name: str, raw: str) -> int:
     value = int(raw.strip())
     if value <= 0:
         raise ValueError("must be a positive integer")
+    return value
+
+
+def _seconds(_name: str, raw: str) -> float:
+    value = float(raw.strip())
+    if not 0 < value < float("inf"):
+        raise ValueError("must be a positive number of seconds")
     return value
 
 

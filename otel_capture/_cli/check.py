@@ -1,8 +1,10 @@
 """``otel-capture check DIR``: verify a capture directory and say what is damaged.
 
-Damage is a line that is not a valid record, or a torn tail (a final line without its newline: a writer
-died inside its ``write``). An incomplete marker is not damage, it is a capture failure that was recorded
-as it should be; it is reported, and fails the check only with ``strict``.
+Damage is a line that is not a valid record, a torn tail (a final line without its newline: a writer
+died inside its ``write``), or an entry named like a rollout's file that is not a regular file of its own
+(a link, a FIFO, a hard link: skipped, never followed or waited on). An incomplete marker is not damage,
+it is a capture failure that was recorded as it should be; it is reported, and fails the check only with
+``strict``.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .._records import InvalidLine, read_available_model_call_records
-from .._store.store import CaptureStore
+from .._store.store import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX, CaptureStore
 
 
 @dataclass
@@ -21,17 +23,28 @@ class RolloutCheck:
     torn_tail: InvalidLine | None = None
     incomplete: bool = False
     error: str | None = None
+    entries: list[tuple[str, str]] = field(default_factory=list)
+    """``(file name, what it is)`` of this rollout's entries that are not regular files of their own."""
 
     @property
     def damaged(self) -> bool:
-        return bool(self.invalid) or self.torn_tail is not None or self.error is not None
+        return (
+            bool(self.invalid) or self.torn_tail is not None or self.error is not None or bool(self.entries)
+        )
 
 
 def check_capture_dir(store: CaptureStore) -> list[RolloutCheck]:
     """One report per rollout in the directory. Never raises for a damaged file: it reports it."""
+    damaged: dict[str, list[tuple[str, str]]] = {}
+    for name, what in store.damaged_entries():
+        damaged.setdefault(_rollout_of(name), []).append((name, what))
+    readable = set(store.rollout_ids())
     results = []
-    for rollout_id in store.rollout_ids():
-        result = RolloutCheck(rollout_id)
+    for rollout_id in sorted(readable | set(damaged)):
+        result = RolloutCheck(rollout_id, entries=damaged.get(rollout_id, []))
+        results.append(result)
+        if rollout_id not in readable:
+            continue
         try:
             available = read_available_model_call_records(store, rollout_id)
         except (OSError, ValueError) as exc:  # unreadable file, or a file name that is not a valid id
@@ -41,8 +54,14 @@ def check_capture_dir(store: CaptureStore) -> list[RolloutCheck]:
             result.invalid = list(available.invalid)
             result.torn_tail = available.torn_tail_line
             result.incomplete = available.incomplete
-        results.append(result)
     return results
+
+
+def _rollout_of(name: str) -> str:
+    for suffix in (CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
 
 
 def format_check(results: list[RolloutCheck]) -> list[str]:
@@ -52,11 +71,18 @@ def format_check(results: list[RolloutCheck]) -> list[str]:
         for bad in result.invalid:
             lines.append(f"{result.rollout_id}: line {bad.line_number}: damaged: {bad.reason}")
         if result.torn_tail is not None:
-            lines.append(f"{result.rollout_id}: line {result.torn_tail.line_number}: torn tail (a writer died mid-write)")
+            lines.append(
+                f"{result.rollout_id}: line {result.torn_tail.line_number}: torn tail (a writer died mid-write)"
+            )
         if result.error is not None:
             lines.append(f"{result.rollout_id}: unreadable: {result.error}")
+        for name, what in result.entries:
+            consequence = "read, never appended to" if what.startswith("a regular file") else "skipped"
+            lines.append(f"{result.rollout_id}: {name}: {what}: {consequence}")
         if result.incomplete:
-            lines.append(f"{result.rollout_id}: incomplete: at least one call was not captured (see the .capture.incomplete marker)")
+            lines.append(
+                f"{result.rollout_id}: incomplete: at least one call was not captured (see the .capture.incomplete marker)"
+            )
     damaged = sum(r.damaged for r in results)
     incomplete = sum(r.incomplete for r in results)
     records = sum(r.records for r in results)

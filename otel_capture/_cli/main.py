@@ -110,6 +110,10 @@ def _proxy(args: argparse.Namespace) -> int:
 
     settings = CaptureSettings.from_environ()
     writer = WriterSettings.from_environ(directory=args.capture_dir)
+    if writer.directory is not None:  # refused before listening: a directory others can write never starts
+        from .._store.fs import check_directory
+
+        check_directory(writer.directory, allow_shared=writer.allow_shared_directory)
     sock = bind_socket(args.host, args.port)
     if args.host not in ("127.0.0.1", "::1", "localhost"):
         print(

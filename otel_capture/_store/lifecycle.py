@@ -1,8 +1,8 @@
-"""The capture lifecycle on files (DESIGN §6): freeze, drop, retire, delete, begin_call, mark_incomplete.
+"""The capture lifecycle on files: freeze, drop, retire, delete, begin_call, mark_incomplete.
 
 The protocol, written before the code (``docs/lifecycle.md`` has the long form):
 
-* One lock protocol for writers and lifecycle operations: a rollout's **stripe lock** (``_fences``), held
+* One lock protocol for writers and lifecycle operations: a rollout's **stripe lock** (:mod:`.locks`), held
   for the whole "read the fence, then append" of a writer and for "check, then fence or remove" of an
   operation. A writer that holds the stripe sees every fence appended before it took the stripe.
 * **Retire** (and ``drop``, which is a conditional retire) is two synced phases. Phase 1, under every
@@ -17,47 +17,56 @@ The protocol, written before the code (``docs/lifecycle.md`` has the long form):
   without records (a retry finishes it), never old records without their fence. Every delete event
   advances the rollout's epoch, so a call admitted before the delete is dropped as late even though the
   id is live again.
-* **Freeze**, under the stripe: read the rollout, append a ``freeze`` event that names the calls in flight
-  and ``fsync`` the journal; then ``fsync`` the data files read, so a snapshot never holds a record that a
-  crash could still take back.
+* **Freeze**, under the stripe: read the rollout (each file under ``flock(LOCK_SH)``, as the readers do)
+  and ``fsync`` the files read, so a snapshot never holds a record that a crash could still take back;
+  append a ``freeze`` event that names the calls in flight and ``fsync`` the journal.
 * Batches are validated whole before anything changes. A failure confined to one rollout (say, a record
   file that cannot be unlinked) is reported in ``failed`` and the batch goes on; a failure of the batch's
   own syncs raises, after a best-effort sync whose own failure is logged, never raised over it.
+* Nothing outside the directory is touched: every path is opened through :mod:`.fs` (no link followed),
+  removal renames into the trash and purges it by directory descriptor, and a capture directory other
+  users can write is refused (:class:`UnsafeDirectoryError`) unless opted in.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import errno
 import functools
 import logging
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
 
 from .._correlation import validate_rollout_id
-from .fences import DirState, Fence, Fsync, Hook, _fsync_dir, dir_state
+from .dirstate import DirState, dir_state
+from .fs import DirFds, Fsync, check_directory
+from .journal import Fence, Hook
 from .lifecycle_io import (
     CAPTURE_SUFFIX,
     INCOMPLETE_SUFFIX,
     INFLIGHT_REASON,
     RECORD_SUFFIXES,
     TOKENS_SUFFIX,
-    _fence_error,
+    count_version,
+    fence_error,
     fenced_append,
     fenced_mark_incomplete,
     read_contents,
 )
+from .removal import describe, purge_trash, trash_fd, unlink_records
 from .types import (
     ROLLOUT_STATES,
     CaptureSnapshot,
     CaptureStateError,
+    DamagedEntryError,
     IncompleteCall,
     RemovalResult,
     RolloutState,
@@ -100,10 +109,19 @@ class FileLifecycle:
     root: Path
     _fsync: Fsync
     _hook: Hook
+    _allow_shared: bool
+
+    def rollout_ids(self) -> list[str]:
+        raise NotImplementedError  # CaptureStore's: the one listing of the directory's rollouts
 
     @property
     def _state(self) -> DirState:
         return dir_state(self.root)
+
+    def _dirs(self, *, create: bool = True) -> DirFds:
+        """The directory descriptors of one operation, once the directory is known to be safe to use."""
+        check_directory(self.root, allow_shared=self._allow_shared)
+        return self._state.dirs(create=create)
 
     # -- queries ---------------------------------------------------------------------------------------
 
@@ -115,18 +133,26 @@ class FileLifecycle:
         fence = state.journal.fence(rid)
         if fence is not None:
             return fence.kind
-        if any((self.root / (rid + suffix)).exists() for suffix in RECORD_SUFFIXES):
+        if any(os.path.lexists(self.root / (rid + suffix)) for suffix in RECORD_SUFFIXES):
             return "live"
         return "live" if self._pending(rid) else "absent"
 
-    def _pending(self, rid: str) -> set[str]:
+    def _pending(self, rid: str, damage: list[str] | None = None) -> set[str]:
         """Calls of the rollout's current epoch begun and not yet recorded: this process's, and every
         process's ``+`` markers (a call admitted before the last freeze, retire or delete is not pending:
-        its line will be dropped as late)."""
+        its line will be dropped as late). A damaged marker is not read: its reason goes to ``damage``."""
         state = self._state
         last = state.journal.last_seq(rid)
         mine = {mcid for mcid, epoch in state.calls.pending(rid).items() if epoch is None or epoch >= last}
-        return mine | state.marked_inflight(rid)
+        try:
+            return mine | state.markers.pending(self.root, rid)
+        except DamagedEntryError as exc:
+            _logger.error("rollout %s: %s", rid, exc)
+            if damage is not None:
+                damage.append(
+                    f"{exc.label}: {exc.what}: not read (calls in flight in other processes unknown)"
+                )
+            return mine
 
     def list_rollouts(self, state: RolloutState | None = None) -> dict[str, RolloutState]:
         """Every rollout that is not absent, with its state, sorted by id; only ``state`` ones if given.
@@ -138,18 +164,17 @@ class FileLifecycle:
         dir_ = self._state
         dir_.journal.refresh()
         found: dict[str, RolloutState] = {rid: f.kind for rid, f in dir_.journal.fences().items()}
-        names: list[str] = []
-        if self.root.is_dir():
-            names = os.listdir(self.root)
-        if dir_.inflight_dir.is_dir():
-            names += os.listdir(dir_.inflight_dir)
-        names += [rid + ".calls" for rid in dir_.calls.rollouts()]
-        for name in names:
-            for suffix in (*RECORD_SUFFIXES, ".calls"):
-                if name.endswith(suffix):
-                    rid = name[: -len(suffix)]
-                    if rid not in found and (suffix != ".calls" or self._pending(rid)):
-                        found[rid] = "live"
+        for rid in self.rollout_ids():
+            found.setdefault(rid, "live")
+        with dir_.dirs(create=False) as dirs:
+            try:
+                marked = dir_.markers.rollouts(dirs)
+            except (FileNotFoundError, DamagedEntryError) as exc:
+                _logger.debug("no in-flight markers to list: %s", exc)
+                marked = []
+        for rid in [*marked, *dir_.calls.rollouts()]:
+            if rid not in found and self._pending(rid):
+                found[rid] = "live"
         return {rid: found[rid] for rid in sorted(found) if state is None or found[rid] == state}
 
     # -- begin_call, mark_incomplete, append_now -----------------------------------------------------
@@ -160,12 +185,12 @@ class FileLifecycle:
         Raises :class:`CaptureRetiredError` / :class:`CaptureFrozenError` on a fenced rollout."""
         rid = validate_rollout_id(rollout_id)
         state = self._state
-        with state.locks.hold_ids([rid]):
+        with self._dirs() as dirs, state.locks.hold_ids(dirs, [rid]):
             fence = self._check(rid)
             if fence is not None:
-                raise _fence_error(rid, fence)
+                raise fence_error(rid, fence)
+            state.markers.write(dirs, rid, [model_call_id], [])
             state.calls.begin(rid, model_call_id, state.journal.last_seq(rid))
-            state.write_markers(rid, [model_call_id], [])
 
     def mark_incomplete(self, rollout_id: str, model_call_id: str, reason: str) -> None:
         """Durably mark a call as not captured (``<id>.capture.incomplete``, one JSON line).
@@ -173,9 +198,12 @@ class FileLifecycle:
         Accepted on a frozen rollout (it changes the snapshot's ``version``, so a stale ``drop`` fails);
         refused with :class:`CaptureRetiredError` on a retired one."""
         rid = validate_rollout_id(rollout_id)
-        fence = fenced_mark_incomplete(self._state, rid, [(model_call_id, reason)], fsync=self._fsync, check=self._check)
+        with self._dirs() as dirs:
+            fence = fenced_mark_incomplete(
+                self._state, dirs, rid, [(model_call_id, reason)], fsync=self._fsync, check=self._check
+            )
         if fence is not None and fence.kind == "retired":
-            raise _fence_error(rid, fence)
+            raise fence_error(rid, fence)
 
     def append_now(
         self,
@@ -194,17 +222,16 @@ class FileLifecycle:
             tokens_line = orjson.dumps(
                 {"model_call_id": model_call_id, **tokens}, option=orjson.OPT_APPEND_NEWLINE
             )
-        state = self._state
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        outcome = fenced_append(state, rid, [(model_call_id, line, tokens_line)])
-        try:
-            for fd in outcome.fds:
-                self._fsync(fd)
-        finally:
-            for fd in outcome.fds:
-                os.close(fd)
-        if outcome.created:
-            _fsync_dir(self.root, self._fsync)
+        with self._dirs() as dirs:
+            outcome = fenced_append(self._state, dirs, rid, [(model_call_id, line, tokens_line)])
+            try:
+                for fd in outcome.fds:
+                    self._fsync(fd)
+            finally:
+                for fd in outcome.fds:
+                    os.close(fd)
+            if outcome.created:
+                self._fsync(dirs.root_fd())  # the new file's directory entry
         if outcome.dropped:
             raise outcome.dropped[0][1]
 
@@ -225,24 +252,22 @@ class FileLifecycle:
         "I am consuming this now", so any later call is late. Raises :class:`CaptureRetiredError`."""
         rid = validate_rollout_id(rollout_id)
         state = self._state
-        with state.locks.hold_ids([rid]):
+        damage: list[str] = []
+        with self._dirs() as dirs, state.locks.hold_ids(dirs, [rid]):
             fence = self._check(rid)
             if fence is not None and fence.kind == "retired":
-                raise _fence_error(rid, fence)
-            contents = read_contents(self.root, rid)
+                raise fence_error(rid, fence)
+            # A record the snapshot hands out must survive a crash: every file read is synced.
+            contents = read_contents(dirs, rid, fsync=self._fsync)
+            pending = self._pending(rid, damage)
             if fence is None:
-                inflight = sorted(self._pending(rid) - contents.call_ids())
+                inflight = sorted(pending - contents.call_ids())
                 event = {"op": "freeze", "id": rid, "snapshot_id": uuid.uuid4().hex, "inflight": inflight}
-                state.journal.append([event], self._fsync, self._hook)
+                state.journal.append(dirs, [event], self._fsync, self._hook)
                 fence = state.journal.fence(rid)
                 assert fence is not None
-            for path in contents.paths:  # a record the snapshot hands out must survive a crash
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    self._fsync(fd)
-                finally:
-                    os.close(fd)
         calls = list(contents.incomplete) + [IncompleteCall(m, INFLIGHT_REASON) for m in fence.inflight]
+        calls += [IncompleteCall("", reason) for reason in damage]
         return CaptureSnapshot(
             rollout_id=rid,
             records=tuple(contents.records),
@@ -258,20 +283,21 @@ class FileLifecycle:
         as that snapshot (a repeat of a successful drop is True again, and costs no I/O)."""
         rid = validate_rollout_id(rollout_id)
         state = self._state
-        with state.locks.hold_ids([rid]):
-            state.journal.refresh()
-            fence = state.journal.fence(rid)
-            if fence is None or state.journal.corrupt(rid) is not None:
-                return False
-            if fence.kind == "retired":
-                return fence.snapshot_id == snapshot_id and fence.version == version
-            if fence.snapshot_id != snapshot_id or read_contents(self.root, rid).version != version:
-                return False
-            event = {"op": "retire", "id": rid, "snapshot_id": snapshot_id, "version": version}
-            state.journal.append([event], self._fsync, self._hook)
-            expected = {rid: state.journal.last_seq(rid)}
-        result = empty_result()
-        self._remove_records(expected, result)
+        with self._dirs() as dirs:
+            with state.locks.hold_ids(dirs, [rid]):
+                state.journal.refresh()
+                fence = state.journal.fence(rid)
+                if fence is None or state.journal.corrupt(rid) is not None:
+                    return False
+                if fence.kind == "retired":
+                    return fence.snapshot_id == snapshot_id and fence.version == version
+                if fence.snapshot_id != snapshot_id or count_version(dirs, rid) != version:
+                    return False
+                event = {"op": "retire", "id": rid, "snapshot_id": snapshot_id, "version": version}
+                state.journal.append(dirs, [event], self._fsync, self._hook)
+                expected = {rid: state.journal.last_seq(rid)}
+            result = empty_result()
+            self._remove_records(dirs, expected, result)
         if result["failed"]:
             raise OSError(
                 errno.EIO, f"rollout {rid} is retired but its records remain: {result['failed'][rid]}"
@@ -287,27 +313,32 @@ class FileLifecycle:
         if not ids:
             return result
         state = self._state
-        with state.locks.hold_ids(ids):
-            state.journal.refresh()
-            events = []
-            for rid in ids:
-                fence = state.journal.fence(rid)
-                if fence is not None and fence.kind == "retired" and state.journal.corrupt(rid) is None:
-                    continue
-                event: dict[str, Any] = {"op": "retire", "id": rid}
-                if fence is not None and fence.kind == "frozen":
-                    event["snapshot_id"] = fence.snapshot_id
-                    event["version"] = read_contents(self.root, rid).version
-                events.append(event)
-            self._hook("retire_fencing")
-            # Phase 1: one append and one fsync make every fence of the batch durable, before any removal.
-            state.journal.append(events, self._fsync, self._hook)
-            expected = {rid: state.journal.last_seq(rid) for rid in ids}
-        self._hook("retire_fenced")
-        self._remove_records(expected, result)
+        with self._dirs() as dirs:
+            with state.locks.hold_ids(dirs, ids):
+                state.journal.refresh()
+                self._hook("retire_fencing")
+                # Phase 1: one append and one fsync make every fence of the batch durable, before any removal.
+                state.journal.append(dirs, self._retire_events(dirs, ids), self._fsync, self._hook)
+                expected = {rid: state.journal.last_seq(rid) for rid in ids}
+            self._hook("retire_fenced")
+            self._remove_records(dirs, expected, result)
         return result
 
-    def _remove_records(self, expected: dict[str, int], result: RemovalResult) -> None:
+    def _retire_events(self, dirs: DirFds, ids: list[str]) -> Iterator[dict[str, Any]]:
+        """One ``retire`` event per rollout not already retired, made as the journal writes them (a batch
+        of any size holds no list of events)."""
+        journal = self._state.journal
+        for rid in ids:
+            fence = journal.fence(rid)
+            if fence is not None and fence.kind == "retired" and journal.corrupt(rid) is None:
+                continue
+            event: dict[str, Any] = {"op": "retire", "id": rid}
+            if fence is not None and fence.kind == "frozen":
+                event["snapshot_id"] = fence.snapshot_id
+                event["version"] = count_version(dirs, rid)
+            yield event
+
+    def _remove_records(self, dirs: DirFds, expected: dict[str, int], result: RemovalResult) -> None:
         """Phase 2: stripe by stripe, remove the records of each rollout still fenced by ``expected``."""
         state = self._state
         by_stripe: dict[int, list[str]] = {}
@@ -315,10 +346,10 @@ class FileLifecycle:
             by_stripe.setdefault(state.locks.stripe(rid), []).append(rid)
         outcome: dict[str, str] = {}
         token = uuid.uuid4().hex[:16]
-        state.ensure_dirs()
+        trash = trash_fd(dirs)
         try:
             for stripe, rids in sorted(by_stripe.items()):
-                with state.locks.hold([stripe]):
+                with state.locks.hold(dirs, [stripe]):
                     state.journal.refresh()
                     for rid in rids:
                         fence = state.journal.fence(rid)
@@ -326,74 +357,45 @@ class FileLifecycle:
                             outcome[rid] = "absent"  # deleted and reused since phase 1: keep its records
                             continue
                         try:
-                            outcome[rid] = "removed" if self._unlink_records(rid, token) else "absent"
+                            outcome[rid] = "removed" if unlink_records(dirs, rid, token, trash) else "absent"
                         except OSError as exc:
-                            result["failed"][rid] = _describe(exc)
+                            result["failed"][rid] = describe(exc)
                             _logger.error("could not remove the records of retired rollout %s: %s", rid, exc)
                         self._hook("retire_removed_one")
         except BaseException:
             self._sync_after_error()
             raise
-        if self.root.is_dir():
-            _fsync_dir(self.root, self._fsync)
+        self._fsync(dirs.root_fd())  # the removals are durable before the batch reports them
         self._hook("retire_synced")
         self._purge_later()
         for rid in expected:
             if rid in outcome:
                 result["removed" if outcome[rid] == "removed" else "absent"].append(rid)
 
-    def _unlink_records(self, rid: str, trash: str | None = None) -> bool:
-        """Take a rollout's record files and in-flight markers out of the directory; True if any record
-        file existed. With ``trash`` (a batch token) they are renamed into ``.otel-capture/trash/``, which
-        the directory fsync makes as durable as an unlink, and a background task frees their blocks
-        later (on a virtual ext4 disk, unlinking a synced file costs about 1 ms, a rename about 30 µs)."""
-        state = self._state
-        removed = False
-        paths = [self.root / (rid + suffix) for suffix in RECORD_SUFFIXES] + [state.marker_path(rid)]
-        for number, path in enumerate(paths):
-            try:
-                if trash is None:
-                    os.unlink(path)
-                else:
-                    os.rename(path, state.trash_dir / f"{trash}.{path.name}")
-                removed |= number < len(RECORD_SUFFIXES)
-            except FileNotFoundError:
-                pass
-        return removed
-
     def purge_trash(self) -> int:
         """Unlink the record files retire and delete moved aside (runs in the background after each
-        batch; call it to free the space now). Returns how many files it removed."""
-        trash = self._state.trash_dir
-        try:
-            names = os.listdir(trash)
-        except FileNotFoundError:
-            return 0
-        removed = 0
-        for name in names:
-            try:
-                os.unlink(trash / name)
-                removed += 1
-            except FileNotFoundError:
-                pass  # another purge got it first
-        return removed
+        batch; call it to free the space now). Returns how many entries it removed."""
+        with self._state.dirs(create=False) as dirs:
+            return purge_trash(dirs)
 
     def _purge_later(self) -> None:
         def purge() -> None:
             try:
                 self.purge_trash()
             except OSError as exc:
-                _logger.warning("could not empty %s: %s", self._state.trash_dir, exc)
+                _logger.warning("could not empty the trash of %s: %s", self.root, exc)
 
-        try:
+        with contextlib.suppress(RuntimeError):  # the interpreter is shutting down: the next batch purges
             _lifecycle_executor().submit(purge)
-        except RuntimeError:  # the interpreter is shutting down: the next batch purges
-            pass
 
     def _sync_after_error(self) -> None:
         try:
             if self.root.is_dir():
-                _fsync_dir(self.root, self._fsync)
+                fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    self._fsync(fd)
+                finally:
+                    os.close(fd)
         except OSError as exc:
             _logger.error("could not sync %s after a failed lifecycle batch: %s", self.root, exc)
 
@@ -408,29 +410,29 @@ class FileLifecycle:
             result["absent"] = ids
             return result
         state = self._state
-        if not state.state_dir.is_dir():
+        if not os.path.lexists(state.state_dir):
             return self._delete_plain(ids, result)
         token = uuid.uuid4().hex[:16]
-        with state.locks.hold_ids(ids):
+        with self._dirs() as dirs, state.locks.hold_ids(dirs, ids):
             state.journal.refresh()
             had: dict[str, bool] = {}
+            trash = trash_fd(dirs)
             try:
                 for rid in ids:
                     fenced = state.journal.fence(rid) is not None or state.journal.corrupt(rid) is not None
                     try:
-                        had[rid] = self._unlink_records(rid, token) or fenced
+                        had[rid] = unlink_records(dirs, rid, token, trash) or fenced
                     except OSError as exc:
-                        result["failed"][rid] = _describe(exc)
+                        result["failed"][rid] = describe(exc)
                         _logger.error("could not remove the records of rollout %s: %s", rid, exc)
                     self._hook("delete_removed_one")
-                if self.root.is_dir():
-                    _fsync_dir(self.root, self._fsync)
+                self._fsync(dirs.root_fd())
             except BaseException:
                 self._sync_after_error()
                 raise
             # Records are gone (durably) before the fences go: never old records without their fence.
-            events = [{"op": "delete", "id": rid} for rid in ids if rid not in result["failed"]]
-            state.journal.append(events, self._fsync, self._hook)
+            events = ({"op": "delete", "id": rid} for rid in ids if rid not in result["failed"])
+            state.journal.append(dirs, events, self._fsync, self._hook)
         self._purge_later()
         for rid in ids:
             if rid in had:
@@ -440,18 +442,19 @@ class FileLifecycle:
     def _delete_plain(self, ids: list[str], result: RemovalResult) -> RemovalResult:
         """Delete in a directory no lifecycle operation or writer of ours has used (no ``.otel-capture/``:
         no fence, no in-flight marker, nothing to lock against): NeMo Gym's unlinks, one directory sync."""
-        try:
-            for rid in ids:
-                try:
-                    gone = self._unlink_records(rid)
-                except OSError as exc:
-                    result["failed"][rid] = _describe(exc)
-                    continue
-                result["removed" if gone else "absent"].append(rid)
-            _fsync_dir(self.root, self._fsync)
-        except BaseException:
-            self._sync_after_error()
-            raise
+        with self._dirs(create=False) as dirs:
+            try:
+                for rid in ids:
+                    try:
+                        gone = unlink_records(dirs, rid, None, None)
+                    except OSError as exc:
+                        result["failed"][rid] = describe(exc)
+                        continue
+                    result["removed" if gone else "absent"].append(rid)
+                self._fsync(dirs.root_fd())
+            except BaseException:
+                self._sync_after_error()
+                raise
         return result
 
     # -- async forms -----------------------------------------------------------------------------------
@@ -473,7 +476,3 @@ class FileLifecycle:
     async def delete(self, rollout_ids: Iterable[str]) -> RemovalResult:
         ids = validate_rollout_ids(rollout_ids)
         return await self._off_loop(self.delete_now, ids)
-
-
-def _describe(exc: OSError) -> str:
-    return f"{type(exc).__name__}: {errno.errorcode.get(exc.errno or 0, '')} {exc.strerror or exc}".strip()

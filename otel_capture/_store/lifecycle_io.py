@@ -1,21 +1,25 @@
 """Fenced appends and reading a rollout's files: the I/O under a rollout's stripe lock, shared by the
-writer thread (``_writer``) and the lifecycle operations (``_lifecycle``)."""
+writer thread (:mod:`.writer`) and the lifecycle operations (:mod:`.lifecycle`). Every file is opened
+through :mod:`.fs`: no link followed, nothing but a regular file written or read."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import gc
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
 
-from .fences import DirState, Fence, Fsync, _fsync_dir, _write_all
-from .types import CaptureFrozenError, CaptureRetiredError, IncompleteCall
+from .dirstate import DirState
+from .fs import FILE_MODE, DirFds, Fsync, open_append, read_locked, write_all
+from .journal import Fence
+from .types import CaptureFrozenError, CaptureRetiredError, DamagedEntryError, IncompleteCall
 
 _logger = logging.getLogger(__name__)
 
@@ -26,7 +30,7 @@ RECORD_SUFFIXES = (CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX)
 INFLIGHT_REASON = "in flight when frozen: the call began and was never recorded"
 
 
-def _fence_error(rollout_id: str, fence: Fence) -> CaptureFrozenError:
+def fence_error(rollout_id: str, fence: Fence) -> CaptureFrozenError:
     if fence.kind == "retired":
         return CaptureRetiredError(f"rollout {rollout_id} is retired: its captures take no more writes")
     return CaptureFrozenError(f"rollout {rollout_id} is frozen: its captures take no more records")
@@ -45,21 +49,6 @@ class AppendOutcome:
     created: bool = False
 
 
-def _open_append(path: Path, mode: int) -> tuple[int, bool]:
-    # Read-write so that the append can look at the file's last byte (see _append_locked). The file usually
-    # exists: try that first (one syscall, no exception), then create it exclusively to learn that this
-    # append made it (its directory entry then needs a sync); a racing creator sends us back to the first.
-    while True:
-        try:
-            return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC), False
-        except FileNotFoundError:
-            pass
-        try:
-            return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode), True
-        except FileExistsError:
-            continue
-
-
 def _append_locked(fd: int, data: bytes) -> None:
     """Append under the data file's own ``flock``, as NeMo Gym's writers and readers expect.
 
@@ -72,7 +61,7 @@ def _append_locked(fd: int, data: bytes) -> None:
         if start and os.pread(fd, 1, start - 1) != b"\n":
             data = b"\n" + data
         try:
-            _write_all(fd, data)
+            write_all(fd, data)
         except OSError:
             # Half a batch would leave a torn line that every later append follows: cut it back.
             try:
@@ -84,13 +73,21 @@ def _append_locked(fd: int, data: bytes) -> None:
         fcntl.flock(fd, fcntl.LOCK_UN)
 
 
+def _append_file(dirs: DirFds, name: str, data: bytes, mode: int, outcome: AppendOutcome) -> None:
+    fd, created = open_append(dirs.root_fd(), name, name, mode)
+    outcome.fds.append(fd)
+    outcome.created |= created
+    _append_locked(fd, data)
+
+
 def fenced_append(
     state: DirState,
+    dirs: DirFds,
     rollout_id: str,
     calls: list[tuple[str, bytes, bytes | None]],
     begins: Iterable[str] = (),
     *,
-    file_mode: int = 0o600,
+    file_mode: int = FILE_MODE,
 ) -> AppendOutcome:
     """Append one rollout's ``(model_call_id, capture line, tokens line)`` entries, unless fenced.
 
@@ -98,72 +95,102 @@ def fenced_append(
     error); a call admitted before the rollout's latest lifecycle event is dropped as late; the rest is
     written in one ``write`` per file. ``begins`` are calls that started since the last batch: their
     ``+`` markers are written here (when their line is not in the same batch). Raises ``OSError`` when a
-    file cannot be written (the caller marks the rollout incomplete); no descriptor is leaked.
+    file cannot be written, ``DamagedEntryError`` when one is not a regular file of its own (the caller
+    marks the rollout incomplete); no descriptor is leaked.
     """
     outcome = AppendOutcome()
-    root = state.root
     begins = list(begins)
-    with state.locks.hold_ids([rollout_id]):
-        state.journal.refresh()
-        fence = state.journal.fence(rollout_id)
-        mcids = [mcid for mcid, _, _ in calls]
-        if fence is not None:
-            error = _fence_error(rollout_id, fence)
-            outcome.dropped = [(i, error) for i in range(len(calls))]
-            last = state.journal.last_seq(rollout_id)
-            for mcid in begins:  # admitted at this epoch: still late after a delete reuses the id
-                state.calls.admit(rollout_id, mcid, last)
-            state.calls.end(rollout_id, mcids)
-            return outcome
-        epoch = state.journal.last_seq(rollout_id)
-        for mcid in begins:
-            state.calls.admit(rollout_id, mcid, epoch)
-        kept: list[tuple[str, bytes, bytes | None]] = []
-        marked_ended: list[str] = []
-        begun_here = set(begins)
-        for index, (mcid, line, tokens) in enumerate(calls):
-            admitted = state.calls.epoch(rollout_id, mcid)
-            if admitted is not None and epoch > admitted:
-                late = CaptureRetiredError(
-                    f"rollout {rollout_id} was retired or deleted while call {mcid} was in flight"
-                )
-                outcome.dropped.append((index, late))
-                continue
-            if admitted is not None and mcid not in begun_here:
-                marked_ended.append(mcid)
-            outcome.accepted.append(index)
-            kept.append((mcid, line, tokens))
+    mcids = [mcid for mcid, _, _ in calls]
+    with state.locks.hold_ids(dirs, [rollout_id]):
         try:
-            if kept:
-                fd, created = _open_append(root / (rollout_id + CAPTURE_SUFFIX), file_mode)
-                outcome.fds.append(fd)
-                outcome.created |= created
-                _append_locked(fd, b"".join(line for _, line, _ in kept))
-                token_data = b"".join(tokens for _, _, tokens in kept if tokens)
-                if token_data:
-                    fd, created = _open_append(root / (rollout_id + TOKENS_SUFFIX), file_mode)
-                    outcome.fds.append(fd)
-                    outcome.created |= created
-                    _append_locked(fd, token_data)
+            state.journal.refresh()
+            fence = state.journal.fence(rollout_id)
+            if fence is not None:
+                error = fence_error(rollout_id, fence)
+                outcome.dropped = [(i, error) for i in range(len(calls))]
+                last = state.journal.last_seq(rollout_id)
+                for mcid in begins:  # admitted at this epoch: still late after a delete reuses the id
+                    state.calls.admit(rollout_id, mcid, last)
+                return outcome
+            kept, ended = _admit(state, rollout_id, calls, begins, outcome)
             in_batch = set(mcids)
-            state.write_markers(rollout_id, [m for m in begins if m not in in_batch], marked_ended)
-        except BaseException:
-            for fd in outcome.fds:
-                os.close(fd)
-            raise
+            begun = [m for m in begins if m not in in_batch]
+            _write_admitted(state, dirs, rollout_id, kept, begun, ended, outcome, file_mode)
         finally:
             state.calls.end(rollout_id, mcids)
     return outcome
 
 
+def _admit(
+    state: DirState,
+    rollout_id: str,
+    calls: list[tuple[str, bytes, bytes | None]],
+    begins: list[str],
+    outcome: AppendOutcome,
+) -> tuple[list[tuple[str, bytes, bytes | None]], list[str]]:
+    """The entries to write (late ones dropped into ``outcome``) and the calls whose ``-`` marker is due."""
+    epoch = state.journal.last_seq(rollout_id)
+    for mcid in begins:
+        state.calls.admit(rollout_id, mcid, epoch)
+    kept: list[tuple[str, bytes, bytes | None]] = []
+    ended: list[str] = []
+    begun_here = set(begins)
+    for index, (mcid, line, tokens) in enumerate(calls):
+        admitted = state.calls.epoch(rollout_id, mcid)
+        if admitted is not None and epoch > admitted:
+            late = CaptureRetiredError(
+                f"rollout {rollout_id} was retired or deleted while call {mcid} was in flight"
+            )
+            outcome.dropped.append((index, late))
+            continue
+        if admitted is not None and mcid not in begun_here:
+            ended.append(mcid)
+        outcome.accepted.append(index)
+        kept.append((mcid, line, tokens))
+    return kept, ended
+
+
+def _write_admitted(
+    state: DirState,
+    dirs: DirFds,
+    rollout_id: str,
+    kept: list[tuple[str, bytes, bytes | None]],
+    begun: list[str],
+    ended: list[str],
+    outcome: AppendOutcome,
+    file_mode: int,
+) -> None:
+    # The marker is opened first: a damaged one fails the batch before any line is written.
+    marker = state.markers.open(dirs, rollout_id, create=bool(begun)) if begun or ended else None
+    try:
+        if kept:
+            _append_file(
+                dirs, rollout_id + CAPTURE_SUFFIX, b"".join(line for _, line, _ in kept), file_mode, outcome
+            )
+            token_data = b"".join(tokens for _, _, tokens in kept if tokens)
+            if token_data:
+                _append_file(dirs, rollout_id + TOKENS_SUFFIX, token_data, file_mode, outcome)
+        if marker is not None:
+            state.markers.write_to(dirs, marker, rollout_id, begun, ended)
+    except BaseException:
+        for fd in outcome.fds:
+            os.close(fd)
+        outcome.fds.clear()
+        raise
+    finally:
+        if marker is not None:
+            os.close(marker)
+
+
 def fenced_mark_incomplete(
     state: DirState,
+    dirs: DirFds,
     rollout_id: str,
     calls: list[tuple[str, str]],
     *,
     fsync: Fsync,
     check: Callable[[str], Fence | None],
-    file_mode: int = 0o600,
+    file_mode: int = FILE_MODE,
 ) -> Fence | None:
     """Durably mark ``(model_call_id, reason)`` calls as not captured: one JSON line each in
     ``<id>.capture.incomplete`` (NeMo Gym only checks that the file exists), and the calls end (their
@@ -174,6 +201,10 @@ def fenced_mark_incomplete(
     returned for the caller to refuse or ignore. A frozen rollout is marked: its snapshot may list a line
     whose sync failed, and the changed version makes a stale ``drop`` fail. The one path shared by the
     writer thread (a failed batch, an unbuildable record) and ``CaptureStore.mark_incomplete``.
+
+    When the lifecycle state itself is damaged (a planted lock file or journal), the marker is still
+    written, without the lock or the fence: the loss is visible, which matters more than a marker that
+    might outlive a retire.
     """
     now = time.time()
     data = b"".join(
@@ -181,62 +212,94 @@ def fenced_mark_incomplete(
         for mcid, reason in calls
     )
     mcids = [mcid for mcid, _ in calls]
-    with state.locks.hold_ids([rollout_id]):
+    with state.locks.hold_ids(dirs, [rollout_id], or_unlocked=True):
         try:
-            fence = check(rollout_id)
+            try:
+                fence = check(rollout_id)
+            except DamagedEntryError as exc:
+                _logger.error("rollout %s: %s; marking it incomplete whatever its fence", rollout_id, exc)
+                fence = None
             if fence is not None and fence.kind == "retired":
                 return fence
-            state.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd, created = _open_append(state.root / (rollout_id + INCOMPLETE_SUFFIX), file_mode)
+            name = rollout_id + INCOMPLETE_SUFFIX
+            fd, created = open_append(dirs.root_fd(), name, name, file_mode)
             try:
                 _append_locked(fd, data)
                 fsync(fd)
             finally:
                 os.close(fd)
             if created:
-                _fsync_dir(state.root, fsync)
+                fsync(dirs.root_fd())
             if fence is None:
-                state.write_markers(rollout_id, [], mcids)
+                _end_markers(state, dirs, rollout_id, mcids)
             return fence
         finally:
             state.calls.end(rollout_id, mcids)
 
 
+def _end_markers(state: DirState, dirs: DirFds, rollout_id: str, mcids: list[str]) -> None:
+    try:
+        state.markers.write(dirs, rollout_id, [], mcids)
+    except OSError as exc:  # the incomplete marker, written, is what matters
+        _logger.error("could not end the in-flight markers of rollout %s: %s", rollout_id, exc)
+
+
 # --- reading a rollout --------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic collector while a rollout's lines are parsed: 100,000 parsed lines are millions
+    of containers, none of them garbage, and each collection on the way would walk them all again (it was
+    two thirds of a large freeze). Reference counting still frees everything."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 @dataclass
-class _Contents:
+class Contents:
     records: list[dict[str, Any]] = field(default_factory=list)
     tokens: list[dict[str, Any]] = field(default_factory=list)
     incomplete: list[IncompleteCall] = field(default_factory=list)
     marker_exists: bool = False
     version: int = 0
-    paths: list[Path] = field(default_factory=list)
 
     def call_ids(self) -> set[str]:
         ids = {r.get("model_call_id") for r in self.records} | {c.model_call_id for c in self.incomplete}
         return {i for i in ids if isinstance(i, str)}
 
 
-def _split(path: Path) -> tuple[list[bytes], bytes] | None:
+def _lines(data: bytes) -> Iterator[bytes]:
+    """The non-blank complete lines, one at a time (no list of the whole file)."""
+    start = 0
+    while (end := data.find(b"\n", start)) != -1:
+        line = data[start:end]
+        start = end + 1
+        if line.strip():
+            yield line
+
+
+def _read(dirs: DirFds, name: str, contents: Contents, fsync: Fsync | None) -> bytes | None:
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+        return read_locked(dirs.root_fd(), name, name, fsync)
+    except DamagedEntryError as exc:
+        contents.incomplete.append(IncompleteCall("", f"{exc.label}: {exc.what}: not read"))
         return None
-    lines = data.split(b"\n")
-    tail = lines.pop()
-    return [line for line in lines if line.strip()], tail
 
 
-def _parse_lines(path: Path, into: list[dict[str, Any]], contents: _Contents) -> None:
-    split = _split(path)
-    if split is None:
+def _parse_lines(
+    dirs: DirFds, name: str, into: list[dict[str, Any]], contents: Contents, fsync: Fsync | None
+) -> None:
+    data = _read(dirs, name, contents, fsync)
+    if data is None:
         return
-    contents.paths.append(path)
-    lines, tail = split
-    contents.version += len(lines)
-    for number, line in enumerate(lines, 1):
+    for number, line in enumerate(_lines(data), 1):
+        contents.version += 1
         try:
             value = orjson.loads(line)
         except orjson.JSONDecodeError:
@@ -244,36 +307,48 @@ def _parse_lines(path: Path, into: list[dict[str, Any]], contents: _Contents) ->
         if isinstance(value, dict):
             into.append(value)
         else:
-            contents.incomplete.append(IncompleteCall("", f"{path.name}: damaged line {number}"))
-    if tail.strip():
-        contents.incomplete.append(
-            IncompleteCall("", f"{path.name}: torn final line (a write was cut short)")
+            contents.incomplete.append(IncompleteCall("", f"{name}: damaged line {number}"))
+    if data[data.rfind(b"\n") + 1 :].strip():
+        contents.incomplete.append(IncompleteCall("", f"{name}: torn final line (a write was cut short)"))
+
+
+def read_contents(dirs: DirFds, rollout_id: str, *, fsync: Fsync | None = None) -> Contents:
+    """A rollout's files, parsed (under its stripe; each file under ``flock(LOCK_SH)``, as the readers do,
+    so a NeMo Gym writer's line is never read half-written). ``fsync`` (the freeze) makes every file read
+    durable, so a snapshot never hands out a record that a crash could still take back. An entry that is
+    not a regular file is not read: it makes the rollout incomplete, with the reason."""
+    contents = Contents()
+    with gc_paused():
+        _parse_lines(dirs, rollout_id + CAPTURE_SUFFIX, contents.records, contents, fsync)
+        _parse_lines(dirs, rollout_id + TOKENS_SUFFIX, contents.tokens, contents, fsync)
+        data = _read(dirs, rollout_id + INCOMPLETE_SUFFIX, contents, fsync)
+    if data is None:
+        return contents
+    contents.marker_exists = True
+    marked = 0
+    for line in _lines(data):
+        marked += 1
+        try:
+            value = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            value = None
+        mcid, reason = (
+            (value.get("model_call_id"), value.get("reason")) if isinstance(value, dict) else ("", None)
         )
-
-
-def read_contents(root: Path, rollout_id: str) -> _Contents:
-    contents = _Contents()
-    _parse_lines(root / (rollout_id + CAPTURE_SUFFIX), contents.records, contents)
-    _parse_lines(root / (rollout_id + TOKENS_SUFFIX), contents.tokens, contents)
-    marker = root / (rollout_id + INCOMPLETE_SUFFIX)
-    split = _split(marker)
-    if split is not None:
-        contents.marker_exists = True
-        contents.paths.append(marker)
-        lines, _ = split
-        contents.version += len(lines)
-        for line in lines:
-            try:
-                value = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                value = None
-            if isinstance(value, dict):
-                mcid, reason = value.get("model_call_id"), value.get("reason")
-                contents.incomplete.append(
-                    IncompleteCall(mcid if isinstance(mcid, str) else "", str(reason or "marked incomplete"))
-                )
-            else:
-                contents.incomplete.append(IncompleteCall("", "marked incomplete"))
-        if not lines:
-            contents.incomplete.append(IncompleteCall("", "marked incomplete"))  # NeMo Gym's empty marker
+        contents.incomplete.append(
+            IncompleteCall(mcid if isinstance(mcid, str) else "", str(reason or "marked incomplete"))
+        )
+    contents.version += marked
+    if not marked:
+        contents.incomplete.append(IncompleteCall("", "marked incomplete"))  # NeMo Gym's empty marker
     return contents
+
+
+def count_version(dirs: DirFds, rollout_id: str) -> int:
+    """The rollout's ``version`` (its durable lines) without parsing them: what retire and drop need."""
+    total = 0
+    for suffix in (CAPTURE_SUFFIX, TOKENS_SUFFIX, INCOMPLETE_SUFFIX):
+        data = _read(dirs, rollout_id + suffix, Contents(), None)
+        if data is not None:
+            total += sum(1 for _ in _lines(data))
+    return total

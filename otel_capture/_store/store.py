@@ -7,21 +7,31 @@ only checks that the marker exists; we append one JSON line per failed call to i
 ``<dir>/<rollout_id>.tokens.jsonl`` holds one token line per call whose upstream returned token ids or
 log-probs (:mod:`._tokens`).
 
-The lifecycle (freeze, drop, retire, delete; DESIGN §6) is :class:`._lifecycle.FileLifecycle`; its own
-state lives in ``<dir>/.otel-capture/``, which NeMo Gym never reads (:mod:`._fences`).
+The lifecycle (freeze, drop, retire, delete) is :class:`.lifecycle.FileLifecycle`; its own state lives
+in ``<dir>/.otel-capture/``, which NeMo Gym never reads (:mod:`.dirstate`). Nothing here follows a link or
+waits on a FIFO: an entry that is not a regular file is skipped and listed by :meth:`damaged_entries`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
+import logging
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 from .._correlation import validate_rollout_id
-from .fences import _no_hook
+from .._settings import allow_shared_dir_from_environ
+from .fs import open_file, problem, read_all
+from .journal import no_hook
 from .lifecycle import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX, FileLifecycle
+from .types import DamagedEntryError
+
+_logger = logging.getLogger(__name__)
 
 __all__ = ["CAPTURE_SUFFIX", "INCOMPLETE_SUFFIX", "TOKENS_SUFFIX", "CaptureStore", "RawLines"]
 
@@ -39,6 +49,8 @@ class RawLines(NamedTuple):
 class CaptureStore(FileLifecycle):
     """A capture directory and its lifecycle. Creating the object never touches the filesystem.
 
+    ``allow_shared_directory``: use a world-writable directory, or one owned by another user, which is
+    otherwise refused with :class:`UnsafeDirectoryError` (default: ``OTEL_CAPTURE_ALLOW_SHARED_DIR``).
     ``fsync`` and ``crash_hook`` are seams for tests: a failing disk, and a callback named at each step of
     a lifecycle batch (crash tests SIGKILL the process there). Neither is a tuning knob.
     """
@@ -47,12 +59,16 @@ class CaptureStore(FileLifecycle):
         self,
         root: str | os.PathLike[str],
         *,
+        allow_shared_directory: bool | None = None,
         fsync: Callable[[int], None] = os.fsync,
         crash_hook: Callable[[str], None] | None = None,
     ) -> None:
         self.root = Path(root)
+        self._allow_shared = (
+            allow_shared_dir_from_environ() if allow_shared_directory is None else allow_shared_directory
+        )
         self._fsync = fsync
-        self._hook = crash_hook or _no_hook
+        self._hook = crash_hook or no_hook
 
     def __repr__(self) -> str:
         return f"CaptureStore({str(self.root)!r})"
@@ -67,25 +83,48 @@ class CaptureStore(FileLifecycle):
         return self.root / (validate_rollout_id(rollout_id) + TOKENS_SUFFIX)
 
     def is_incomplete(self, rollout_id: str) -> bool:
-        return self.incomplete_path(rollout_id).exists()
+        """Whether the marker exists (whatever it is: a damaged marker says something went wrong too)."""
+        return os.path.lexists(self.incomplete_path(rollout_id))
 
     def rollout_ids(self) -> list[str]:
-        """Every rollout with a data file or an incomplete marker, sorted."""
+        """Every rollout with a data, token or incomplete file that is a regular file, sorted: the one
+        listing of the directory's rollouts (``list_rollouts``, ``check`` and ``show`` use it)."""
+        return sorted({rid for rid, _, st in self._scan() if stat.S_ISREG(st.st_mode)})
+
+    def damaged_entries(self) -> list[tuple[str, str]]:
+        """``(file name, what it is)`` for each entry named like a rollout's file that is not a regular file
+        (a link, a FIFO, a directory: every reader skips it) or has several links (readers read it; the
+        writer never appends to it). Nothing is ever written through any of them."""
+        found = []
+        for _, name, st in self._scan():
+            what = problem(st, single_link=True)
+            if what is not None:
+                found.append((name, what))
+        return sorted(found)
+
+    def _scan(self) -> list[tuple[str, str, os.stat_result]]:
+        """``(rollout id, file name, lstat)`` of every entry named like a rollout's file."""
         if not self.root.is_dir():
             return []
-        ids = set()
-        for name in os.listdir(self.root):
-            for suffix in (CAPTURE_SUFFIX, INCOMPLETE_SUFFIX):
-                if name.endswith(suffix):
-                    ids.add(name[: -len(suffix)])
-        return sorted(ids)
+        found = []
+        with os.scandir(self.root) as entries:
+            for entry in entries:
+                for suffix in (CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX):
+                    if entry.name.endswith(suffix):
+                        with contextlib.suppress(FileNotFoundError):  # removed meanwhile
+                            found.append(
+                                (entry.name[: -len(suffix)], entry.name, entry.stat(follow_symlinks=False))
+                            )
+                        break
+        return found
 
     def read_token_lines(self, rollout_id: str) -> RawLines | None:
         """The rollout's token file split into lines (as :meth:`read_lines`); ``None`` if absent."""
         return self._read_split(self.tokens_path(rollout_id))
 
     def read_lines(self, rollout_id: str) -> RawLines | None:
-        """The rollout's data file split into lines, read whole under ``flock(LOCK_SH)``; ``None`` if absent.
+        """The rollout's data file split into lines, read whole under ``flock(LOCK_SH)``; ``None`` if absent,
+        or when it is a link, a FIFO or a device (skipped and logged: never followed or waited on).
 
         The shared lock is the one NeMo Gym's readers take: appenders hold ``LOCK_EX`` for a whole line, so
         under it every line is either complete or was torn by a writer that died. One ``read()`` and one
@@ -96,15 +135,23 @@ class CaptureStore(FileLifecycle):
     @staticmethod
     def _read_split(path: Path) -> RawLines | None:
         try:
-            handle = path.open("rb")
+            fd, _ = open_file(None, path, os.O_RDONLY, path.name, single_link=False)
         except FileNotFoundError:
             return None
-        with handle:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_SH)
+        except DamagedEntryError as exc:
+            if exc.what.startswith("a directory"):  # fails at once, as open() always did: not skipped
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path)) from None
+            # A link or a FIFO: never followed or waited on.
+            _logger.warning("skipping %s: %s", path, exc.what)
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
             try:
-                data = handle.read()
+                data = read_all(fd)
             finally:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
         lines = data.split(b"\n")
         tail = lines.pop()
         return RawLines(lines, tail)

@@ -8,6 +8,10 @@ Exceptions::
     ValueError
     ├── InvalidRolloutIdError    a rollout id that breaks the grammar (the whole batch is refused)
     └── CaptureStateError        a rollout whose lifecycle state cannot be read (that rollout only)
+    OSError
+    ├── DamagedEntryError        a path of the store that is a link, a FIFO, a hard link...: never used
+    └── PermissionError
+        └── UnsafeDirectoryError a capture directory other users can write (unless opted in)
 
 ``CaptureRetiredError`` subclasses ``CaptureFrozenError`` so that ``except CaptureFrozenError`` catches
 every "this rollout takes no more writes" refusal, and both subclass ``RuntimeError`` for old callers.
@@ -38,6 +42,25 @@ class CaptureStateError(ValueError):
 
     Only that rollout is affected; ``retire`` or ``delete`` of it writes a fresh event that supersedes
     the damage."""
+
+
+class DamagedEntryError(OSError):
+    """A path of the store is not what the store made: a symbolic link, a FIFO, a directory, or a data file
+    with several hard links. It is never followed, written through or waited on (``docs/durability.md``,
+    "A hostile directory"); the rollout's capture fails with this reason, and the response is untouched.
+
+    ``label`` is the path inside the capture directory, ``what`` what was found there."""
+
+    def __init__(self, label: str, what: str, consequence: str = "never followed or written through") -> None:
+        super().__init__(f"{label}: {what}: {consequence}")
+        self.label = label
+        self.what = what
+
+
+class UnsafeDirectoryError(PermissionError):
+    """The capture directory is world-writable or owned by another user, so others could plant links in it.
+
+    Refused unless opted in: ``allow_shared_directory=True`` (``OTEL_CAPTURE_ALLOW_SHARED_DIR=1``)."""
 
 
 class RemovalResult(TypedDict):

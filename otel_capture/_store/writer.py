@@ -1,6 +1,6 @@
 """The durable JSONL writer: one background thread, group commit, one ``fsync`` per file per batch.
 
-Durability contract (DESIGN §5), written before the code:
+Durability contract, written before the code (``docs/durability.md`` names the test of each clause):
 
 * ``submit(rollout_id, line)`` returns a future. It resolves with ``None`` only once the line is in
   ``<dir>/<rollout_id>.capture.jsonl`` *and* ``fsync``-ed, and, when this batch created the file, once the
@@ -8,7 +8,7 @@ Durability contract (DESIGN §5), written before the code:
   otherwise lose the whole file). It resolves with an exception when the line could not be made durable;
   the writer then appends the reason to ``<rollout_id>.capture.incomplete`` (best effort) so the rollout
   is visibly incomplete.
-* Fences first (DESIGN §6, ``_lifecycle``): a rollout's lines are appended under its stripe lock, after
+* Fences first (:mod:`.lifecycle`): a rollout's lines are appended under its stripe lock, after
   reading its fence there. A frozen or retired rollout's lines are dropped quietly: each future resolves
   with :class:`CaptureFrozenError` / :class:`CaptureRetiredError`, ``late_write_dropped`` counts them, and
   nothing is logged or marked incomplete (a late call is not a capture failure). The fence check costs one
@@ -22,6 +22,10 @@ Durability contract (DESIGN §5), written before the code:
 * Every line of a batch for one file goes out in a single ``write`` of whole lines, so a reader never sees
   half of one of our lines unless the process dies inside that ``write`` (a torn tail, which the reader
   reports and never parses).
+* Nothing outside the capture directory is written: every file is opened without following a link, and
+  must be a regular file with one link (a planted link, hard link or FIFO fails that rollout's capture,
+  marked incomplete with the reason; no open loops or blocks). A capture directory other users can write
+  is refused (:class:`UnsafeDirectoryError`) unless ``allow_shared_directory``.
 * The event loop never touches the disk: callers await the future, or pass a ``LoopWaiter`` that the
   thread resolves with one ``call_soon_threadsafe`` per event loop per batch (one wake-up for the whole
   batch, instead of one per call as ``asyncio.wrap_future`` costs).
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -46,15 +51,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._correlation import validate_rollout_id
-from .fences import DirState, Fence, dir_state
 from .._sink import LoopWaiter
+from .dirstate import DirState, dir_state
+from .fs import DIR_MODE, FILE_MODE, check_directory, make_root
+from .journal import Fence
 from .lifecycle_io import fenced_append, fenced_mark_incomplete
 from .types import CaptureFrozenError
 
 _logger = logging.getLogger(__name__)
-
-FILE_MODE = 0o600
-DIR_MODE = 0o700
 
 
 def _libc_syncfs() -> Callable[[int], None] | None:
@@ -124,23 +128,30 @@ _STOP = object()
 class JsonlWriter:
     """Appends record lines to per-rollout files from one background thread, with group commit.
 
-    ``fsync`` is a seam for tests that inject failures (a failing disk), not a tuning knob.
+    Raises :class:`UnsafeDirectoryError` for a directory other users can write, unless
+    ``allow_shared_directory``. ``fsync`` is a seam for tests that inject failures (a failing disk), not a
+    tuning knob.
     """
 
     def __init__(
         self,
         root: str | os.PathLike[str],
         *,
+        allow_shared_directory: bool = False,
         fsync: Callable[[int], None] = os.fsync,
         syncfs: Callable[[int], None] | None = LIBC_SYNCFS,
         file_mode: int = FILE_MODE,
         dir_mode: int = DIR_MODE,
     ) -> None:
         self.root = Path(root)
+        self._allow_shared = allow_shared_directory
+        check_directory(self.root, allow_shared=allow_shared_directory)
         self._state: DirState = dir_state(self.root)
         self.stats = WriterStats()
         self._fsync = fsync
-        self._wakeups: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None], BaseException | None]]] = {}
+        self._wakeups: dict[
+            asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None], BaseException | None]]
+        ] = {}
         self._syncfs = syncfs
         self._file_mode = file_mode
         self._dir_mode = dir_mode
@@ -262,23 +273,26 @@ class JsonlWriter:
         written: list[tuple[str, list[_Item]]] = []
         fds: list[int] = []
         created_any = False
-        for rollout_id, items in by_rollout.items():
-            try:
-                outcome = fenced_append(
-                    self._state, rollout_id, [(i.model_call_id, i.line, i.tokens_line) for i in items],
-                    begun.get(rollout_id, []), file_mode=self._file_mode,
-                )
-            except OSError as exc:
-                if items:
-                    self._fail(rollout_id, items, exc)
-                else:
-                    _logger.warning("could not write the in-flight markers of rollout %s: %s", rollout_id, exc)
-                continue
-            for index, error in outcome.dropped:
-                self._drop_late(items[index], error)
-            written.append((rollout_id, [items[index] for index in outcome.accepted]))
-            fds.extend(outcome.fds)
-            created_any |= outcome.created
+        with self._state.dirs() as dirs:
+            for rollout_id, items in by_rollout.items():
+                try:
+                    outcome = fenced_append(
+                        self._state,
+                        dirs,
+                        rollout_id,
+                        [(i.model_call_id, i.line, i.tokens_line) for i in items],
+                        begun.get(rollout_id, []),
+                        file_mode=self._file_mode,
+                    )
+                except OSError as exc:
+                    self._fail_append(rollout_id, items, begun.get(rollout_id, []), exc)
+                    dirs.close()  # reopened afresh: the failure may have been a directory removed under us
+                    continue
+                for index, error in outcome.dropped:
+                    self._drop_late(items[index], error)
+                written.append((rollout_id, [items[index] for index in outcome.accepted]))
+                fds.extend(outcome.fds)
+                created_any |= outcome.created
         # Phase 2: one sync covers the whole batch (see _sync); only then is any call acknowledged.
         try:
             self._sync(fds, created_any)
@@ -327,17 +341,14 @@ class JsonlWriter:
     def _flush_wakeups(self) -> None:
         wakeups, self._wakeups = self._wakeups, {}
         for loop, entries in wakeups.items():
-            try:
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody is waiting any more
                 loop.call_soon_threadsafe(_wake, entries)
-            except RuntimeError:  # that loop is closed: nobody is waiting any more
-                pass
 
     def _ensure_dir(self) -> None:
-        if self.root.is_dir():
-            return
-        # Created 0700 (records are training data); its parent is synced so the directory survives a crash.
-        self.root.mkdir(mode=self._dir_mode, parents=True, exist_ok=True)
-        _fsync_dir(self.root.parent, self._fsync)
+        """Checked each batch (one ``stat``): a directory made world-writable under a running writer stops
+        capture. Created 0700 (records are training data); its parent is synced so it survives a crash."""
+        check_directory(self.root, allow_shared=self._allow_shared)
+        make_root(self.root, self._fsync, self._dir_mode)
 
     def _drop_late(self, item: _Item, error: CaptureFrozenError) -> None:
         # Quietly: a late call of a frozen or retired rollout is the lifecycle working, not a failure.
@@ -345,7 +356,11 @@ class JsonlWriter:
         self._resolve(item, error)
 
     def _sync_dir(self) -> None:
-        _fsync_dir(self.root, self._fsync)
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            self._fsync(fd)
+        finally:
+            os.close(fd)
         self.stats.fsyncs += 1
 
     # -- failures ------------------------------------------------------------------------------------
@@ -358,13 +373,25 @@ class JsonlWriter:
             self._fail(rollout_id, group, exc)
 
     def _fail(self, rollout_id: str, items: list[_Item], exc: OSError) -> None:
-        reason = f"{type(exc).__name__}: {errno.errorcode.get(exc.errno or 0, '')} {exc.strerror or exc}".strip()
+        reason = _describe(exc)
         self.stats.failures += len(items)
         self.stats.last_failure = reason
         _logger.error("capture of %d call(s) of rollout %s failed: %s", len(items), rollout_id, reason)
         self._mark_incomplete(rollout_id, [item.model_call_id for item in items], reason)
         for item in items:
             self._resolve(item, exc)
+
+    def _fail_append(self, rollout_id: str, items: list[_Item], begun: list[str], exc: OSError) -> None:
+        """A rollout's append failed: its lines fail, and the calls begun without their ``+`` marker are
+        marked incomplete too (a freeze in another process could not see them in flight)."""
+        if items:
+            self._fail(rollout_id, items, exc)
+        in_batch = {item.model_call_id for item in items}
+        unmarked = [mcid for mcid in begun if mcid not in in_batch]
+        if unmarked:
+            reason = f"in-flight marker not written: {_describe(exc)}"
+            _logger.error("rollout %s: %s", rollout_id, reason)
+            self._mark_incomplete(rollout_id, unmarked, reason)
 
     def _abandon(self, abandoned: _Abandon) -> None:
         self.stats.failures += 1
@@ -373,10 +400,16 @@ class JsonlWriter:
 
     def _mark_incomplete(self, rollout_id: str, model_call_ids: list[str], reason: str) -> None:
         try:
-            fenced_mark_incomplete(
-                self._state, rollout_id, [(mcid, reason) for mcid in model_call_ids],
-                fsync=self._fsync, check=self._fence, file_mode=self._file_mode,
-            )
+            with self._state.dirs() as dirs:
+                fenced_mark_incomplete(
+                    self._state,
+                    dirs,
+                    rollout_id,
+                    [(mcid, reason) for mcid in model_call_ids],
+                    fsync=self._fsync,
+                    check=self._fence,
+                    file_mode=self._file_mode,
+                )
         except OSError as exc:
             # The disk that refused the record may refuse the marker too; the log line is all that is left.
             _logger.error("could not mark rollout %s incomplete: %s", rollout_id, exc)
@@ -397,16 +430,5 @@ def _wake(entries: list[tuple[asyncio.Future[None], BaseException | None]]) -> N
             future.set_exception(error)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _fsync_dir(path: Path, fsync: Callable[[int], None]) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fsync(fd)
-    finally:
-        os.close(fd)
+def _describe(exc: OSError) -> str:
+    return f"{type(exc).__name__}: {errno.errorcode.get(exc.errno or 0, '')} {exc.strerror or exc}".strip()

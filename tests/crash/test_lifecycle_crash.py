@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from otel_capture import CaptureStore
-from otel_capture._store.fences import STATE_DIR
+from otel_capture._store.dirstate import STATE_DIR
 from otel_capture._store.lifecycle import RECORD_SUFFIXES
 
 CHILD = Path(__file__).with_name("_lifecycle_child.py")

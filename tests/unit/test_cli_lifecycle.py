@@ -37,10 +37,10 @@ def test_errors_are_one_line_and_exit_1(tmp_path: Path, capsys: pytest.CaptureFi
     store.append_now("x", "c", {})
     rename = os.rename
 
-    def refusing(src: Any, dst: Any) -> None:
+    def refusing(src: Any, dst: Any, **dir_fds: Any) -> None:
         if os.path.basename(src) == "x.capture.jsonl":
             raise OSError(5, "Input/output error")
-        rename(src, dst)
+        rename(src, dst, **dir_fds)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(os, "rename", refusing)

@@ -20,7 +20,8 @@ from otel_capture import (
     CaptureStore,
     InvalidRolloutIdError,
 )
-from otel_capture._store.fences import STATE_DIR, dir_state
+from otel_capture._store.dirstate import STATE_DIR, dir_state
+from otel_capture._store.journal import FenceJournal
 from otel_capture._store.writer import JsonlWriter
 from otel_capture.conformance import InMemoryCaptureBackend
 
@@ -360,10 +361,10 @@ def _refuse_moving(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """A disk that refuses to move (remove) one rollout's record file."""
     rename = os.rename
 
-    def refusing(src: Any, dst: Any) -> None:
+    def refusing(src: Any, dst: Any, **dir_fds: Any) -> None:
         if os.path.basename(src) == name:
             raise OSError(5, "Input/output error")
-        rename(src, dst)
+        rename(src, dst, **dir_fds)
 
     monkeypatch.setattr(os, "rename", refusing)
 
@@ -475,7 +476,7 @@ def test_a_torn_journal_tail_from_a_crashed_appender_is_terminated_not_merged(tm
 
 
 def test_the_journal_is_compacted_once_mostly_dead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("otel_capture._store.fences.COMPACT_MIN_LINES", 50)
+    monkeypatch.setattr("otel_capture._store.journal.COMPACT_MIN_LINES", 50)
     store = CaptureStore(tmp_path / "calls")
     store.retire_now(["keep"])
     for i in range(30):
@@ -507,7 +508,8 @@ def test_freeze_sees_a_call_in_flight_in_another_process_through_its_marker(tmp_
     store = CaptureStore(tmp_path / "calls")
     _write(store, "r")
     state = dir_state(store.root)
-    state.write_markers("r", ["other-process-call"], [])  # what another process's writer thread writes
+    with state.dirs() as dirs:  # what another process's writer thread writes
+        state.markers.write(dirs, "r", ["other-process-call"], [])
     snap = store.freeze_now("r")
     assert [c.model_call_id for c in snap.incomplete_calls] == ["other-process-call"]
 
@@ -601,3 +603,59 @@ def test_a_failed_write_of_a_retired_rollout_leaves_no_marker(tmp_path: Path) ->
     finally:
         writer.close()
     assert not store.incomplete_path("r").exists()
+
+
+# --- bounded by the work in hand (issue 15, item 10) -------------------------------------------------------
+
+
+def test_a_freeze_and_drop_workload_keeps_the_fence_journal_compacted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A drop supersedes its freeze line: retire compacts the journal too, so it stays within 1.5 lines
+    per fence in force (it had two per dropped rollout, forever)."""
+    monkeypatch.setattr("otel_capture._store.journal.COMPACT_MIN_LINES", 50)
+    store = CaptureStore(tmp_path / "calls")
+    for i in range(200):
+        _write(store, f"r{i}")
+        snap = store.freeze_now(f"r{i}")
+        assert store.drop_now(f"r{i}", snapshot_id=snap.snapshot_id, version=snap.version)
+    journal = (store.root / STATE_DIR / "fences.journal").read_bytes().splitlines()
+    assert len(journal) <= 1.5 * 200 + 2
+    fresh = FenceJournal(store.root / STATE_DIR)  # what another process loads
+    fresh.refresh()
+    assert len(fresh.fences()) == 200 and {f.kind for f in fresh.fences().values()} == {"retired"}
+    assert fresh.fence("r7") == dir_state(store.root).journal.fence("r7")
+
+
+def test_in_flight_markers_go_once_their_calls_are_recorded(tmp_path: Path) -> None:
+    """One marker file per rollout with a call in flight, not one per rollout ever seen until retire."""
+    store = CaptureStore(tmp_path / "calls")
+    inflight = store.root / STATE_DIR / "inflight"
+    writer = JsonlWriter(store.root)
+    try:
+        for i in range(20):
+            writer.begin(f"r{i}", "c1")
+        assert writer.flush(60)
+        assert len(os.listdir(inflight)) == 20  # what a freeze in another process reads meanwhile
+        for i in range(20):
+            writer.submit(f"r{i}", b'{"model_call_id":"c1"}\n', "c1")
+        assert writer.flush(60)
+    finally:
+        writer.close()
+    store.begin_call("s", "c1")
+    store.mark_incomplete("s", "c1", "the upstream died")
+    assert os.listdir(inflight) == []
+    assert store.list_rollouts() == {**{f"r{i}": "live" for i in range(20)}, "s": "live"}
+
+
+def test_the_store_has_one_listing_of_rollouts(tmp_path: Path) -> None:
+    """``rollout_ids`` is the listing: ``list_rollouts``, ``check`` and ``show`` all use it; a rollout with
+    only a token file is one, a FIFO named like a data file is not (it is a damaged entry)."""
+    store = CaptureStore(tmp_path / "calls")
+    store.append_now("d", "c1", {"dialect": "chat"})
+    store.mark_incomplete("i", "c1", "why")
+    (store.root / "t.tokens.jsonl").write_bytes(b'{"model_call_id":"c1"}\n')
+    os.mkfifo(store.root / "f.capture.jsonl")
+    assert store.rollout_ids() == ["d", "i", "t"]
+    assert store.list_rollouts() == {"d": "live", "i": "live", "t": "live"}
+    assert store.damaged_entries() == [("f.capture.jsonl", "a FIFO, not a regular file")]
