@@ -148,8 +148,12 @@ class InFlightCall:
         self.rollout_id = rollout_id
         self.settings = settings
         self.session_id = session_id
-        self.started_at = time.time()
+        # One clock reading starts both the record's latency and the span (start_time_ns, end_time_ns): a
+        # span's duration in a tracing backend is the record's latency_ms
+        self.start_time_ns = time.time_ns()
+        self.started_at = self.start_time_ns / 1e9
         self._t0 = time.perf_counter()
+        self.end_time_ns: int | None = None
         self.request = _Body(settings.max_body_bytes)
         self.request_obj: dict[str, Any] | None = None
         self.response = _Body(settings.max_body_bytes)
@@ -220,8 +224,10 @@ class InFlightCall:
 
     def finish(self, *, exception: BaseException | None = None, cancelled: bool = False) -> None:
         """Close the call: timings, the reassembled response, the error category."""
-        self.latency_ms = round((time.perf_counter() - self._t0) * 1000, 2)
-        self.completed_at = time.time()
+        elapsed = time.perf_counter() - self._t0
+        self.latency_ms = round(elapsed * 1000, 2)
+        self.end_time_ns = self.start_time_ns + int(elapsed * 1e9)
+        self.completed_at = self.end_time_ns / 1e9
         if self.ttft_ms is None:
             self.ttft_ms = self._first_byte_ms
         category = classify_status(self.status_code)

@@ -244,7 +244,9 @@ class ModelCallCaptureMiddleware:
             attributes[A.ROLLOUT_ID_BAGGAGE] = baggage_id
         attributes.update(_server_attributes(scope, headers))
         name = f"{A.OPERATION_CHAT} {call.request_model}" if call.request_model else A.OPERATION_CHAT
-        span = self._tracer.start_span(name, context=parent, kind=self._span_kind, attributes=attributes)
+        span = self._tracer.start_span(
+            name, context=parent, kind=self._span_kind, attributes=attributes, start_time=call.start_time_ns
+        )
         return span, attributes
 
     async def _finish(
@@ -283,7 +285,7 @@ class ModelCallCaptureMiddleware:
             if self.sink is not None:
                 self.sink.abandon_call(call.rollout_id, call.model_call_id, f"capture_error: {type(exc).__name__}: {exc}")
         finally:
-            span.end()
+            span.end(end_time=call.end_time_ns)  # None (the finish failed): now
         if finished is None or self.sink is None:
             return
         self.sink.write_call(finished)
