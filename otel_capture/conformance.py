@@ -1,4 +1,4 @@
-"""The capture-lifecycle conformance kit: prove that a backend follows DESIGN §6.
+"""The capture-lifecycle conformance kit: prove that a backend follows ``docs/lifecycle.md``.
 
 ::
 
@@ -141,7 +141,11 @@ def _write_then_freeze(factory: Factory, rid: str) -> None:
     ids = _write(factory(), rid, 2)
     _expect(factory().rollout_state(rid) == "live", "a written rollout is not live")
     snap = factory().freeze_now(rid)
-    _expect([r.get("model_call_id") for r in snap.records] == ids, f"records {snap.records!r} != calls {ids}")
+    _expect([r.model_call_id for r in snap.records] == ids, f"records {snap.records!r} != calls {ids}")
+    _expect(
+        [r.call_index for r in snap.records] == list(range(len(ids))),
+        f"call_index {[r.call_index for r in snap.records]} is not the append order",
+    )
     _expect(len(snap.tokens) == 2, f"expected 2 token lines, got {len(snap.tokens)}")
     _expect(not snap.incomplete, f"a clean rollout froze incomplete: {snap.incomplete_calls}")
     _expect(
@@ -272,7 +276,7 @@ def _delete_clears_retirement(factory: Factory, rid: str) -> None:
     _expect(factory().rollout_state(rid) == "absent", "a deleted rollout is not absent")
     ids = _write(factory(), rid, 1)
     snap = factory().freeze_now(rid)
-    _expect([r.get("model_call_id") for r in snap.records] == ids, "a reused id did not start from empty")
+    _expect([r.model_call_id for r in snap.records] == ids, "a reused id did not start from empty")
     _expect(factory().delete_now([rid])["removed"] == [rid], "delete of a frozen rollout did not remove it")
     _expect(
         factory().delete_now([rid]) == {"removed": [], "absent": [rid], "failed": {}}, "a repeated delete"

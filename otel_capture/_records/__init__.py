@@ -8,6 +8,7 @@ from .readers import (
     AvailableRecords,
     CaptureReadError,
     InvalidLine,
+    parse_record_line,
     read_available_model_call_records,
     read_model_call_records,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "aggregate_model_call_records",
     "build_model_call_record",
     "call_failed",
+    "parse_record_line",
     "read_available_model_call_records",
     "read_model_call_records",
 ]

@@ -33,6 +33,7 @@ __all__ = [
     "AvailableRecords",
     "CaptureReadError",
     "InvalidLine",
+    "parse_record_line",
     "read_available_model_call_records",
     "read_model_call_records",
 ]
@@ -107,6 +108,14 @@ def _record_from_line(stripped: bytes, call_index: int) -> ModelCallRecord:
         raise _DamagedLine(_validation_reason(exc)) from exc
     except Exception as exc:  # Gym counts any failure to build a record as a damaged line
         raise _DamagedLine(f"cannot derive record: {type(exc).__name__}: {exc}") from exc
+
+
+def parse_record_line(line: bytes, call_index: int) -> ModelCallRecord | None:
+    """One non-blank line as the readers read it; ``None`` when it is damaged (what a freeze reports)."""
+    try:
+        return _record_from_line(line.strip(), call_index)
+    except _DamagedLine:
+        return None
 
 
 def _scan(lines: Sequence[bytes]) -> Generator[tuple[int, bytes, ModelCallRecord | _DamagedLine], None, None]:

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from .._records import ModelCallRecord, parse_record_line
 from .dirstate import DirState
 from .fs import FILE_MODE, DirFds, Fsync, open_append, read_locked, write_all
 from .journal import Fence
@@ -263,14 +264,14 @@ def gc_paused() -> Iterator[None]:
 
 @dataclass
 class Contents:
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[ModelCallRecord] = field(default_factory=list)
     tokens: list[dict[str, Any]] = field(default_factory=list)
     incomplete: list[IncompleteCall] = field(default_factory=list)
     marker_exists: bool = False
     version: int = 0
 
     def call_ids(self) -> set[str]:
-        ids = {r.get("model_call_id") for r in self.records} | {c.model_call_id for c in self.incomplete}
+        ids = {r.model_call_id for r in self.records} | {c.model_call_id for c in self.incomplete}
         return {i for i in ids if isinstance(i, str)}
 
 
@@ -292,19 +293,30 @@ def _read(dirs: DirFds, name: str, contents: Contents, fsync: Fsync | None) -> b
         return None
 
 
+def _json_object(line: bytes, _index: int) -> dict[str, Any] | None:
+    try:
+        value = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def _parse_lines(
-    dirs: DirFds, name: str, into: list[dict[str, Any]], contents: Contents, fsync: Fsync | None
+    dirs: DirFds,
+    name: str,
+    into: list[Any],
+    contents: Contents,
+    fsync: Fsync | None,
+    parse: Callable[[bytes, int], Any] = _json_object,
 ) -> None:
+    """Append each non-blank line, parsed by ``parse(line, index)``, to ``into``; ``None`` is damage."""
     data = _read(dirs, name, contents, fsync)
     if data is None:
         return
     for number, line in enumerate(_lines(data), 1):
         contents.version += 1
-        try:
-            value = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            value = None
-        if isinstance(value, dict):
+        value = parse(line, number - 1)
+        if value is not None:
             into.append(value)
         else:
             contents.incomplete.append(IncompleteCall("", f"{name}: damaged line {number}"))
@@ -319,7 +331,8 @@ def read_contents(dirs: DirFds, rollout_id: str, *, fsync: Fsync | None = None) 
     not a regular file is not read: it makes the rollout incomplete, with the reason."""
     contents = Contents()
     with gc_paused():
-        _parse_lines(dirs, rollout_id + CAPTURE_SUFFIX, contents.records, contents, fsync)
+        # parsed as the readers parse it: the same records, call_index counting damaged lines too
+        _parse_lines(dirs, rollout_id + CAPTURE_SUFFIX, contents.records, contents, fsync, parse_record_line)
         _parse_lines(dirs, rollout_id + TOKENS_SUFFIX, contents.tokens, contents, fsync)
         data = _read(dirs, rollout_id + INCOMPLETE_SUFFIX, contents, fsync)
     if data is None:

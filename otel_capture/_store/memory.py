@@ -13,7 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from .._correlation import validate_rollout_id
+from .._records import parse_record_line
 from .lifecycle import INFLIGHT_REASON
 from .types import (
     ROLLOUT_STATES,
@@ -156,9 +159,16 @@ class InMemoryCaptureBackend:
                 seq = self._event(rollout)
                 fence = rollout.fence = _Fence("frozen", seq, uuid.uuid4().hex, inflight=inflight)
             calls = list(rollout.incomplete) + [IncompleteCall(m, INFLIGHT_REASON) for m in fence.inflight]
+            # read back as CaptureStore reads its file: the readers' records, a damaged one reported
+            records = [parse_record_line(orjson.dumps(r), i) for i, r in enumerate(rollout.records)]
+            calls += [
+                IncompleteCall(line["model_call_id"], f"damaged record {i + 1}")
+                for i, (line, record) in enumerate(zip(rollout.records, records))
+                if record is None
+            ]
             return CaptureSnapshot(
                 rollout_id=rid,
-                records=tuple(dict(r) for r in rollout.records),
+                records=tuple(r for r in records if r is not None),
                 tokens=tuple(dict(t) for t in rollout.tokens),
                 incomplete=bool(calls),
                 snapshot_id=fence.snapshot_id or "",

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 from .._correlation import validate_rollout_id
+from .._records.schema import ModelCallRecord
 
 RolloutState = Literal["absent", "live", "frozen", "retired"]
 ROLLOUT_STATES: tuple[RolloutState, ...] = ("absent", "live", "frozen", "retired")
@@ -89,14 +90,15 @@ class IncompleteCall:
 class CaptureSnapshot:
     """A frozen rollout, as the consumer sees it.
 
-    ``records`` are the model-call lines (``<id>.capture.jsonl``) and ``tokens`` the token lines
-    (``<id>.tokens.jsonl``), parsed, in append order. ``version`` counts every durable line of the rollout
-    (records, token lines, incomplete marks); ``drop`` succeeds only with this exact ``snapshot_id`` and
-    ``version``, so a mark after the freeze (which changes ``version``) makes a stale drop fail.
+    ``records`` are the model-call lines (``<id>.capture.jsonl``) read as the readers read them, and
+    ``tokens`` the token lines (``<id>.tokens.jsonl``), parsed, in append order. ``version`` counts every
+    durable line of the rollout (records, token lines, incomplete marks); ``drop`` succeeds only with this
+    exact ``snapshot_id`` and ``version``, so a mark after the freeze (which changes ``version``) makes a
+    stale drop fail.
     """
 
     rollout_id: str
-    records: tuple[dict[str, Any], ...]
+    records: tuple[ModelCallRecord, ...]
     tokens: tuple[dict[str, Any], ...]
     incomplete: bool
     snapshot_id: str

@@ -67,5 +67,5 @@ def test_freeze_waits_for_a_gym_writer_holding_the_lock_mid_line(tmp_path: Path)
         assert not freeze.is_alive(), "the freeze hung"
         assert writer.wait(BOUND) == 0
     snapshot = snapshots[0]
-    assert [r["model_call_id"] for r in snapshot.records] == ["c0", "g1", "g2"]
+    assert [r.model_call_id for r in snapshot.records] == ["c0", "g1", "g2"]
     assert not snapshot.incomplete, snapshot.incomplete_calls

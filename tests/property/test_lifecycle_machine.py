@@ -136,7 +136,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             return
         self.snapshots[rid] = []
         for snap in snaps:
-            assert [r["model_call_id"] for r in snap.records] == m.records
+            assert [r.model_call_id for r in snap.records] == m.records
             assert len(snap.tokens) == m.tokens and snap.version == m.version
             assert snap.incomplete == bool(m.marks or m.frozen_inflight)
             named = sorted(c.model_call_id for c in snap.incomplete_calls)

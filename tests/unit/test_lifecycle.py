@@ -47,7 +47,7 @@ def test_absent_first_write_makes_it_live_with_both_families(backend: Any) -> No
     _write(backend, "r")
     assert backend.rollout_state("r") == "live"
     snap = backend.freeze_now("r")
-    assert [r["model_call_id"] for r in snap.records] == ["c1"]
+    assert [r.model_call_id for r in snap.records] == ["c1"]
     assert [t["model_call_id"] for t in snap.tokens] == ["c1"] and snap.tokens[0]["prompt_token_ids"] == [
         1,
         2,
@@ -108,7 +108,7 @@ def test_live_delete_makes_it_absent(backend: Any) -> None:
     assert backend.delete_now(["r"])["removed"] == ["r"]
     assert backend.rollout_state("r") == "absent"
     _write(backend, "r", "c2")
-    assert [r["model_call_id"] for r in backend.freeze_now("r").records] == ["c2"]
+    assert [r.model_call_id for r in backend.freeze_now("r").records] == ["c2"]
 
 
 def test_live_drop_is_false(backend: Any) -> None:
@@ -189,7 +189,7 @@ def test_retired_refuses_everything_but_delete_with_the_retired_error(backend: A
     assert backend.delete_now(["r"]) == {"removed": ["r"], "absent": [], "failed": {}}
     assert backend.rollout_state("r") == "absent"
     _write(backend, "r", "new")
-    assert [r["model_call_id"] for r in backend.freeze_now("r").records] == ["new"]
+    assert [r.model_call_id for r in backend.freeze_now("r").records] == ["new"]
 
 
 def test_a_call_begun_before_a_delete_is_late_even_though_the_id_is_live_again(backend: Any) -> None:
@@ -199,7 +199,7 @@ def test_a_call_begun_before_a_delete_is_late_even_though_the_id_is_live_again(b
     with pytest.raises(CaptureRetiredError):
         backend.append_now("r", "old", {})
     snap = backend.freeze_now("r")
-    assert [r["model_call_id"] for r in snap.records] == ["new"] and not snap.incomplete
+    assert [r.model_call_id for r in snap.records] == ["new"] and not snap.incomplete
 
 
 # --- batches -----------------------------------------------------------------------------------------
@@ -354,7 +354,7 @@ def test_phase_two_keeps_the_records_of_an_id_deleted_and_reused_in_between(tmp_
     result = store.retire_now(["r"])
     assert result == {"removed": [], "absent": ["r"], "failed": {}}
     assert store.rollout_state("r") == "live"
-    assert [r["model_call_id"] for r in store.freeze_now("r").records] == ["new-attempt"]
+    assert [r.model_call_id for r in store.freeze_now("r").records] == ["new-attempt"]
 
 
 def _refuse_moving(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
@@ -585,7 +585,7 @@ def test_the_writer_drops_a_call_that_began_before_a_retire_and_delete(
     writer.begin("r", "new")
     writer.submit("r", b'{"model_call_id":"new"}\n', "new").result()
     snap = store.freeze_now("r")
-    assert [r["model_call_id"] for r in snap.records] == ["new"] and not snap.incomplete
+    assert [r.model_call_id for r in snap.records] == ["new"] and not snap.incomplete
 
 
 def test_a_failed_write_of_a_retired_rollout_leaves_no_marker(tmp_path: Path) -> None:

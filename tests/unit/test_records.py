@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from support import FIXTURES
 
 import otel_capture
+import otel_capture.conformance
 
 from otel_capture._records import (
     EXTRA_RECORD_FIELDS,
@@ -412,3 +413,31 @@ def test_the_garbage_collector_is_restored(store: CaptureStore) -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+# --- a freeze hands out the readers' records ----------------------------------------------------------
+
+
+def test_a_freeze_returns_the_records_the_tolerant_reader_returns(store: CaptureStore) -> None:
+    usage = {"prompt_tokens": 3, "completion_tokens": 4}
+    _write(store, "r", _line(response={"usage": usage}) + b"{damaged\n" + _line(model_call_id="b", status_code="x"))
+    _write(store, "r", store.data_path("r").read_bytes() + _line(model_call_id="c"))
+    available = read_available_model_call_records(store, "r")
+    snapshot = store.freeze_now("r")
+    assert snapshot.records == tuple(available.records)
+    assert all(isinstance(record, ModelCallRecord) for record in snapshot.records)
+    assert [(r.model_call_id, r.call_index) for r in snapshot.records] == [("a" * 32, 0), ("c", 3)]
+    assert snapshot.records[0].tokens_in == 3  # derived, as the readers derive it
+    assert [call.reason for call in snapshot.incomplete_calls] == [
+        "r.capture.jsonl: damaged line 2",
+        "r.capture.jsonl: damaged line 3",  # valid JSON, but not a record
+    ]
+
+
+def test_the_in_memory_backend_freezes_to_the_same_records() -> None:
+    backend = otel_capture.conformance.InMemoryCaptureBackend()
+    backend.append_now("r", "a", {"dialect": "chat", "response": {"usage": {"input_tokens": 5}}})
+    backend.append_now("r", "b", {"status_code": "not a status"})
+    snapshot = backend.freeze_now("r")
+    assert [(r.model_call_id, r.call_index, r.tokens_in) for r in snapshot.records] == [("a", 0, 5)]
+    assert [(c.model_call_id, c.reason) for c in snapshot.incomplete_calls] == [("b", "damaged record 2")]
