@@ -201,7 +201,8 @@ class InFlightCall:
         if self._first_byte_ms is None:
             self._first_byte_ms = now_ms
         if self._decoding is not None:
-            chunk = self._decoding.decode(chunk)  # the client got the bytes as sent; the record keeps them decoded
+            # the client got the bytes as sent; the record keeps them decoded
+            chunk = self._decoding.decode(chunk)
             self.response.truncated = self.response.truncated or self._decoding.failed
         self.response.add(chunk)
         if self._decoder is None or self._accumulator is None:

@@ -67,7 +67,9 @@ def _chat_parts(content: object) -> list[dict[str, Any]]:
             if part.get("type") == "text":
                 parts.append(_text(part.get("text")))
             elif part.get("type") == "image_url" and isinstance(part.get("image_url"), dict):
-                parts.append({"type": "uri", "modality": "image", "uri": str(part["image_url"].get("url", ""))})
+                parts.append(
+                    {"type": "uri", "modality": "image", "uri": str(part["image_url"].get("url", ""))}
+                )
             else:
                 parts.append(_generic(part))
     return parts
@@ -78,12 +80,14 @@ def _chat_tool_calls(calls: object) -> list[dict[str, Any]]:
     for call in calls if isinstance(calls, list) else []:
         function = call.get("function") if isinstance(call, dict) else None
         if isinstance(function, dict):
-            parts.append({
-                "type": "tool_call",
-                "id": call.get("id"),
-                "name": function.get("name"),
-                "arguments": _arguments(function.get("arguments")),
-            })
+            parts.append(
+                {
+                    "type": "tool_call",
+                    "id": call.get("id"),
+                    "name": function.get("name"),
+                    "arguments": _arguments(function.get("arguments")),
+                }
+            )
     return parts
 
 
@@ -94,8 +98,13 @@ def chat_input(request: dict[str, Any]) -> tuple[list[Any], list[Any]]:
             continue
         role = message.get("role") if isinstance(message.get("role"), str) else "user"
         if role == "tool":
-            parts = [{"type": "tool_call_response", "id": message.get("tool_call_id"),
-                      "response": message.get("content")}]
+            parts = [
+                {
+                    "type": "tool_call_response",
+                    "id": message.get("tool_call_id"),
+                    "response": message.get("content"),
+                }
+            ]
         else:
             parts = _chat_parts(message.get("content")) + _chat_tool_calls(message.get("tool_calls"))
         entry: dict[str, Any] = {"role": role, "parts": parts}
@@ -118,11 +127,13 @@ def chat_output(response: dict[str, Any]) -> list[Any]:
         if message.get("content") is not None:
             parts += _chat_parts(message.get("content"))
         parts += _chat_tool_calls(message.get("tool_calls"))
-        output.append({
-            "role": message.get("role") or "assistant",
-            "parts": parts,
-            "finish_reason": choice.get("finish_reason") or "error",
-        })
+        output.append(
+            {
+                "role": message.get("role") or "assistant",
+                "parts": parts,
+                "finish_reason": choice.get("finish_reason") or "error",
+            }
+        )
     return output
 
 
@@ -148,13 +159,24 @@ def _responses_content(content: object) -> list[dict[str, Any]]:
 def _responses_item(item: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     kind = item.get("type")
     if kind == "function_call":
-        return "assistant", [{"type": "tool_call", "id": item.get("call_id"), "name": item.get("name"),
-                              "arguments": _arguments(item.get("arguments"))}]
+        return "assistant", [
+            {
+                "type": "tool_call",
+                "id": item.get("call_id"),
+                "name": item.get("name"),
+                "arguments": _arguments(item.get("arguments")),
+            }
+        ]
     if kind == "function_call_output":
-        return "tool", [{"type": "tool_call_response", "id": item.get("call_id"), "response": item.get("output")}]
+        return "tool", [
+            {"type": "tool_call_response", "id": item.get("call_id"), "response": item.get("output")}
+        ]
     if kind == "reasoning":
-        texts: list[str] = [s["text"] for s in (item.get("summary") or []) + (item.get("content") or [])
-                            if isinstance(s, dict) and isinstance(s.get("text"), str)]
+        texts: list[str] = [
+            s["text"]
+            for s in (item.get("summary") or []) + (item.get("content") or [])
+            if isinstance(s, dict) and isinstance(s.get("text"), str)
+        ]
         return "assistant", [{"type": "reasoning", "content": "\n".join(texts)}]
     role: str = item["role"] if isinstance(item.get("role"), str) else "user"
     if kind in (None, "message"):
@@ -199,8 +221,14 @@ def _anthropic_blocks(content: object) -> list[dict[str, Any]]:
         if kind == "text":
             parts.append(_text(block.get("text")))
         elif kind in ("tool_use", "server_tool_use"):
-            parts.append({"type": "tool_call" if kind == "tool_use" else "server_tool_call",
-                          "id": block.get("id"), "name": block.get("name"), "arguments": block.get("input")})
+            parts.append(
+                {
+                    "type": "tool_call" if kind == "tool_use" else "server_tool_call",
+                    "id": block.get("id"),
+                    "name": block.get("name"),
+                    "arguments": block.get("input"),
+                }
+            )
         elif kind == "tool_result":
             response = block.get("content")
             if isinstance(response, list):
@@ -216,8 +244,10 @@ def _anthropic_blocks(content: object) -> list[dict[str, Any]]:
 def messages_input(request: dict[str, Any]) -> tuple[list[Any], list[Any]]:
     system = _anthropic_blocks(request.get("system")) if request.get("system") else []
     messages = [
-        {"role": m.get("role") if isinstance(m.get("role"), str) else "user",
-         "parts": _anthropic_blocks(m.get("content"))}
+        {
+            "role": m.get("role") if isinstance(m.get("role"), str) else "user",
+            "parts": _anthropic_blocks(m.get("content")),
+        }
         for m in request.get("messages") or []
         if isinstance(m, dict)
     ]
@@ -226,11 +256,13 @@ def messages_input(request: dict[str, Any]) -> tuple[list[Any], list[Any]]:
 
 def messages_output(response: dict[str, Any]) -> list[Any]:
     reason = response.get("stop_reason")
-    return [{
-        "role": response.get("role") or "assistant",
-        "parts": _anthropic_blocks(response.get("content")),
-        "finish_reason": reason if isinstance(reason, str) else "error",
-    }]
+    return [
+        {
+            "role": response.get("role") or "assistant",
+            "parts": _anthropic_blocks(response.get("content")),
+            "finish_reason": reason if isinstance(reason, str) else "error",
+        }
+    ]
 
 
 def tool_definitions(tools: object) -> list[dict[str, Any]]:

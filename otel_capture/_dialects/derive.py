@@ -150,7 +150,7 @@ def _as_arguments(arguments: object) -> Any:
     if isinstance(arguments, str):
         try:
             return json.loads(arguments)
-        except Exception:  # noqa: BLE001  # any failure (ValueError, RecursionError) keeps the text, as Gym does
+        except Exception:  # any failure (ValueError, RecursionError) keeps the text, as Gym does
             return {"_raw": arguments}
     return {}
 

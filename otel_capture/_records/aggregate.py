@@ -16,6 +16,7 @@ __all__ = ["aggregate_model_call_metrics", "aggregate_model_call_records"]
 
 _logger = logging.getLogger(__name__)
 
+
 def aggregate_model_call_records(records: Sequence[ModelCallRecord]) -> dict[str, Any]:
     """Gym's aggregate (each value the sum over calls that have it, ``None`` if none do), then ours.
 

@@ -156,7 +156,9 @@ def read_model_call_records(store: CaptureStore, rollout_id: str) -> list[ModelC
     with closing(_scan(raw.lines)) as scan:  # closed at once, so the collector resumes even on a raise
         for number, _, record in scan:
             if isinstance(record, _DamagedLine):
-                raise CaptureReadError(store.data_path(rollout_id), number, record.reason) from record.__cause__
+                raise CaptureReadError(
+                    store.data_path(rollout_id), number, record.reason
+                ) from record.__cause__
             records.append(record)
     if raw.tail.strip():
         raise CaptureReadError(store.data_path(rollout_id), len(raw.lines) + 1, _TORN_REASON)
