@@ -38,7 +38,8 @@ first user middleware (where NeMo Gym installs its own), ``server-span`` is that
 Completions chunks (one SSE event per ASGI message, then the finish and usage chunks and ``[DONE]``)
 instead of the JSON answer.
 
-``BENCH_CPROFILE=<file>`` in the environment runs the server under ``cProfile`` and dumps the stats to
+``BENCH_UVICORN_HTTP`` and ``BENCH_UVICORN_LOOP`` (``h11``, ``asyncio``) override uvicorn's ``auto`` choice, to show
+what the stack itself is worth. ``BENCH_CPROFILE=<file>`` in the environment runs the server under ``cProfile`` and dumps the stats to
 ``<file>`` when it stops (``bench/profile_goals.py`` uses it).
 """
 
@@ -517,9 +518,12 @@ def _serve(app: Any) -> None:
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
+    import os
+
     sock = bind_tcp_socket("127.0.0.1", 0)
     print(f"listening on {_socket_url(sock)}", flush=True)
-    Server(uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False)).run(sockets=[sock])
+    stack = {"http": os.environ.get("BENCH_UVICORN_HTTP", "auto"), "loop": os.environ.get("BENCH_UVICORN_LOOP", "auto")}
+    Server(uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False, **stack)).run(sockets=[sock])
 
 
 def _proxy(upstream: str, capture_dir: str | None, *, as_shipped: bool = False) -> int:

@@ -33,7 +33,8 @@ was during that window (``/proc/stat`` busy time minus the server, upstream, wrk
 Diagnostic rows (not goals; ``--no-diagnostics`` and ``--quick`` skip them) build each goal up layer by layer,
 so the CPU each layer adds per call is a difference of figures measured side by side: the contrib HTTP server
 span alone around the Starlette app, zero-code with no exporter (both spans, no record), library mode without
-records (``spans``) and without fsync (``capture-nosync``), the proxy without ``--capture-dir``.
+records (``spans``) and without fsync (``capture-nosync``), the proxy without ``--capture-dir``; and the bare
+app on uvicorn's pure-Python stack (h11 and asyncio), to show what the server stack itself is worth per call.
 ``bench/profile_goals.py`` profiles inside each layer; ``bench/bench_forwarders.py`` compares upstream clients.
 """
 
@@ -148,6 +149,7 @@ class Run:
     records: int = 0
     fsyncs: int = 0
     batches: int = 0
+    user_us: float | None = None  # the user-space part of cpu_us (the rest is system time: syscalls)
 
 
 def measure(
@@ -159,7 +161,7 @@ def measure(
     up = servers.running[upstream] if upstream else None
     before = server.stats() if spec.stats else None
     busy0, own0 = H.system_busy_seconds(), H.own_cpu_seconds()
-    cpu0 = H.tree_cpu_seconds(server.pid)
+    user0, sys0 = H.tree_cpu_split(server.pid)
     up0 = H.cpu_seconds(up.pid) if up else 0.0
     t0 = time.monotonic()
     load = H.run_load(
@@ -167,7 +169,8 @@ def measure(
         force_python=force_python,
     )
     wall = time.monotonic() - t0
-    cpu = H.tree_cpu_seconds(server.pid) - cpu0
+    user1, sys1 = H.tree_cpu_split(server.pid)
+    cpu, user = (user1 + sys1) - (user0 + sys0), user1 - user0
     up_cpu = (H.cpu_seconds(up.pid) - up0) if up else 0.0
     busy, own = H.system_busy_seconds() - busy0, H.own_cpu_seconds() - own0
     after = server.stats() if spec.stats else None
@@ -181,6 +184,7 @@ def measure(
         others_cores=max(0.0, (busy - cpu - up_cpu - load.loadgen_cpu - own) / wall),
         loadgen_cores=load.loadgen_cpu / wall,
         records=delta.get("records", 0), fsyncs=delta.get("fsyncs", 0), batches=delta.get("batches", 0),
+        user_us=user / n * 1e6 if n else None,
     )
 
 
@@ -391,6 +395,7 @@ def goal_library(data: Path, rounds: int, seconds: int, fp: bool, diagnostics: b
             Spec("library-spans", H.server_argv("spans")),
             Spec("library-nosync", H.server_argv("capture-nosync", "--capture-dir", str(data / "nosync")),
                  capture_dir=data / "nosync"),
+            Spec("bare-h11", H.server_argv("bare"), env={"BENCH_UVICORN_HTTP": "h11", "BENCH_UVICORN_LOOP": "asyncio"}),
         ]
     with Servers() as servers:
         for spec in specs:
@@ -401,7 +406,8 @@ def goal_library(data: Path, rounds: int, seconds: int, fp: bool, diagnostics: b
     rows = [("raw ASGI app alone", base, None), ("library mode, durable capture", lib, base)]
     if diagnostics:
         rows += [("diag: library mode, spans only", runs["library-spans"], base),
-                 ("diag: library mode, fsync off", runs["library-nosync"], base)]
+                 ("diag: library mode, fsync off", runs["library-nosync"], base),
+                 ("diag: raw ASGI app alone on h11 + asyncio", runs["bare-h11"], base)]
     if diagnostics:
         disk.append(_ladder([("the app", base), ("+ middleware and model-call span", runs["library-spans"]),
                              ("+ record and writer, fsync off", runs["library-nosync"]), ("+ fsync (durable)", lib)]))
@@ -439,7 +445,10 @@ def goal_proxy(data: Path, rounds: int, seconds: int, fp: bool, diagnostics: boo
     )
     goals = [
         Goal("3a", "proxy capture / upstream direct", proxy.rps / base.rps, 0.3, True, "x", proxy, base, "upstream direct"),
-        Goal("3b", "proxy CPU per call, 1 worker", proxy.cpu_us, 300.0, False, "us", proxy, base, "upstream direct"),
+        Goal("3b", "proxy CPU per call, 1 worker", proxy.cpu_us, 300.0, False, "us", proxy, base, "upstream direct", [
+            f"3b: the proxy's CPU per call is {(proxy.cpu_us or 0) / (base.cpu_us or 1):.1f}x the upstream's "
+            f"({base.cpu_us or 0:.0f} us in this run); 300 us was about 3.3x the upstream's on the quiet machine the "
+            "goal was set on"]),
         Goal("3c", "(shown) proxy --workers 2 / direct", w2.rps / base.rps, 0.3, True, "x", w2, base, "upstream direct"),
     ]
     return goals, runs
@@ -475,6 +484,8 @@ def goal_streaming(data: Path, rounds: int, seconds: int, fp: bool, ttft_calls: 
         added_short = (on_s.cpu_us or 0) - (off_s.cpu_us or 0)
         per_event_marginal = (added - added_short) / (STREAM_EVENTS - STREAM_EVENTS_SHORT)
         per_event_average = added / STREAM_EVENTS
+        added_user = ((on.user_us or 0) - (off.user_us or 0)) - ((on_s.user_us or 0) - (off_s.user_us or 0))
+        per_event_user = added_user / (STREAM_EVENTS - STREAM_EVENTS_SHORT)
         t_off, t_on = statistics.median(ttft[off.name]), statistics.median(ttft[on.name])
         run_table(
             f"goal 4: streaming, {mode}: {STREAM_EVENTS}- and {STREAM_EVENTS_SHORT}-event streams "
@@ -486,7 +497,10 @@ def goal_streaming(data: Path, rounds: int, seconds: int, fp: bool, ttft_calls: 
                 *disk,
                 f"added CPU per call: {added:.0f} us at {STREAM_EVENTS} events, {added_short:.0f} us at "
                 f"{STREAM_EVENTS_SHORT}: per event {per_event_marginal:.2f} us at the margin (the slope), "
-                f"{per_event_average:.2f} us on average (all added CPU / {STREAM_EVENTS})",
+                f"{per_event_average:.2f} us on average (all added CPU / {STREAM_EVENTS}); of the slope, "
+                f"{per_event_user:.2f} us is user CPU (Python) and {per_event_marginal - per_event_user:.2f} us "
+                "system CPU (the kernel's side of the socket writes: a slower server wakes its client once per "
+                "event where a fast one is read in bursts)",
                 f"time to first event, one call at a time ({len(ttft[off.name])} calls each, servers rotated): "
                 f"median off {t_off * 1e3:.3f} ms, on {t_on * 1e3:.3f} ms; p90 off "
                 f"{_pct(ttft[off.name], 0.9) * 1e3:.3f} ms, on {_pct(ttft[on.name], 0.9) * 1e3:.3f} ms",
@@ -496,7 +510,10 @@ def goal_streaming(data: Path, rounds: int, seconds: int, fp: bool, ttft_calls: 
         goals.append(Goal(f"{key}a", f"streaming {mode}: added CPU per event (slope)", per_event_marginal, 3.0,
                           False, "us", on, off, "capture off", [
                               f"{key}a: the average over the stream (all added CPU / {STREAM_EVENTS}) is "
-                              f"{per_event_average:.2f} us per event"]))
+                              f"{per_event_average:.2f} us per event; the uncaptured server itself spends "
+                              f"{(off.cpu_us or 0) / STREAM_EVENTS:.2f} us per event, so capture adds "
+                              f"{per_event_marginal / max((off.cpu_us or 0) / STREAM_EVENTS, 1e-9):.1f}x the "
+                              "server's own per-event cost"]))
         goals.append(Goal(f"{key}b", f"streaming {mode}: TTFT median on - off", (t_on - t_off) * 1e3, 0.3, False, "ms",
                           on, off, "capture off"))
         runs_out.update({f"{mode}-{k}": v for k, v in runs.items()})
@@ -563,6 +580,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"== bench_goals: issue #12's goals, {CONCURRENCY} concurrent, each against its baseline side by side ==")
     print(H.machine_line(data))
     print(H.package_line())
+    gauge_start = H.speed_gauge()
+    print(f"speed gauge: sum(range(1000)) takes {gauge_start:.1f} us on one core now (about 8-10 us on an idle "
+          "recent core): CPU-per-call figures of this run are inflated by that factor alike")
     impl = H.uvicorn_impl()
     if "httptools" not in impl or "uvloop" not in impl:
         print(f"NOTE: {impl}: install httptools and uvloop (uvicorn[standard]) to measure the stack that serves "
@@ -595,6 +615,7 @@ def main(argv: list[str] | None = None) -> int:
         load_end = f"load avg {os.getloadavg()[0]:.2f} at the end; "
     except OSError:
         load_end = ""
+    print(f"speed gauge at the end: {H.speed_gauge():.1f} us (at the start: {gauge_start:.1f} us)")
     print(f"machine: {load_end}other tenants used {statistics.median(others):.2f} cores at the median over the "
           f"{len(others)} measured windows (max {max(others):.2f}) of {os.cpu_count()}; "
           f"errors over all runs: {sum(r.errors for r in all_runs.values())}; took {time.monotonic() - t0:.0f} s")

@@ -20,8 +20,8 @@ For each configuration, the server runs in its own process under wrk (64 connect
 
 Configurations: ``starlette`` / ``server-span`` / ``zero-code`` / ``zero-code-spans`` (goal 1), ``bare`` / ``library`` /
 ``library-spans`` / ``library-nosync`` (goal 2), ``proxy`` / ``proxy-off`` (goal 3, against an upstream in
-its own process), ``gym`` (the Starlette app with the per-call-fsync baseline), ``stream-library`` and
-``stream-zero-code`` (512-event streams, capture on).
+its own process), ``gym`` (the Starlette app with the per-call-fsync baseline), ``stream-bare`` (512-event
+streams, no capture), ``stream-library`` and ``stream-zero-code`` (512-event streams, capture on).
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ def configs(data: Path) -> dict[str, Config]:
         "library-nosync": Config(H.server_argv("capture-nosync", "--capture-dir", str(data / "nosync"))),
         "proxy": Config(H.server_argv("proxy", "--upstream", "{upstream}", "--capture-dir", str(data / "proxy")), upstream=True),
         "proxy-off": Config(H.server_argv("proxy", "--upstream", "{upstream}"), upstream=True),
+        "stream-bare": Config(H.server_argv("bare", "--events", "512"), prefixed=False, body=STREAM_BODY),
         "stream-library": Config(H.server_argv("capture", "--events", "512", "--capture-dir", str(data / "sl")), body=STREAM_BODY),
         "stream-zero-code": Config([INSTRUMENT, *H.server_argv("bare", "--app", "starlette", "--events", "512")],
                                    env=_zc_env(data / "szc"), body=STREAM_BODY),
@@ -154,12 +155,6 @@ def _wrk(url: str, config: Config, seconds: int) -> H.LoadResult:
     return H.run_load(url, body=config.body, concurrency=CONCURRENCY, seconds=seconds, rollouts=32 if config.prefixed else 0)
 
 
-def _cpu_split(pid: int) -> tuple[float, float]:
-    with open(f"/proc/{pid}/stat") as handle:
-        fields = handle.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) / H.CLOCK_TICKS, int(fields[12]) / H.CLOCK_TICKS
-
-
 def _start(name: str, config: Config, upstream: H.ServerProcess | None, extra_env: dict[str, str] | None = None) -> H.ServerProcess:
     argv = [upstream.url if (a == "{upstream}" and upstream) else a for a in config.argv]
     return H.ServerProcess(argv, env={**(config.env or {}), **(extra_env or {})}, name=name)
@@ -175,12 +170,12 @@ def profile(name: str, config: Config, seconds: int, data: Path, use_cprofile: b
         with _start(name, config, upstream) as server:
             _wrk(server.url, config, 1)  # warm-up
             # 1. CPU per call, no profiler
-            u0, s0 = _cpu_split(server.pid)
+            u0, s0 = H.cpu_split(server.pid)
             busy0 = H.system_busy_seconds()
             t0 = time.monotonic()
             load = _wrk(server.url, config, seconds)
             wall = time.monotonic() - t0
-            u1, s1 = _cpu_split(server.pid)
+            u1, s1 = H.cpu_split(server.pid)
             busy = H.system_busy_seconds() - busy0
             n = max(load.requests, 1)
             user_us, sys_us = (u1 - u0) / n * 1e6, (s1 - s0) / n * 1e6
@@ -296,12 +291,54 @@ def _strace(server: H.ServerProcess, config: Config, seconds: int, out: Path) ->
           + ", ".join(f"{name} {count / n:.2f}" for name, count in calls[:16]))
 
 
+def reassembly(events: int = 512) -> None:
+    """One streamed call's capture work without HTTP: ``InFlightCall`` fed ``events`` chat chunks one by one
+    (request parse, SSE decoding, reassembly, end attributes, record line), against the same call with a
+    small JSON answer; the difference per event is the reassembly's own CPU (one thread, no GIL contention,
+    no socket). Uses package internals: it says so and returns if they moved."""
+    import timeit
+
+    from _servers import chat_events
+
+    try:
+        from otel_capture import CaptureSettings
+        from otel_capture._call import InFlightCall
+        from otel_capture._dialects import DIALECT_PATHS
+    except ImportError as exc:
+        print(f"\n######## stream reassembly without HTTP: skipped, the internals moved ({exc})")
+        return
+    bodies = chat_events(events)
+    dialect = DIALECT_PATHS["/v1/chat/completions"]
+    settings = CaptureSettings()
+
+    def call(streamed: bool) -> None:
+        c = InFlightCall(dialect, "r1", settings)
+        c.set_request(STREAM_BODY)
+        if streamed:
+            c.on_response_start(200, "text/event-stream")
+            for body in bodies:
+                c.on_body(body)
+        else:
+            c.on_response_start(200, "application/json")
+            c.on_body(b'{"id":"x","object":"chat.completion","choices":[]}')
+        c.finish(exception=None, cancelled=False)
+        c.end_attributes()
+        c.line(1, 2)
+
+    streamed = min(timeit.repeat(lambda: call(True), number=20, repeat=5)) / 20 * 1e6
+    plain = min(timeit.repeat(lambda: call(False), number=200, repeat=5)) / 200 * 1e6
+    print(f"\n######## stream reassembly without HTTP ({events} chat chunks, one ASGI message each)")
+    print(f"InFlightCall: {streamed:,.0f} us for the streamed call, {plain:,.0f} us for a JSON one: "
+          f"{(streamed - plain) / (len(bodies)):.2f} us per event (speed gauge now {H.speed_gauge():.1f} us)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--configs", default="starlette,zero-code,zero-code-spans,bare,library,library-spans,library-nosync,proxy,proxy-off")
     parser.add_argument("--seconds", type=int, default=6)
     parser.add_argument("--no-cprofile", action="store_true")
     parser.add_argument("--no-strace", action="store_true")
+    parser.add_argument("--no-reassembly", action="store_true", help="skip the stream reassembly measured without HTTP")
     parser.add_argument("--keep", help="keep the raw profiles (folded stacks, pstats, strace) in this directory")
     args = parser.parse_args()
     data = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="otel-capture-profile-"))
@@ -312,6 +349,8 @@ def main() -> int:
     print(f"py-spy: {PY_SPY or 'NOT INSTALLED (pip install py-spy)'}")
     table = configs(data)
     try:
+        if not args.no_reassembly:
+            reassembly()
         for name in args.configs.split(","):
             profile(name, table[name], args.seconds, data, not args.no_cprofile, not args.no_strace)
     finally:
