@@ -49,7 +49,7 @@ from ._records import (
     read_available_model_call_records,
     read_model_call_records,
 )
-from ._settings import CaptureSettings, CorrelationSettings, WriterSettings
+from ._settings import CaptureSettings, CorrelationSettings, ProxySettings, WriterSettings
 from ._store.store import CaptureStore
 from ._dialects.tokens import extract_tokens
 from ._version import __version__
@@ -72,6 +72,7 @@ __all__ = [
     "ModelCallCaptureMiddleware",
     "ModelCallInstrumentor",
     "ModelCallRecord",
+    "ProxySettings",
     "RemovalResult",
     "UnsafeDirectoryError",
     "WriterSettings",

@@ -4,6 +4,8 @@ object is built (never at import time); everything else takes the plain objects.
 - :class:`CaptureSettings`: what the middleware captures and puts on spans;
 - :class:`WriterSettings`: where and how the ``model_call_jsonl`` exporter writes records;
 - :class:`CorrelationSettings`: whether the agent-side helpers correlate;
+- :class:`ProxySettings`: the capture proxy's upstream timeout, request-size limit, shutdown bound and the
+  headers it never puts on spans;
 - :func:`upstream_from_environ`, :func:`cache_dir`: the proxy's upstream (for ``--workers``) and the cache.
 
 Precedence: constructor argument, then our variable, then the standard ``OTEL_*`` variable, then the
@@ -36,16 +38,29 @@ ENV_UPSTREAM = "OTEL_CAPTURE_UPSTREAM"
 ENV_CACHE = "OTEL_CAPTURE_CACHE"
 ENV_DURABLE_TIMEOUT = "OTEL_CAPTURE_DURABLE_TIMEOUT_S"
 ENV_ALLOW_SHARED_DIR = "OTEL_CAPTURE_ALLOW_SHARED_DIR"
+ENV_UPSTREAM_TIMEOUT = "OTEL_CAPTURE_UPSTREAM_TIMEOUT"
+ENV_MAX_REQUEST_BYTES = "OTEL_CAPTURE_MAX_REQUEST_BYTES"
+ENV_SHUTDOWN_TIMEOUT = "OTEL_CAPTURE_SHUTDOWN_TIMEOUT"
 # standard
 ENV_SERVICE_NAME = "OTEL_SERVICE_NAME"
 ENV_RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
 ENV_GENAI_CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 ENV_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT = "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT"
 ENV_ATTRIBUTE_VALUE_LENGTH_LIMIT = "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"
+ENV_SANITIZE_HEADERS = "OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SANITIZE_FIELDS"
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_CONTENT_MAX_LENGTH = 16 * 1024
 DEFAULT_DURABLE_TIMEOUT_S = 120.0  # a sync that takes longer is a hung disk: answer the call, mark it failed
+DEFAULT_UPSTREAM_TIMEOUT = 600.0  # seconds without a byte from the upstream: model calls are long
+DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024  # long contexts with several images fit
+DEFAULT_SHUTDOWN_TIMEOUT = 25  # inside the 30 s an orchestrator (Kubernetes) waits before SIGKILL
+# Headers that carry credentials: the proxy never puts their values on spans, whatever
+# OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST/_RESPONSE ask for (patterns, matched anywhere
+# in the name, case-insensitively, as the instrumentation matches its sanitize list).
+SECRET_HEADERS: tuple[str, ...] = (
+    "authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key", "cookie", "set-cookie",
+)
 
 ContentCapture = Literal["no_content", "span_only", "event_only", "span_and_event"]
 CONTENT_CAPTURE_MODES: tuple[ContentCapture, ...] = ("no_content", "span_only", "event_only", "span_and_event")
@@ -183,6 +198,47 @@ class CorrelationSettings:
         return cls(enabled=bool(env.get(ENV_CAPTURE_DIR, "").strip()))
 
 
+@dataclass(frozen=True, slots=True)
+class ProxySettings:
+    """How the capture proxy treats its upstream and its clients."""
+
+    upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT
+    """Seconds the proxy waits for the upstream's next byte (its headers, or the next chunk of a body),
+    and to send it a request, before it gives up: ``504`` before the headers, a cut stream after."""
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    """Largest request body the proxy accepts; a larger one is answered ``413`` while it is read, so it
+    never sits in memory. The captured copy has its own cap, :attr:`CaptureSettings.max_body_bytes`."""
+    shutdown_timeout: int = DEFAULT_SHUTDOWN_TIMEOUT
+    """Seconds SIGTERM/SIGINT wait for in-flight calls; then they are cancelled (recorded ``cancelled``)."""
+    sanitize_headers: tuple[str, ...] = SECRET_HEADERS
+    """Header name patterns whose values the HTTP server span shows as ``[REDACTED]``: always
+    :data:`SECRET_HEADERS`, plus ``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SANITIZE_FIELDS``."""
+
+    @classmethod
+    def from_environ(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        upstream_timeout: float | None = None,
+        max_request_bytes: int | None = None,
+        shutdown_timeout: int | None = None,
+    ) -> ProxySettings:
+        env = os.environ if environ is None else environ
+        extra = [f.strip() for f in env.get(ENV_SANITIZE_HEADERS, "").split(",") if f.strip()]
+        return cls(
+            upstream_timeout=_pick(
+                upstream_timeout, env, (ENV_UPSTREAM_TIMEOUT,), _positive_float, DEFAULT_UPSTREAM_TIMEOUT
+            ),
+            max_request_bytes=_pick(
+                max_request_bytes, env, (ENV_MAX_REQUEST_BYTES,), _positive_int, DEFAULT_MAX_REQUEST_BYTES
+            ),
+            shutdown_timeout=_pick(
+                shutdown_timeout, env, (ENV_SHUTDOWN_TIMEOUT,), _positive_int, DEFAULT_SHUTDOWN_TIMEOUT
+            ),
+            sanitize_headers=SECRET_HEADERS + tuple(f for f in extra if f.lower() not in SECRET_HEADERS),
+        )
+
+
 def upstream_from_environ(environ: Mapping[str, str] | None = None) -> str:
     """The proxy's upstream for ``uvicorn --factory`` workers: ``OTEL_CAPTURE_UPSTREAM``."""
     env = os.environ if environ is None else environ
@@ -248,6 +304,13 @@ def _positive_int(_name: str, raw: str) -> int:
     value = int(raw.strip())
     if value <= 0:
         raise ValueError("must be a positive integer")
+    return value
+
+
+def _positive_float(_name: str, raw: str) -> float:
+    value = float(raw.strip())
+    if not value > 0 or value == float("inf"):
+        raise ValueError("must be a positive number of seconds")
     return value
 
 

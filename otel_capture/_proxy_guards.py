@@ -1,0 +1,102 @@
+"""Two small ASGI layers the capture proxy puts around its stack: the request-size limit, and the query
+string the HTTP server span is shown (every value ``REDACTED``, so ``?api_key=...`` never reaches a span).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+
+from ._asgi import ASGIApp, Message, Receive, Scope, Send
+
+_logger = logging.getLogger(__name__)
+
+SCOPE_QUERY_STRING = "otel_capture.query_string"  # the request's own query string, hidden from the span
+
+
+class QueryRedaction:
+    """Gives the app below a scope whose query values read ``REDACTED`` (names kept, as the HTTP semantic
+    conventions redact ``url.query``/``url.full``), and the original under :data:`SCOPE_QUERY_STRING`."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        query: bytes = scope.get("query_string", b"") if scope["type"] == "http" else b""
+        if query:
+            scope = dict(scope, query_string=redact_query(query))
+            scope[SCOPE_QUERY_STRING] = query
+        await self.app(scope, receive, send)
+
+
+def redact_query(query: bytes) -> bytes:
+    """``a=1&key=sk-x&flag`` -> ``a=REDACTED&key=REDACTED&flag``."""
+    parts = []
+    for part in query.split(b"&"):
+        name, sep, _value = part.partition(b"=")
+        parts.append(name + b"=REDACTED" if sep else part)
+    return b"&".join(parts)
+
+
+class RequestSizeLimit:
+    """Answers ``413`` to a request whose body is over ``max_bytes``: at once when its Content-Length says
+    so, else as soon as the bytes read pass the limit (a chunked body), so an oversized body never sits in
+    memory. Below it the app reads the body it would have read."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            await self._refuse(send)  # not read: uvicorn discards the rest of the body as it arrives
+            return
+        messages: list[Message] = []
+        size = 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break  # the client left: the app below sees it as it would have
+            size += len(message.get("body", b""))
+            if size > self.max_bytes:
+                await self._refuse(send)
+                return
+            if not message.get("more_body", False):
+                break
+
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send: Send) -> None:
+        body = orjson.dumps({
+            "error": {
+                "type": "request_too_large",
+                "message": (
+                    f"the request body is over this proxy's limit of {self.max_bytes} bytes "
+                    "(otel-capture proxy --max-request-bytes, OTEL_CAPTURE_MAX_REQUEST_BYTES)"
+                ),
+                "limit_bytes": self.max_bytes,
+            }
+        })
+        await send({
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        })
+        await send({"type": "http.response.body", "body": body})
+
+
+def _content_length(scope: Scope) -> int | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == b"content-length":
+            text = bytes(value).strip()
+            return int(text) if text.isdigit() else None
+    return None
