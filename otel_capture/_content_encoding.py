@@ -20,8 +20,8 @@ _warned: set[str] = set()  # encodings already logged as undecodable (once each,
 
 
 class ResponseDecoding:
-    """Decodes one response body as it arrives. After a damaged chunk it yields nothing more and
-    ``failed`` is set: the record then keeps what decoded cleanly, flagged as cut."""
+    """Decodes one response body as it arrives. From a damaged chunk on, the bytes pass as they came and
+    ``failed`` is set: the record's copy is then flagged as not the whole answer, and does not parse."""
 
     __slots__ = ("_decoder", "encoding", "failed")
 
@@ -32,15 +32,13 @@ class ResponseDecoding:
 
     def decode(self, chunk: bytes) -> bytes:
         if self.failed:
-            return b""
+            return chunk
         try:
             return self._decoder.decode(chunk)
         except httpx.DecodingError as exc:
             self.failed = True
-            _logger.warning(
-                "a %s response body did not decode (%s); its record keeps the part before", self.encoding, exc
-            )
-            return b""
+            _logger.warning("a %s response body did not decode (%s); its record keeps it as sent", self.encoding, exc)
+            return chunk
 
 
 def decoding_for(content_encoding: str) -> ResponseDecoding | None:

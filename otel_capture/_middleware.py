@@ -69,6 +69,10 @@ SCOPE_UNPREFIXED_RAW_PATH = "otel_capture.unprefixed_raw_path"
 _CAPTURED_MARK = (CAPTURED_HEADER.encode(), CAPTURED_VALUE.encode())
 _UNCORRELATED_NOTICE_INTERVAL_S = 60.0
 _PREFIX_IN_TEXT = re.compile("/" + ROLLOUT_PATH_PREFIX + "/[^/\\s]*")  # in a span name or a decoded path
+# Set in the app's scope once a captured stream's last event has gone to `send`: an app still relaying
+# (the proxy) may stop reading its source and end the body, so the client's end of stream never waits for
+# an upstream that holds its response open.
+SCOPE_RESPONSE_COMPLETE = "otel_capture.response_complete"
 
 
 class ModelCallCaptureMiddleware:
@@ -191,7 +195,9 @@ class ModelCallCaptureMiddleware:
                 if not state.redirected:
                     start.now()
                 headers = message.get("headers", ())
-                call.on_response_start(message["status"], _header(headers, b"content-type"))
+                call.on_response_start(
+                    message["status"], _header(headers, b"content-type"), _header(headers, b"content-encoding")
+                )
                 state.content_length = _content_length(headers)
             elif kind == "http.response.body":
                 body = message.get("body", b"")
@@ -207,6 +213,8 @@ class ModelCallCaptureMiddleware:
                 ):
                     state.holding = True
                     state.held.append(message)
+                    if call.stream_complete:
+                        scope[SCOPE_RESPONSE_COMPLETE] = True
                     return
             await send(message)
 

@@ -8,7 +8,11 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .._settings import ProxySettings
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -32,6 +36,20 @@ def _parser() -> argparse.ArgumentParser:
     proxy.add_argument(
         "--capture-dir",
         help="where records go (default: $OTEL_EXPORTER_MODEL_CALL_JSONL_DIR; without either, spans only)",
+    )
+    proxy.add_argument(
+        "--upstream-timeout", type=_positive(float), metavar="SECONDS",
+        help="give up on an upstream silent this long: 504, or a cut stream (default: "
+        "$OTEL_CAPTURE_UPSTREAM_TIMEOUT, else 600)",
+    )
+    proxy.add_argument(
+        "--max-request-bytes", type=_positive(int), metavar="BYTES",
+        help="answer 413 to a larger request body (default: $OTEL_CAPTURE_MAX_REQUEST_BYTES, else 64 MiB)",
+    )
+    proxy.add_argument(
+        "--shutdown-timeout", type=_positive(int), metavar="SECONDS",
+        help="on SIGTERM/SIGINT, cancel calls still running after this long (default: "
+        "$OTEL_CAPTURE_SHUTDOWN_TIMEOUT, else 25)",
     )
 
     show = commands.add_parser("show", help="list a capture directory's rollouts, or one rollout's calls")
@@ -105,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _proxy(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from .._proxy import bind_socket, build_proxy_app, socket_url
+    from .._proxy import bind_socket, build_proxy_app, display_url, socket_url
     from .._settings import ENV_CAPTURE_DIR, ENV_UPSTREAM, CaptureSettings, WriterSettings
 
     settings = CaptureSettings.from_environ()
@@ -114,6 +132,7 @@ def _proxy(args: argparse.Namespace) -> int:
         from .._store.fs import check_directory
 
         check_directory(writer.directory, allow_shared=writer.allow_shared_directory)
+    proxy = _proxy_settings(args)
     sock = bind_socket(args.host, args.port)
     if args.host not in ("127.0.0.1", "::1", "localhost"):
         print(
@@ -122,7 +141,7 @@ def _proxy(args: argparse.Namespace) -> int:
         )
     print(f"listening on {socket_url(sock)}", flush=True)
     where = writer.directory if writer.directory is not None else "nowhere (spans only)"
-    print(f"upstream {args.upstream}; records to {where}", flush=True)
+    print(f"upstream {display_url(args.upstream)}; records to {where}", flush=True)
     if args.workers > 1:
         # uvicorn's supervisor starts the workers on the socket we bound; each builds its own app and writer
         # from the environment (they share the capture files through flock).
@@ -131,14 +150,46 @@ def _proxy(args: argparse.Namespace) -> int:
             os.environ[ENV_CAPTURE_DIR] = str(writer.directory)
         uvicorn.run(
             "otel_capture._proxy:proxy_app_from_environ", factory=True, fd=sock.fileno(), workers=args.workers,
-            lifespan="on", log_level="warning", access_log=False,
+            lifespan="on", log_level="warning", access_log=False, timeout_graceful_shutdown=proxy.shutdown_timeout,
         )
         return EXIT_OK
-    app = build_proxy_app(args.upstream, settings=settings, writer=writer)
-    server = _server_class()(uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False))
+    app = build_proxy_app(args.upstream, settings=settings, writer=writer, proxy=proxy)
+    config = uvicorn.Config(
+        app, lifespan="on", log_level="warning", access_log=False, timeout_graceful_shutdown=proxy.shutdown_timeout
+    )
+    server = _server_class()(config)
     server.run(sockets=[sock])
     print("stopped; every acknowledged record is on disk", flush=True)
     return EXIT_OK
+
+
+def _proxy_settings(args: argparse.Namespace) -> ProxySettings:
+    """The flags, else the variables. With ``--workers`` each worker builds its app from the environment,
+    so the values are handed down as variables too."""
+    from .._settings import ENV_MAX_REQUEST_BYTES, ENV_SHUTDOWN_TIMEOUT, ENV_UPSTREAM_TIMEOUT, ProxySettings
+
+    proxy = ProxySettings.from_environ(
+        upstream_timeout=args.upstream_timeout,
+        max_request_bytes=args.max_request_bytes,
+        shutdown_timeout=args.shutdown_timeout,
+    )
+    if args.workers > 1:
+        os.environ[ENV_UPSTREAM_TIMEOUT] = repr(proxy.upstream_timeout)
+        os.environ[ENV_MAX_REQUEST_BYTES] = str(proxy.max_request_bytes)
+        os.environ[ENV_SHUTDOWN_TIMEOUT] = str(proxy.shutdown_timeout)
+    return proxy
+
+
+def _positive(kind: type[float] | type[int]) -> Callable[[str], float]:
+    """An argparse type: a positive ``kind``."""
+
+    def parse(raw: str) -> float:
+        value = kind(raw)
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a positive number, not {raw}")
+        return value
+
+    return parse
 
 
 def _server_class() -> type:
