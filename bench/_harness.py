@@ -69,8 +69,8 @@ def uvicorn_impl() -> str:
 
 def speed_gauge() -> float:
     """Microseconds for ``sum(range(1000))`` in this interpreter, best of 5 runs of 2,000: how fast one core
-    runs Python right now. On an idle recent x86 core it is about 8 to 10 us; a shared machine under load
-    reads several times that, and every CPU-per-call figure of the same run is inflated alike."""
+    runs Python right now. On an idle recent x86 core it is roughly 10 us; a shared machine under load reads
+    several times that, and every CPU-per-call figure of the same run is inflated alike."""
     import timeit
 
     return min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000 * 1e6

@@ -447,8 +447,8 @@ def goal_proxy(data: Path, rounds: int, seconds: int, fp: bool, diagnostics: boo
         Goal("3a", "proxy capture / upstream direct", proxy.rps / base.rps, 0.3, True, "x", proxy, base, "upstream direct"),
         Goal("3b", "proxy CPU per call, 1 worker", proxy.cpu_us, 300.0, False, "us", proxy, base, "upstream direct", [
             f"3b: the proxy's CPU per call is {(proxy.cpu_us or 0) / (base.cpu_us or 1):.1f}x the upstream's "
-            f"({base.cpu_us or 0:.0f} us in this run); 300 us was about 3.3x the upstream's on the quiet machine the "
-            "goal was set on"]),
+            f"({base.cpu_us or 0:.0f} us in this run); keeping 0.3x of the upstream's throughput on other cores needs "
+            "about 3.3x at most, which is what 300 us was on the machine the goal was set on"]),
         Goal("3c", "(shown) proxy --workers 2 / direct", w2.rps / base.rps, 0.3, True, "x", w2, base, "upstream direct"),
     ]
     return goals, runs
@@ -581,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
     print(H.machine_line(data))
     print(H.package_line())
     gauge_start = H.speed_gauge()
-    print(f"speed gauge: sum(range(1000)) takes {gauge_start:.1f} us on one core now (about 8-10 us on an idle "
+    print(f"speed gauge: sum(range(1000)) takes {gauge_start:.1f} us on one core now (roughly 10 us on an idle "
           "recent core): CPU-per-call figures of this run are inflated by that factor alike")
     impl = H.uvicorn_impl()
     if "httptools" not in impl or "uvloop" not in impl:
