@@ -82,7 +82,9 @@ def test_writer_directory_and_sync(tmp_path: Path) -> None:
     writer = WriterSettings(directory=tmp_path / "from-code", sync="fsync")
     with serve(upstream_app) as upstream, start_proxy(upstream, writer=writer) as proxy:
         assert httpx.post(f"{proxy.url}/ng-rollout/code/v1/chat/completions", json={"model": "m"}).is_success
-        capture = proxy.server.config.app.app  # the server-span middleware around the capture middleware
+        capture = proxy.server.config.app
+        while not isinstance(capture, ModelCallCaptureMiddleware):  # the layers around the capture middleware
+            capture = capture.app
         assert capture.sink.settings == writer
         assert capture.sink._writer._syncfs is None  # fsync per file, as asked: syncfs is never called
     assert len(read_model_call_records(CaptureStore(tmp_path / "from-code"), "code")) == 1
