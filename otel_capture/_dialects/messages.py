@@ -5,7 +5,7 @@ Part of stream reassembly; see :mod:`otel_capture._dialects.reassembly` for the 
 
 from __future__ import annotations
 
-import orjson
+from pydantic_core import from_json
 
 from .sse import SSEEvent
 from .stream import JsonDict, _Accumulator, _event_type, _loads, _merge
@@ -165,8 +165,14 @@ class MessagesAccumulator(_Accumulator):
         if not joined:
             return block
         try:
-            return {**block, "input": orjson.loads(joined)}
+            return {**block, "input": from_json(joined)}
         except ValueError:
+            pass
+        # Unfinished (``max_tokens`` or a cut stream): ``input`` is what the SDK reads, jiter's partial parse
+        # (pydantic-core's is the same parser), and ``partial_json`` keeps the text that parse drops.
+        try:
+            return {**block, "input": from_json(joined, allow_partial=True), "partial_json": joined}
+        except ValueError:  # not JSON at all: the SDK raises; the text is kept, ``input`` left as it started
             return {**block, "partial_json": joined}
 
     def _result(self) -> JsonDict | None:

@@ -13,9 +13,11 @@ Rules that fix NeMo Gym's reassembly:
   attached by ``output_index``/``content_index`` or, for servers that omit them (llama.cpp), by ``item_id``
   or to the last open item;
 - every chat choice is kept apart by its ``index``; logprobs, ``created`` and ``system_fingerprint`` are kept;
-- Anthropic ``server_tool_use`` input and ``signature``/``citations`` deltas are kept; a tool input that does
-  not parse as JSON (a stream cut by ``max_tokens``) stays as the block's ``partial_json`` string instead of
-  the SDK's partial parse, which silently drops the unfinished string at the end.
+- Anthropic ``server_tool_use`` input and ``signature``/``citations`` deltas are kept; a tool input whose JSON
+  is unfinished (a stream cut by ``max_tokens``) reads as the SDK reads it, the partial parse of jiter (which
+  pydantic-core shares): ``{"a": [1], "b": "unfinish`` gives ``{"a": [1]}``; the block also keeps the text as
+  ``partial_json``, since that parse drops the unfinished value at the end. Text that is not JSON at all
+  (the SDK raises) is kept as ``partial_json`` and ``input`` stays as the block started.
 
 Nothing here raises on stream content: payloads that are not JSON objects are skipped, fields of the wrong
 type are ignored, and as a last resort an unexpected exception is logged, counted in ``internal_errors``

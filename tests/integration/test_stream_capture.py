@@ -21,8 +21,8 @@ What is left out of the comparison, and why (everything else must be equal), as 
 ``tests/unit/test_reassembly.py``: fields the SDK models add with ``None``/their own values that are not
 stream data (chat ``parsed``/``annotations``/``audio``/``function_call``, a tool call's ``index`` and
 ``parsed_arguments``; Responses ``parsed``/``parsed_arguments``); and for an Anthropic tool input whose JSON
-is unfinished (cut by ``max_tokens``) we keep the raw ``partial_json`` string, which is compared after
-parsing it the SDK's way (jiter partial mode).
+is unfinished (cut by ``max_tokens``), the ``partial_json`` text we keep beside the SDK's partial parse (the
+``input`` is compared as is; the text must parse, jiter's partial way, to that same input).
 
 Then the failure paths: a stream cut by the upstream (it raises mid-stream, or ends early without its
 terminal event) and one abandoned by the client, through the middleware and through the proxy; and a
@@ -141,9 +141,10 @@ def _harness(replay_server: ReplayModelServer, telemetry: Telemetry, proxy: bool
     telemetry.provider.add_span_processor(ended)
     settings = CaptureSettings()
     if proxy:
-        with serve(replay_server) as upstream, start_proxy(
-            upstream, settings=settings, tracer_provider=telemetry.provider
-        ) as running:
+        with (
+            serve(replay_server) as upstream,
+            start_proxy(upstream, settings=settings, tracer_provider=telemetry.provider) as running,
+        ):
             yield Harness(running.url, replay_server, telemetry, ended)
     else:
         app = ModelCallCaptureMiddleware(replay_server, tracer_provider=telemetry.provider, settings=settings)
@@ -158,7 +159,9 @@ def captured(replay_server: ReplayModelServer, telemetry: Telemetry) -> Iterator
 
 
 @pytest.fixture(params=["middleware", "proxy"])
-def either(request: pytest.FixtureRequest, replay_server: ReplayModelServer, telemetry: Telemetry) -> Iterator[Harness]:
+def either(
+    request: pytest.FixtureRequest, replay_server: ReplayModelServer, telemetry: Telemetry
+) -> Iterator[Harness]:
     """The same, or the capture proxy in front of the replaying model server served on its own."""
     yield from _harness(replay_server, telemetry, proxy=request.param == "proxy")
 
@@ -235,12 +238,14 @@ def responses_reference(response: Any) -> JsonDict:
     return result
 
 
-def as_sdk_parses_tool_input(message: JsonDict) -> JsonDict:
+def without_partial_json(message: JsonDict) -> JsonDict:
+    """``message`` without the ``partial_json`` text kept beside an unfinished tool input, once checked
+    against the ``input``: the SDK's partial parse of that text."""
     content = []
     for block in message["content"]:
         if "partial_json" in block:
             block = dict(block)
-            block["input"] = jiter.from_json(block.pop("partial_json").encode(), partial_mode=True)
+            assert block["input"] == jiter.from_json(block.pop("partial_json").encode(), partial_mode=True)
         content.append(block)
     return {**message, "content": content}
 
@@ -267,7 +272,11 @@ def _responses_create(url: str, rollout: str, tee: TeeTransport) -> JsonDict:
     with _openai(f"{url}/ng-rollout/{rollout}/v1", tee) as client:
         final = None
         for event in client.responses.create(model="gpt-5", input="hi", stream=True):
-            if final is None and event.type in ("response.completed", "response.failed", "response.incomplete"):
+            if final is None and event.type in (
+                "response.completed",
+                "response.failed",
+                "response.incomplete",
+            ):
                 final = event.response
         assert final is not None
         return responses_reference(final)
@@ -354,7 +363,7 @@ def test_the_record_equals_what_the_sdk_accumulated(
     record, span = captured.record("r-sdk")
     ours = record.response
     assert ours is not None
-    assert (as_sdk_parses_tool_input(ours) if dialect == "messages" else ours) == reference
+    assert (without_partial_json(ours) if dialect == "messages" else ours) == reference
     assert record.stream is True and record.stream_truncated is False
     assert record.error_category is None and record.failure is None
     assert record.response_raw is None  # a clean stream is not stored twice
@@ -375,9 +384,9 @@ def test_the_record_equals_what_the_sdk_accumulated(
         ]
     else:
         calls = [block for block in reference["content"] if block["type"] == "tool_use"]
-        unfinished = {b["id"] for b in ours["content"] if "partial_json" in b}  # derived as {}: no JSON yet
+        # an unfinished input too: the record's arguments are what the SDK parsed of it
         assert [(c["name"], c["arguments"]) for c in record.tool_calls] == [
-            (c["name"], {} if c["id"] in unfinished else c["input"]) for c in calls
+            (c["name"], c["input"]) for c in calls
         ]
         thinking = [block["thinking"] for block in reference["content"] if block["type"] == "thinking"]
         assert (record.reasoning_content or None) == ("".join(thinking) or None)
@@ -420,7 +429,9 @@ def test_a_stream_that_fails_in_stream_is_an_upstream_error(captured: Harness) -
         assert span.status.status_code.name == "ERROR"
         assert_stream_span(span, record, ["failed"])
     # A client that reads to the end gets every byte, the terminal event included.
-    with httpx.stream("POST", f"{captured.url}/ng-rollout/r-quota-raw/v1/responses", json={"stream": True}) as r:
+    with httpx.stream(
+        "POST", f"{captured.url}/ng-rollout/r-quota-raw/v1/responses", json={"stream": True}
+    ) as r:
         assert r.read() == raw
     record, _ = captured.record("r-quota-raw")
     assert record.error_category == "upstream_error" and record.response == own_final
@@ -482,6 +493,12 @@ def _follow_up_succeeds(harness: Harness, dialect: str, chunks: list[bytes]) -> 
     assert record.error_category is None and record.stream_truncated is False
 
 
+def _read_raw_into(url: str, received: bytearray) -> None:
+    with httpx.stream("POST", url, json={}) as response:
+        for piece in response.iter_raw():
+            received.extend(piece)
+
+
 @pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
 def test_a_stream_the_upstream_cuts_mid_way(either: Harness, dialect: str) -> None:
     """The model server fails mid-stream: uvicorn aborts the connection without the body's end."""
@@ -489,14 +506,16 @@ def test_a_stream_the_upstream_cuts_mid_way(either: Harness, dialect: str) -> No
     either.stream(dialect, chunks, raise_after=cut)
     received = bytearray()
     url = f"{either.url}/ng-rollout/r-cut/v1{PATHS[dialect][3:]}"
-    with pytest.raises(httpx.RemoteProtocolError), httpx.stream("POST", url, json={}) as response:
-        for piece in response.iter_raw():
-            received.extend(piece)
+    with pytest.raises(httpx.RemoteProtocolError):
+        _read_raw_into(url, received)
     assert bytes(received) == b"".join(chunks[:cut])
     record, span = either.record("r-cut")
     assert_partial_record(record, span, dialect, chunks[:cut], "stream_truncated")
     assert _content_of(dialect, record.response)
-    assert record.failure is not None and record.failure["exception"] in ("UpstreamFailure", "RemoteProtocolError")
+    assert record.failure is not None and record.failure["exception"] in (
+        "UpstreamFailure",
+        "RemoteProtocolError",
+    )
     assert either.upstream.outcomes == ["raised"]
     _follow_up_succeeds(either, dialect, chunks)
 
@@ -564,7 +583,9 @@ FIRST = {  # a stream per dialect whose first event is not its terminal one
 
 
 @pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
-def test_the_first_event_reaches_the_client_before_the_upstream_continues(either: Harness, dialect: str) -> None:
+def test_the_first_event_reaches_the_client_before_the_upstream_continues(
+    either: Harness, dialect: str
+) -> None:
     """The upstream sends its first event and waits at a gate only the test opens: the client must get
     that event while the upstream is still waiting (a buffering capture would deadlock here until the
     client's read timeout)."""

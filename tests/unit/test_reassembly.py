@@ -18,10 +18,11 @@ What is excluded from the comparison, and why (everything else must be equal):
   ``parsed_arguments``.
 - Responses: ``parsed`` on output text and ``parsed_arguments`` on function calls (added by the SDK's
   ``parse_response``, not in the stream).
-- Messages: a tool input whose JSON is unfinished (``max_tokens`` cut it, or the stream was cut) is kept
-  by us as the raw ``partial_json`` string; the SDK keeps jiter's partial parse, which drops the unfinished
-  string at the end. The comparison parses our string the SDK's way, so the bytes we keep must be exactly
-  those the SDK parsed.
+- Messages: a tool input whose JSON is unfinished (``max_tokens`` cut it, or the stream was cut) reads as
+  the SDK's (jiter's partial parse, compared as is); we also keep the text as the block's ``partial_json``,
+  which the SDK does not. That side field is left out of the comparison, after checking that it is
+  unfinished JSON and that the SDK's parse of it is the ``input`` we give, so the bytes we keep must be
+  exactly those the SDK parsed.
 """
 
 from __future__ import annotations
@@ -216,7 +217,9 @@ def sdk_messages(events: list[SSEEvent]) -> JsonDict | None:
     return dump(snapshot) if snapshot is not None else None
 
 
-def as_sdk_parses_tool_input(message: JsonDict | None) -> JsonDict | None:
+def without_partial_json(message: JsonDict | None) -> JsonDict | None:
+    """``message`` without the ``partial_json`` side field of its unfinished tool inputs, once checked:
+    the text is unfinished JSON and its partial parse, the SDK's way, is the block's ``input``."""
     if message is None:
         return None
     message = dict(message)
@@ -224,7 +227,10 @@ def as_sdk_parses_tool_input(message: JsonDict | None) -> JsonDict | None:
     for block in message["content"]:
         if "partial_json" in block:
             block = dict(block)
-            block["input"] = jiter.from_json(block.pop("partial_json").encode(), partial_mode=True)
+            text = block.pop("partial_json")
+            with pytest.raises(json.JSONDecodeError):
+                json.loads(text)  # only an unfinished input keeps its text
+            assert block["input"] == jiter.from_json(text.encode(), partial_mode=True)
         content.append(block)
     message["content"] = content
     return message
@@ -239,7 +245,7 @@ def sdk_reference(dialect: Dialect, events: list[SSEEvent]) -> JsonDict | None:
 
 
 def ours_comparable(dialect: Dialect, result: JsonDict | None) -> JsonDict | None:
-    return as_sdk_parses_tool_input(result) if dialect == "messages" else result
+    return without_partial_json(result) if dialect == "messages" else result
 
 
 # -- complete streams ----------------------------------------------------------------------------------
@@ -282,10 +288,66 @@ def test_the_unfinished_tool_json_is_kept_whole() -> None:
     ]
     result = accumulate("messages", events).result()
     tool = result["content"][1]
-    assert tool["type"] == "tool_use" and tool["input"] == {}
+    sdk_tool = sdk_messages(events)["content"][1]  # type: ignore[index]
+    assert tool["type"] == "tool_use"
+    assert tool["input"] == sdk_tool["input"]  # the record reads the cut input as the SDK reads it
+    assert tool["input"] == {
+        "filename": "taxes.txt",
+        "lines_of_text": [
+            "# COMPREHENSIVE TAX GUIDE FOR INDIVIDUALS WITH MULTIPLE W-2s",
+            "",
+            "## INTRODUCTION",
+            "",
+        ],
+    }
     assert tool["partial_json"] == "".join(pieces)
     assert tool["partial_json"].endswith('"Filing taxes')  # the SDK's parse loses this unfinished string
+    assert "partial_json" not in sdk_tool
     assert result["stop_reason"] == "max_tokens"
+
+
+@pytest.mark.parametrize(
+    ("pieces", "expected_input", "kept"),
+    [
+        (['{"city": "Par', 'is", "days": 3}'], {"city": "Paris", "days": 3}, False),  # finished: parsed whole
+        (['{"city": "Paris", "days": [1, 2', ", 3"], {"city": "Paris", "days": [1, 2, 3]}, True),
+        (['{"city": "Par'], {}, True),  # the unfinished string is dropped, as the SDK drops it
+        (
+            ['{"city" "Paris"}'],
+            {},
+            True,
+        ),  # not JSON at all (the SDK raises): the text is kept, input as started
+    ],
+)
+def test_a_tool_input_is_parsed_as_the_sdk_parses_it(
+    pieces: list[str], expected_input: JsonDict, kept: bool
+) -> None:
+    events = [
+        '{"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant", "content": [],'
+        ' "model": "x", "usage": {"input_tokens": 1, "output_tokens": 0}}}',
+        '{"type": "content_block_start", "index": 0,'
+        ' "content_block": {"type": "tool_use", "id": "t", "name": "weather", "input": {}}}',
+        *(
+            json.dumps(
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "input_json_delta", "partial_json": p},
+                }
+            )
+            for p in pieces
+        ),
+    ]
+    decoded = [SSEEvent(None, e) for e in events]
+    (tool,) = accumulate("messages", decoded).result()["content"]
+    assert tool["input"] == expected_input
+    assert tool.get("partial_json") == ("".join(pieces) if kept else None)
+    try:
+        sdk = sdk_messages(decoded)
+    except ValueError:  # "Unable to parse tool parameter JSON from model"
+        assert kept and tool["input"] == {}
+        return
+    assert sdk is not None and sdk["content"][0]["input"] == expected_input
 
 
 def test_server_tool_use_input_and_kept_blocks() -> None:
@@ -322,11 +384,11 @@ def test_chat_result_has_the_non_streaming_shape(stem: str) -> None:
     body = json.loads((STREAMS / "openai-python" / "chat_completions_json" / f"{stem}.json").read_text())
     result = accumulate("chat", decode([raw])).result()
     assert set(result) == set(body)
-    for ours, theirs in zip(result["choices"], body["choices"]):
+    for ours, theirs in zip(result["choices"], body["choices"], strict=True):
         assert set(ours) == set(theirs)
         assert set(ours["message"]) == set(theirs["message"])
         for our_call, their_call in zip(
-            ours["message"].get("tool_calls", []), theirs["message"].get("tool_calls", [])
+            ours["message"].get("tool_calls", []), theirs["message"].get("tool_calls", []), strict=True
         ):
             assert set(our_call) == set(their_call) and set(our_call["function"]) == set(
                 their_call["function"]
@@ -432,7 +494,7 @@ def assert_same_items_and_text(ours: list[JsonDict], sdk: list[JsonDict]) -> Non
     """The SDK's running snapshot holds the items as added plus their text and argument deltas."""
     assert [(item["type"], item["id"]) for item in ours] == [(item["type"], item["id"]) for item in sdk]
     for (kind, our_text), (_, sdk_text) in zip(
-        _responses_projection({"output": ours}), _responses_projection({"output": sdk})
+        _responses_projection({"output": ours}), _responses_projection({"output": sdk}), strict=True
     ):
         if kind != "reasoning":  # the SDK does not assemble reasoning deltas
             assert our_text == sdk_text
@@ -583,7 +645,7 @@ def test_llama_cpp_style_responses_stream() -> None:
 
 def test_llama_cpp_style_responses_stream_cut() -> None:
     raw = _llama_stream(
-        _LLAMA_EVENTS[:-4] + [{"type": "response.function_call_arguments.delta", "delta": '"Pa'}]
+        [*_LLAMA_EVENTS[:-4], {"type": "response.function_call_arguments.delta", "delta": '"Pa'}]
     )
     accumulator = accumulate("responses", decode([raw]))
     assert accumulator.terminal is None
@@ -851,15 +913,26 @@ def _long_stream(dialect: Dialect, pieces: list[str]) -> list[SSEEvent]:
     if dialect == "chat":
         return [ev({"id": "c", "choices": [{"index": 0, "delta": {"content": p}}]}) for p in pieces]
     if dialect == "messages":
-        start = [ev({"type": "message_start", "message": {"id": "m", "content": []}}),
-                 ev({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})]
-        return start + [
-            ev({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}}) for p in pieces
+        start = [
+            ev({"type": "message_start", "message": {"id": "m", "content": []}}),
+            ev({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
         ]
-    start = [ev({"type": "response.output_item.added", "output_index": 0,
-                 "item": {"type": "message", "id": "i", "content": []}})]
+        return start + [
+            ev({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}})
+            for p in pieces
+        ]
+    start = [
+        ev(
+            {
+                "type": "response.output_item.added",
+                "output_index": 0,
+                "item": {"type": "message", "id": "i", "content": []},
+            }
+        )
+    ]
     return start + [
-        ev({"type": "response.output_text.delta", "output_index": 0, "content_index": 0, "delta": p}) for p in pieces
+        ev({"type": "response.output_text.delta", "output_index": 0, "content_index": 0, "delta": p})
+        for p in pieces
     ]
 
 
@@ -888,9 +961,14 @@ def test_many_deltas_join_exactly_and_the_result_can_be_read_mid_stream(dialect:
 
 def test_a_done_event_replaces_the_streamed_pieces() -> None:
     accumulator = accumulator_for("responses")
-    events = _long_stream("responses", ["a", "b", "c"]) + [
-        SSEEvent(None, json.dumps({"type": "response.output_text.done", "output_index": 0, "content_index": 0,
-                                   "text": "final"})),
+    events = [
+        *_long_stream("responses", ["a", "b", "c"]),
+        SSEEvent(
+            None,
+            json.dumps(
+                {"type": "response.output_text.done", "output_index": 0, "content_index": 0, "text": "final"}
+            ),
+        ),
     ]
     for event in events:
         accumulator.add(event)
