@@ -116,7 +116,10 @@ class FileLifecycle:
 
     @property
     def _state(self) -> DirState:
-        return dir_state(self.root)
+        state: DirState | None = self.__dict__.get("_dir_state")
+        if state is None:  # dir_state resolves the real path: once per store, not once per call
+            state = self.__dict__["_dir_state"] = dir_state(self.root)
+        return state
 
     def _dirs(self, *, create: bool = True) -> DirFds:
         """The directory descriptors of one operation, once the directory is known to be safe to use."""

@@ -1,0 +1,284 @@
+"""Memory of the lifecycle at scale: bounded by the work in hand, not by history (issue 15, item 10).
+
+    python bench/bench_memory.py [--quick] [--rollouts N] [--lines N] [--baseline REV] [--dir DIR]
+
+Each figure is measured in a fresh child process (peak RSS from ``VmHWM``, reset through
+``/proc/self/clear_refs`` just before the operation, minus the RSS at that moment):
+
+* **retire / delete batch**: one ``retire_now`` (then one ``delete_now``) of ``--rollouts`` live rollouts
+  (default 20,000; quick 5,000), each with a record line and a token line: peak RSS per rollout;
+* **freeze**: ``freeze_now`` of one rollout of ``--lines`` records (default 100,000; quick 20,000) cycled
+  from NeMo Gym 0.7.0's own capture file: peak RSS per line and against the file's size (the snapshot's
+  parsed records are most of it), wall time, and the share of it spent in the cyclic garbage collector
+  (``gc.callbacks``);
+* **read**: ``read_model_call_records`` of the same file, in another process (the readers: not the
+  lifecycle's code; shown for scale);
+* **journal**: the fence journal's lines and bytes after ``--rollouts`` retires (batches of 100), after as
+  many freeze + drop pairs, and after as many retire + delete pairs; and what a fresh process holds once it
+  has loaded the first of those journals (peak RSS per fence);
+* **in-flight markers**: marker files left in ``.otel-capture/inflight`` after ``--rollouts`` calls, each
+  begun and then recorded by the writer.
+
+Journal and marker workloads run with ``fsync`` switched off (the figures are sizes and counts). With
+``--baseline REV`` every figure is measured again with the package as it was at that git revision (a
+temporary ``git archive``), and the ratio current/baseline is printed beside it. Linux only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURE = REPO / "tests" / "fixtures" / "nemo_gym" / "gym_server_0-0.capture.jsonl"
+
+# --- the child: one measurement, printed as JSON ---------------------------------------------------------
+
+
+def _kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _measure(operation: Any) -> tuple[int, float, Any]:
+    """Peak RSS growth in bytes and wall time of ``operation()``, and its result."""
+    import gc
+
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    base = _kib("VmRSS")
+    start = time.perf_counter()
+    result = operation()
+    elapsed = time.perf_counter() - start
+    return (_kib("VmHWM") - base) * 1024, elapsed, result
+
+
+def _populate(root: Path, ids: list[str]) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    for rid in ids:
+        (root / f"{rid}.capture.jsonl").write_bytes(b'{"model_call_id":"c1","dialect":"chat"}\n')
+        (root / f"{rid}.tokens.jsonl").write_bytes(b'{"model_call_id":"c1","prompt_token_ids":[1,2,3]}\n')
+
+
+def child_batch(root: Path, rollouts: int) -> dict[str, Any]:
+    from otel_capture import CaptureStore
+
+    ids = [f"r{i}" for i in range(rollouts)]
+    _populate(root, ids)
+    store = CaptureStore(root)
+    store.rollout_state("warm-up")  # the journal view and the imports, before the measured batch
+    retire_peak, retire_s, _ = _measure(lambda: store.retire_now(ids))
+    delete_peak, delete_s, _ = _measure(lambda: store.delete_now(ids))
+    return {
+        "retire_peak": retire_peak,
+        "retire_s": retire_s,
+        "delete_peak": delete_peak,
+        "delete_s": delete_s,
+    }
+
+
+def child_bigfile(root: Path, lines: int) -> dict[str, Any]:
+    import orjson
+
+    source = [orjson.loads(line) for line in FIXTURE.read_bytes().splitlines() if line.strip()]
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / "big.capture.jsonl").open("wb") as handle:
+        for i in range(lines):
+            handle.write(orjson.dumps({**source[i % len(source)], "model_call_id": f"c{i}"}) + b"\n")
+    return {"size": (root / "big.capture.jsonl").stat().st_size}
+
+
+def child_read(root: Path) -> dict[str, Any]:
+    from otel_capture import CaptureStore, read_model_call_records
+
+    store = CaptureStore(root)
+    peak, seconds, records = _measure(lambda: len(read_model_call_records(store, "big")))
+    return {"read_peak": peak, "read_s": seconds, "read_records": records}
+
+
+def child_freeze(root: Path) -> dict[str, Any]:
+    import gc
+
+    from otel_capture import CaptureStore
+
+    store = CaptureStore(root)
+    collecting = [0.0, 0.0]
+
+    def timer(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            collecting[1] = time.perf_counter()
+        else:
+            collecting[0] += time.perf_counter() - collecting[1]
+
+    gc.callbacks.append(timer)
+    peak, seconds, snap = _measure(lambda: store.freeze_now("big"))
+    gc.callbacks.remove(timer)
+    return {
+        "freeze_peak": peak,
+        "freeze_s": seconds,
+        "freeze_gc_s": collecting[0],
+        "frozen": len(snap.records),
+    }
+
+
+def child_journal(root: Path, rollouts: int, workload: str) -> dict[str, Any]:
+    from otel_capture import CaptureStore
+
+    store = CaptureStore(root, fsync=lambda fd: None)
+    ids = [f"r{i}" for i in range(rollouts)]
+    if workload == "retire":
+        for start in range(0, rollouts, 100):
+            store.retire_now(ids[start : start + 100])
+    for rid in ids if workload != "retire" else ():
+        if workload == "drop":
+            snap = store.freeze_now(rid)
+            store.drop_now(rid, snapshot_id=snap.snapshot_id, version=snap.version)
+        else:
+            store.retire_now([rid])
+            store.delete_now([rid])
+    journal = root / ".otel-capture" / "fences.journal"
+    return {"lines": len(journal.read_bytes().splitlines()), "bytes": journal.stat().st_size}
+
+
+def child_load(root: Path) -> dict[str, Any]:
+    from otel_capture import CaptureStore
+
+    store = CaptureStore(root)
+    peak, seconds, listed = _measure(lambda: len(store.list_rollouts("retired")))
+    return {"load_peak": peak, "load_s": seconds, "fences": listed}
+
+
+def child_markers(root: Path, rollouts: int) -> dict[str, Any]:
+    try:
+        from otel_capture._store.writer import JsonlWriter
+    except ImportError:  # before the store became a subpackage
+        from otel_capture._writer import JsonlWriter  # type: ignore[no-redef]
+
+    writer = JsonlWriter(root, fsync=lambda fd: None, syncfs=None)
+    for i in range(rollouts):
+        writer.begin(f"r{i}", "c1")
+    writer.flush(600)
+    for i in range(rollouts):
+        writer.submit(f"r{i}", b'{"model_call_id":"c1"}\n', "c1")
+    writer.flush(600)
+    writer.close(600)
+    inflight = root / ".otel-capture" / "inflight"
+    return {"marker_files": len(os.listdir(inflight)) if inflight.is_dir() else 0}
+
+
+CHILDREN = {
+    "batch": child_batch,
+    "bigfile": child_bigfile,
+    "read": child_read,
+    "freeze": child_freeze,
+    "journal": child_journal,
+    "load": child_load,
+    "markers": child_markers,
+}
+
+# --- the parent ---------------------------------------------------------------------------------------------
+
+
+def _run(source: Path, name: str, *args: Any) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(source)}
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", name, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        cwd=source,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"child {name} failed: {out.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.splitlines()[-1])
+    return result
+
+
+def measure(source: Path, work: Path, rollouts: int, lines: int) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    figures.update(_run(source, "batch", work / "batch", rollouts))
+    figures.update(_run(source, "bigfile", work / "freeze", lines))
+    figures.update(_run(source, "read", work / "freeze"))  # each in its own process: no reuse of freed memory
+    figures.update(_run(source, "freeze", work / "freeze"))
+    assert figures["read_records"] == figures["frozen"] == lines
+    for workload in ("retire", "drop", "delete"):
+        journal = _run(source, "journal", work / f"journal-{workload}", rollouts, workload)
+        figures[f"journal_{workload}_lines"] = journal["lines"]
+        figures[f"journal_{workload}_bytes"] = journal["bytes"]
+    figures.update(_run(source, "load", work / "journal-retire"))
+    figures.update(_run(source, "markers", work / "markers", rollouts))
+    return figures
+
+
+def _rows(f: dict[str, Any], rollouts: int, lines: int) -> list[tuple[str, float, str]]:
+    mib = 1024 * 1024
+    return [
+        ("retire batch: peak RSS per rollout", f["retire_peak"] / rollouts, "B"),
+        ("delete batch: peak RSS per rollout", f["delete_peak"] / rollouts, "B"),
+        ("freeze: peak RSS per line", f["freeze_peak"] / lines, "B"),
+        ("freeze: peak RSS / file size", f["freeze_peak"] / f["size"], "x"),
+        ("freeze: wall time", f["freeze_s"], "s"),
+        ("freeze: share in the garbage collector", 100 * f["freeze_gc_s"] / f["freeze_s"], "%"),
+        ("read_model_call_records: peak RSS per line", f["read_peak"] / lines, "B"),
+        ("journal after retires: lines per rollout", f["journal_retire_lines"] / rollouts, ""),
+        ("journal after freeze+drop: lines per rollout", f["journal_drop_lines"] / rollouts, ""),
+        ("journal after retire+delete: lines per rollout", f["journal_delete_lines"] / rollouts, ""),
+        ("journal after retires: MiB", f["journal_retire_bytes"] / mib, "MiB"),
+        ("loading that journal: peak RSS per fence", f["load_peak"] / max(f["fences"], 1), "B"),
+        ("in-flight marker files left per rollout", f["marker_files"] / rollouts, ""),
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rollouts", type=int)
+    parser.add_argument("--lines", type=int)
+    parser.add_argument("--baseline", help="a git revision to measure side by side")
+    parser.add_argument("--dir", help="where the temporary files go (default: the system's temp dir)")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        name, *rest = args.child
+        params: list[Any] = [Path(rest[0]), *(int(x) if x.isdigit() else x for x in rest[1:])]
+        print(json.dumps(CHILDREN[name](*params)))
+        return 0
+    rollouts = args.rollouts or (5_000 if args.quick else 20_000)
+    lines = args.lines or (20_000 if args.quick else 100_000)
+    print(f"{rollouts} rollouts per batch and workload, a {lines}-line rollout frozen\n")
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        current = measure(REPO, Path(tmp) / "current", rollouts, lines)
+        baseline = None
+        if args.baseline:
+            source = Path(tmp) / "baseline-src"
+            source.mkdir()
+            archive = subprocess.run(
+                ["git", "archive", args.baseline], cwd=REPO, capture_output=True, check=True
+            )
+            subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
+            baseline = measure(source, Path(tmp) / "baseline", rollouts, lines)
+    header = f"{'figure':50} {'current':>12}"
+    print(header + (f" {'baseline ' + args.baseline:>22} {'ratio':>8}" if baseline else ""))
+    old_rows = _rows(baseline, rollouts, lines) if baseline else None
+    for i, (label, value, unit) in enumerate(_rows(current, rollouts, lines)):
+        line = f"{label:50} {value:>10.3g} {unit:<3}"
+        if old_rows is not None:
+            old = old_rows[i][1]
+            ratio = f"{value / old:.2f}x" if old else "-"
+            line += f" {old:>18.3g} {unit:<3} {ratio:>8}"
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
