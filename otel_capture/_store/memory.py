@@ -163,7 +163,7 @@ class InMemoryCaptureBackend:
             records = [parse_record_line(orjson.dumps(r), i) for i, r in enumerate(rollout.records)]
             calls += [
                 IncompleteCall(line["model_call_id"], f"damaged record {i + 1}")
-                for i, (line, record) in enumerate(zip(rollout.records, records))
+                for i, (line, record) in enumerate(zip(rollout.records, records, strict=True))
                 if record is None
             ]
             return CaptureSnapshot(

@@ -56,7 +56,7 @@ from .dirstate import DirState, dir_state
 from .fs import DIR_MODE, FILE_MODE, check_directory, make_root
 from .journal import Fence
 from .lifecycle_io import fenced_append, fenced_mark_incomplete
-from .types import CaptureFrozenError
+from .types import CaptureFrozenError, UnsafeDirectoryError
 
 _logger = logging.getLogger(__name__)
 
@@ -366,6 +366,13 @@ class JsonlWriter:
     # -- failures ------------------------------------------------------------------------------------
 
     def _fail_all(self, items: list[_Item], exc: OSError) -> None:
+        if isinstance(exc, UnsafeDirectoryError):  # refused: not even an incomplete marker is written there
+            self.stats.failures += len(items)
+            self.stats.last_failure = str(exc)
+            _logger.error("capture of %d call(s) failed: %s", len(items), exc)
+            for item in items:
+                self._resolve(item, exc)
+            return
         by_rollout: dict[str, list[_Item]] = {}
         for item in items:
             by_rollout.setdefault(item.rollout_id, []).append(item)

@@ -430,3 +430,22 @@ def test_data_files_are_kept_0600_even_when_they_existed_with_wider_modes(tmp_pa
     CaptureStore(root).mark_incomplete("r", "c2", "why")
     for name in ("r.capture.jsonl", "r.tokens.jsonl", "r.capture.incomplete"):
         assert stat.S_IMODE((root / name).stat().st_mode) == 0o600, name
+
+
+def test_a_directory_made_world_writable_under_a_running_writer_stops_capture_there(tmp_path: Path) -> None:
+    from otel_capture import UnsafeDirectoryError
+    from otel_capture._store.writer import JsonlWriter
+
+    root = tmp_path / "calls"
+    root.mkdir(mode=0o700)
+    writer = JsonlWriter(root)
+    try:
+        writer.submit("r", b'{"model_call_id":"c1"}\n', "c1").result(BOUND)
+        before = _tree(root)
+        root.chmod(0o777)
+        with pytest.raises(UnsafeDirectoryError, match="world-writable"):
+            writer.submit("r", b'{"model_call_id":"c2"}\n', "c2").result(BOUND)
+        assert _tree(root) == before  # not even an incomplete marker is written there
+        assert writer.stats.failures == 1
+    finally:
+        writer.close(BOUND)
