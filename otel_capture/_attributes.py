@@ -40,6 +40,18 @@ HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
 HTTP_ROUTE = "http.route"  # on the HTTP server span: a model call's route, without the rollout prefix
 ERROR_TYPE = "error.type"
 
+# The HTTP server span (stable HTTP semantic conventions; otel_capture._server_span).
+HTTP_REQUEST_METHOD = "http.request.method"
+HTTP_REQUEST_METHOD_ORIGINAL = "http.request.method_original"
+HTTP_REQUEST_HEADER_PREFIX = "http.request.header."  # + the header's lower-case name
+HTTP_RESPONSE_HEADER_PREFIX = "http.response.header."
+URL_SCHEME = "url.scheme"
+URL_PATH = "url.path"
+URL_QUERY = "url.query"
+CLIENT_ADDRESS = "client.address"
+USER_AGENT_ORIGINAL = "user_agent.original"
+NETWORK_PROTOCOL_VERSION = "network.protocol.version"
+
 # Opt-in content (JSON text on spans, only when OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT asks).
 GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"
 GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"
@@ -67,6 +79,23 @@ BUCKETS_TIME_TO_FIRST_TOKEN = (
 )
 BUCKETS_TIME_PER_OUTPUT_TOKEN = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+)
+METRIC_HTTP_SERVER_REQUEST_DURATION = "http.server.request.duration"  # the HTTP server span's one metric
+BUCKETS_HTTP_SERVER_REQUEST_DURATION = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
 )
 # The low-cardinality span attributes that metrics carry (never rollout.id: one series per rollout).
 METRIC_ATTRIBUTES = (
