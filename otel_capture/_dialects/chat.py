@@ -16,7 +16,16 @@ _CHAT_LATEST_TOP = frozenset({"system_fingerprint", "service_tier"})
 
 
 class _ChatChoice:
-    __slots__ = ("finish_reason", "logprobs", "message", "tool_ids", "tool_last", "tools")
+    __slots__ = (
+        "extra",
+        "finish_reason",
+        "logprobs",
+        "message",
+        "token_ids",
+        "tool_ids",
+        "tool_last",
+        "tools",
+    )
 
     def __init__(self) -> None:
         self.message: JsonDict = {"role": None, "content": None, "refusal": None}
@@ -25,6 +34,9 @@ class _ChatChoice:
         self.tool_last: int | None = None
         self.finish_reason: object = None
         self.logprobs: JsonDict | None = None
+        self.token_ids: list[object] | None = None  # vLLM's per-chunk ``token_ids``, joined
+        # vLLM's ``stop_reason`` (its last non-null value) and ``token_ids`` (null), once a chunk sent the key
+        self.extra: JsonDict = {}
 
 
 class ChatCompletionsAccumulator(_Accumulator):
@@ -82,17 +94,32 @@ class ChatCompletionsAccumulator(_Accumulator):
             state.finish_reason = finish_reason
         logprobs = choice.get("logprobs")
         if isinstance(logprobs, dict):
-            if state.logprobs is None:
-                state.logprobs = {"content": None, "refusal": None}
-            for key in ("content", "refusal"):
-                tokens = logprobs.get(key)
-                if isinstance(tokens, list):
-                    kept = state.logprobs.get(key)
-                    if isinstance(kept, list):
-                        kept.extend(tokens)
-                    else:
-                        state.logprobs[key] = list(tokens)
+            self._merge_logprobs(state, logprobs)
+        if "token_ids" in choice:
+            token_ids = choice["token_ids"]
+            if isinstance(token_ids, list):
+                if state.token_ids is None:
+                    state.token_ids = []
+                state.token_ids.extend(token_ids)
+            state.extra.setdefault("token_ids", None)  # sent as null only: null, as the non-streaming body
+        if "stop_reason" in choice:
+            stop_reason = choice["stop_reason"]
+            if stop_reason is not None or "stop_reason" not in state.extra:
+                state.extra["stop_reason"] = stop_reason
         return carried
+
+    @staticmethod
+    def _merge_logprobs(state: _ChatChoice, logprobs: JsonDict) -> None:
+        if state.logprobs is None:
+            state.logprobs = {"content": None, "refusal": None}
+        for key in ("content", "refusal"):
+            tokens = logprobs.get(key)
+            if isinstance(tokens, list):
+                kept = state.logprobs.get(key)
+                if isinstance(kept, list):
+                    kept.extend(tokens)
+                else:
+                    state.logprobs[key] = list(tokens)
 
     def _merge_delta(self, state: _ChatChoice, delta: JsonDict) -> bool:
         message = state.message
@@ -197,9 +224,13 @@ class ChatCompletionsAccumulator(_Accumulator):
                 call["function"] = function
                 calls.append(call)
             message["tool_calls"] = calls
-        return {
+        result: JsonDict = {
             "index": index,
             "message": message,
             "finish_reason": state.finish_reason,
             "logprobs": state.logprobs,
         }
+        result.update(state.extra)
+        if state.token_ids is not None:
+            result["token_ids"] = state.token_ids
+        return result

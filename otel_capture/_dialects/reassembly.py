@@ -9,10 +9,14 @@ Rules that fix NeMo Gym's reassembly:
 
 - the terminal event comes from each payload's JSON ``type`` (or ``data: [DONE]``), not from ``event:``
   lines alone, so a ``data:``-only stream is still seen to complete; the first terminal event wins;
-- a cut Responses stream keeps what its deltas carried (text, refusals, reasoning, tool-call arguments),
-  attached by ``output_index``/``content_index`` or, for servers that omit them (llama.cpp), by ``item_id``
-  or to the last open item;
-- every chat choice is kept apart by its ``index``; logprobs, ``created`` and ``system_fingerprint`` are kept;
+- a cut Responses stream keeps what its deltas carried (text, refusals, reasoning, tool-call arguments,
+  output text log-probs), attached by ``output_index``/``content_index`` or, for servers that omit them
+  (llama.cpp), by ``item_id`` or to the last open item; a ``.done`` part or item that carries no log-probs
+  (llama.cpp's say ``"logprobs": []``) keeps the ones its deltas streamed;
+- every chat choice is kept apart by its ``index``; logprobs, ``created`` and ``system_fingerprint`` are kept,
+  and so are vLLM's token ids (``return_token_ids``): the first chunk's top-level ``prompt_token_ids`` and
+  each chunk's ``choices[i].token_ids``, joined per choice as the non-streaming ``choices[i].token_ids``
+  (the SDK keeps only a choice's first chunk's), with the choice's last ``stop_reason``;
 - Anthropic ``server_tool_use`` input and ``signature``/``citations`` deltas are kept; a tool input whose JSON
   is unfinished (a stream cut by ``max_tokens``) reads as the SDK reads it, the partial parse of jiter (which
   pydantic-core shares): ``{"a": [1], "b": "unfinish`` gives ``{"a": [1]}``; the block also keeps the text as

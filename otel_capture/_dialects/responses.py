@@ -40,6 +40,23 @@ _PART_EVENTS: dict[str, tuple[str, str]] = {
 }
 
 
+def _with_streamed_logprobs(old: object, new: JsonDict) -> JsonDict:
+    """``new`` (a part from a ``.done`` event), with the log-probs its deltas streamed when it carries none
+    (llama.cpp's done parts say ``"logprobs": []``), so a stream cut before its terminal event keeps them."""
+    if isinstance(old, dict) and old.get("logprobs") and not new.get("logprobs"):
+        return {**new, "logprobs": old["logprobs"]}
+    return new
+
+
+def _keep_streamed_logprobs(old_parts: object, new_parts: list[Any]) -> list[Any]:
+    if not isinstance(old_parts, list):
+        return new_parts
+    return [
+        _with_streamed_logprobs(old_parts[i], part) if i < len(old_parts) and isinstance(part, dict) else part
+        for i, part in enumerate(new_parts)
+    ]
+
+
 class ResponsesAccumulator(_Accumulator):
     """``/v1/responses`` events -> the ``response`` object."""
 
@@ -112,6 +129,9 @@ class ResponsesAccumulator(_Accumulator):
                 index = self._last_index  # an id-less server: done closes the item it last opened
             else:
                 index = max(self._items, default=-1) + 1
+        old = self._items.get(index)
+        if done and old is not None and isinstance(item.get("content"), list):
+            item = {**item, "content": _keep_streamed_logprobs(old.get("content"), item["content"])}
         self._items[index] = item
         if isinstance(item_id, str):
             self._index_by_id[item_id] = index
@@ -153,9 +173,9 @@ class ResponsesAccumulator(_Accumulator):
         parts = self._part_list(item, field)
         index = payload.get(index_field)
         if isinstance(index, int) and 0 <= index < len(parts):
-            parts[index] = part
+            parts[index] = _with_streamed_logprobs(parts[index], part)
         elif not isinstance(index, int) and parts and parts[-1].get("type") == part.get("type"):
-            parts[-1] = part  # an index-less server: done replaces the part it last opened
+            parts[-1] = _with_streamed_logprobs(parts[-1], part)  # index-less: done replaces the last part
         else:
             parts.append(part)
         return False

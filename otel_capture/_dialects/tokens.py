@@ -18,8 +18,12 @@ The line::
      "prompt_token_ids": [...] | null,
      "generations": [{"index": 0, "token_ids": [...] | null, "log_probs": [...] | null}, ...]}
 
-A streamed response is read from its reassembled object, which keeps ``logprobs`` (ids only where the
-reassembly keeps them).
+A streamed response is read from its reassembled object (:mod:`.reassembly`), which keeps what the
+non-streaming body carries: vLLM's first-chunk ``prompt_token_ids`` and per-chunk ``choices[i].token_ids``
+joined, the chunks' ``logprobs.content`` joined, and a Responses stream's final response (or, for a stream
+cut before it, the log-probs its ``response.output_text.delta`` events carried). So a streamed call and the
+same call not streamed give the same line. Anthropic Messages has no log-probs (nor does llama.cpp's
+``/v1/messages``): no line.
 """
 
 from __future__ import annotations

@@ -23,6 +23,9 @@ What is excluded from the comparison, and why (everything else must be equal):
   which the SDK does not. That side field is left out of the comparison, after checking that it is
   unfinished JSON and that the SDK's parse of it is the ``input`` we give, so the bytes we keep must be
   exactly those the SDK parsed.
+- Chat: vLLM's ``choices[i].token_ids`` (``return_token_ids``) are joined across chunks by us; the SDK keeps
+  only a choice's first chunk's extra fields, so ``tests/unit/test_stream_tokens.py`` compares them with
+  vLLM's non-streaming body instead (none of the recorded streams here has them).
 """
 
 from __future__ import annotations
