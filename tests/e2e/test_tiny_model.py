@@ -173,7 +173,7 @@ def test_a_server_that_cannot_start_raises_with_its_log(
 ) -> None:
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a model")
-    monkeypatch.setattr(_tiny_model, "ensure_model_file", lambda progress=None: bad)
+    monkeypatch.setattr(tiny_model, "ensure_model_file", lambda progress=None: bad)
     with pytest.raises(TinyModelError, match="did not start") as caught:
         start_tiny_model()
     assert "bad.gguf" in str(caught.value)  # the tail of llama.cpp's log says what it tried to load
