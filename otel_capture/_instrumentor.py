@@ -7,7 +7,7 @@ Registered in the entry-point group ``opentelemetry_instrumentor`` as ``otel_cap
 the ``fastapi.FastAPI`` name, so apps built by code that imported the class before instrumentation (as
 vLLM does) are captured too. The stack it builds::
 
-    OpenTelemetryMiddleware (HTTP server span, no per-chunk send/receive spans)
+    LeanServerSpanMiddleware (HTTP server span, stable HTTP conventions, set once; docs/performance.md)
       ServerErrorMiddleware (the app's own)
         ModelCallCaptureMiddleware
           the app's user middleware, exception handling, router
@@ -15,8 +15,15 @@ vLLM does) are captured too. The stack it builds::
 The capture middleware goes *inside* the app's ``ServerErrorMiddleware`` because that is what the FastAPI
 and Starlette instrumentations expect to find outermost; when one of them instruments the app too (the
 app has ``_is_instrumented_by_opentelemetry``), it brings the HTTP server span and we add none, so there
-is exactly one server span with the model-call span as its child. A mounted sub-app is not captured twice:
-the outermost capture marks the request's scope.
+is exactly one server span with the model-call span as its child. FastAPI's own telemetry (FastAPI 0.142
+and later) stands down for an app whose stack has contrib's ``OpenTelemetryMiddleware``; ours it does not
+recognise, so where we add the server span we switch FastAPI's spans, metrics and logs off for that app,
+as contrib's presence did. A mounted sub-app is not captured twice: the outermost capture marks the
+request's scope.
+
+The server span honours the excluded-URL variables as contrib does (``OTEL_PYTHON_FASTAPI_EXCLUDED_URLS``,
+``OTEL_PYTHON_STARLETTE_EXCLUDED_URLS``, ``OTEL_PYTHON_EXCLUDED_URLS``). It puts no request or response
+headers on spans: the header-capture variables are not read in zero-code mode (docs/performance.md).
 
 At lifespan shutdown the tracer and meter providers are flushed before the server is told shutdown is
 complete: uvicorn re-raises SIGTERM after its graceful shutdown, which ends the process without running
@@ -31,12 +38,12 @@ from collections.abc import Collection
 from typing import Any
 
 from opentelemetry import metrics, trace
-from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]  # untyped re-export
 from opentelemetry.util.http import get_excluded_urls
 
 from ._asgi import ASGIApp, Message, Receive, Scope, Send
 from ._middleware import ModelCallCaptureMiddleware, server_span_details
+from ._server_span import LeanServerSpanMiddleware
 from ._settings import CaptureSettings
 
 _logger = logging.getLogger(__name__)
@@ -50,9 +57,7 @@ class _OncePerRequest:
     then passes through) for an app mounted inside an instrumented one."""
 
     def __init__(self, instrumented: ASGIApp, plain: ASGIApp) -> None:
-        # ``app``: FastAPI's native telemetry walks ``.app`` links to find an OpenTelemetryMiddleware and
-        # then leaves the HTTP server span to it (else there would be two server spans)
-        self.app = instrumented
+        self.app = instrumented  # ``app``: the link that tools walking a middleware stack follow
         self.plain = plain
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -130,7 +135,10 @@ class ModelCallInstrumentor(BaseInstrumentor):  # type: ignore[misc]  # BaseInst
             cls.build_middleware_stack = _patched(original, options)
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        for module_name, class_name in (("starlette.applications", "Starlette"), ("fastapi.applications", "FastAPI")):
+        for module_name, class_name in (
+            ("starlette.applications", "Starlette"),
+            ("fastapi.applications", "FastAPI"),
+        ):
             module = __import__(module_name, fromlist=[class_name])
             cls = getattr(module, class_name, None)
             if cls is not None and _ORIGINAL in vars(cls):
@@ -167,13 +175,23 @@ def _instrument_stack(app: Any, stack: ASGIApp, options: dict[str, Any]) -> ASGI
         stack = _FlushAtShutdown(ModelCallCaptureMiddleware(stack, **capture_kwargs), options)
     if getattr(app, "_is_instrumented_by_opentelemetry", False):
         return stack  # the FastAPI/Starlette instrumentation wraps this in its own HTTP server span
-    name = "FASTAPI" if any(c.__module__.startswith("fastapi") for c in type(app).__mro__) else "STARLETTE"
-    server = OpenTelemetryMiddleware(
+    is_fastapi = any(c.__module__.startswith("fastapi") for c in type(app).__mro__)
+    server = LeanServerSpanMiddleware(
         stack,
-        excluded_urls=get_excluded_urls(name),
         tracer_provider=options["tracer_provider"],
         meter_provider=options["meter_provider"],
-        exclude_spans=["receive", "send"],
+        excluded_urls=get_excluded_urls("FASTAPI" if is_fastapi else "STARLETTE"),
         default_span_details=server_span_details,  # named without the rollout prefix
     )
+    if is_fastapi:
+        _without_fastapi_server_telemetry(app)
     return _OncePerRequest(server, stack)
+
+
+def _without_fastapi_server_telemetry(app: Any) -> None:
+    """Switch FastAPI's own request telemetry off for ``app`` (its spans, metrics and logs): the stack
+    brings the HTTP server span. FastAPI does that itself when it finds contrib's middleware in the stack;
+    ours it does not know (``FastAPI(telemetry=...)`` is the documented switch, kept in ``_telemetry``)."""
+    config = getattr(app, "_telemetry", None)
+    if isinstance(config, dict):
+        config.update(tracing=False, metrics=False, logs=False)

@@ -48,6 +48,7 @@ def _env(receiver_url: str, capture_dir: Path, disabled: str) -> dict[str, str]:
         "OTEL_BSP_SCHEDULE_DELAY": "600000",
         "OTEL_METRIC_EXPORT_INTERVAL": "600000",
         "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": disabled,
+        "OTEL_PYTHON_EXCLUDED_URLS": "/health$",  # the readiness probe: no span, no metric
     }
 
 
@@ -57,14 +58,20 @@ def _prefixed_calls(url: str, store: CaptureStore) -> None:
     with openai.OpenAI(base_url=f"{url}/ng-rollout/zc-0/v1", api_key="k", max_retries=0) as oai:
         oai.responses.create(model="gpt-4o-mini", input="hi")
         assert len(read_model_call_records(store, "zc-0")) == 1
-        chunks = list(oai.chat.completions.create(
-            model="gpt-4o", messages=[{"role": "user", "content": "hi"}], stream=True,
-            stream_options={"include_usage": True},
-        ))
+        chunks = list(
+            oai.chat.completions.create(
+                model="gpt-4o",
+                messages=[{"role": "user", "content": "hi"}],
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         assert chunks[-1].usage is not None
         assert len(read_model_call_records(store, "zc-0")) == 2
     with anthropic.Anthropic(base_url=f"{url}/ng-rollout/zc-0", api_key="k", max_retries=0) as claude:
-        claude.messages.create(model="claude-test", max_tokens=64, messages=[{"role": "user", "content": "hi"}])
+        claude.messages.create(
+            model="claude-test", max_tokens=64, messages=[{"role": "user", "content": "hi"}]
+        )
     assert len(read_model_call_records(store, "zc-0")) == 3
 
 
@@ -83,7 +90,9 @@ def test_unmodified_fastapi_app_under_opentelemetry_instrument(
         # an agent with the httpx integration: the rollout id travels only in baggage
         http_client = instrument_http_client(openai.DefaultHttpxClient())
         with (
-            openai.OpenAI(base_url=f"{server.url}/v1", api_key="k", max_retries=0, http_client=http_client) as agent,
+            openai.OpenAI(
+                base_url=f"{server.url}/v1", api_key="k", max_retries=0, http_client=http_client
+            ) as agent,
             agent_provider.get_tracer("agent").start_as_current_span("agent step", kind=SpanKind.CLIENT),
             rollout_context("zc-bag"),
         ):
@@ -103,9 +112,21 @@ def test_unmodified_fastapi_app_under_opentelemetry_instrument(
     # named by the route, never by the rollout (one operation per route in the backend), with or without
     # the FastAPI instrumentation (which names a path no route matched by its method alone)
     assert sorted(s.name for s in server_spans) == [
-        "POST /v1/chat/completions", "POST /v1/chat/completions", "POST /v1/messages", "POST /v1/responses",
+        "POST /v1/chat/completions",
+        "POST /v1/chat/completions",
+        "POST /v1/messages",
+        "POST /v1/responses",
     ]
     assert all(s.attributes["http.route"] == s.name.removeprefix("POST ") for s in server_spans)
+    assert not [s for s in otlp.spans if "/health" in s.name]
+    if fastapi_instrumentation == "off":  # our server span: the stable HTTP conventions, set once
+        assert all(
+            s.attributes["http.request.method"] == "POST"
+            and s.attributes["http.response.status_code"] == 200
+            and s.attributes["url.path"].endswith(s.attributes["http.route"])
+            and "http.method" not in s.attributes
+            for s in server_spans
+        )
     for record in records:
         span = by_id[record.span_id]
         assert span.trace_id == record.trace_id
@@ -117,7 +138,11 @@ def test_unmodified_fastapi_app_under_opentelemetry_instrument(
         assert by_id[span.parent_span_id].kind == SERVER  # child of the HTTP server span
         assert abs((span.end_ns - span.start_ns) / 1e6 - record.latency_total_ms) < 50
     streamed = next(s for s in model_spans if s.attributes.get(A.GEN_AI_REQUEST_STREAM))
-    assert 0 < streamed.attributes[A.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] < (streamed.end_ns - streamed.start_ns) / 1e9
+    assert (
+        0
+        < streamed.attributes[A.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK]
+        < (streamed.end_ns - streamed.start_ns) / 1e9
+    )
     # the baggage-only call: captured under its id, in the agent's trace, below the agent's span
     (agent_span,) = agent_spans.get_finished_spans()
     bag_span = by_id[read_model_call_records(store, "zc-bag")[0].span_id]
@@ -132,6 +157,14 @@ def test_unmodified_fastapi_app_under_opentelemetry_instrument(
     ttft = [h for h in otlp.histograms if h.name == A.METRIC_SERVER_TIME_TO_FIRST_TOKEN]
     assert sum(h.count for h in ttft) == 1 and ttft[0].bounds == list(A.BUCKETS_TIME_TO_FIRST_TOKEN)
     assert all("rollout.id" not in h.attributes for h in otlp.histograms)
+    if fastapi_instrumentation == "off":  # one http.server.request.duration per call, by route
+        otlp.wait_for(lambda r: any(h.name == A.METRIC_HTTP_SERVER_REQUEST_DURATION for h in r.histograms))
+        http = [h for h in otlp.histograms if h.name == A.METRIC_HTTP_SERVER_REQUEST_DURATION]
+        assert sum(h.count for h in http) == 4 and {h.attributes["http.route"] for h in http} == {
+            "/v1/chat/completions",
+            "/v1/messages",
+            "/v1/responses",
+        }
     agent_provider.shutdown()
 
 
@@ -140,10 +173,14 @@ def test_program_flags_that_look_like_opentelemetry_instrument_options_pass_afte
     so a program flag such as ``--config`` is refused as ambiguous unless ``--`` ends its options."""
     program = [sys.executable, "-c", "import sys; print(sys.argv[1:])", "--config", "run.yaml"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env.update({"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"})
+    env.update(
+        {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"}
+    )
     instrument = str(BIN / "opentelemetry-instrument")
     refused = subprocess.run([instrument, *program], env=env, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "ambiguous option: --config" in refused.stderr
-    passed = subprocess.run([instrument, "--", *program], env=env, capture_output=True, text=True, timeout=120)
+    passed = subprocess.run(
+        [instrument, "--", *program], env=env, capture_output=True, text=True, timeout=120
+    )
     assert passed.returncode == 0, passed.stderr
     assert passed.stdout.strip() == "['--config', 'run.yaml']"
