@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +162,7 @@ def child_markers(root: Path, rollouts: int) -> dict[str, Any]:
     try:
         from otel_capture._store.writer import JsonlWriter
     except ImportError:  # before the store became a subpackage
-        from otel_capture._writer import JsonlWriter  # type: ignore[no-redef]
+        from otel_capture._writer import JsonlWriter  # type: ignore[no-redef,import-not-found]
 
     writer = JsonlWriter(root, fsync=lambda fd: None, syncfs=None)
     for i in range(rollouts):
@@ -175,7 +176,7 @@ def child_markers(root: Path, rollouts: int) -> dict[str, Any]:
     return {"marker_files": len(os.listdir(inflight)) if inflight.is_dir() else 0}
 
 
-CHILDREN = {
+CHILDREN: dict[str, Callable[..., dict[str, Any]]] = {
     "batch": child_batch,
     "bigfile": child_bigfile,
     "read": child_read,
