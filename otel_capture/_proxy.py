@@ -172,7 +172,7 @@ class UpstreamProxy:
         try:
             return await _unless(self._send(client, request), disconnected)
         except httpx.TimeoutException as exc:
-            message = f"upstream {self.shown_upstream} timed out: {exc!r}"
+            message = f"upstream {self.shown_upstream} timed out: {exc!r} (upstream timeout {self._timeout.read} s)"
             await _send_error(send, 504, "upstream_timeout", message)
         except httpx.HTTPError as exc:
             await _send_error(send, 502, "upstream_unreachable", f"upstream {self.shown_upstream} failed: {exc!r}")

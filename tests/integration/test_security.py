@@ -194,6 +194,18 @@ def test_a_request_over_the_size_limit_is_refused_413_naming_the_limit(replay_se
     assert [len(body) for _, _, body in replay_server.seen] == [1_000_000]  # only the body that fits went on
 
 
+def _read_response(sock: socket.socket) -> bytes:
+    """One HTTP/1.1 response with a Content-Length, head and body, off a raw socket."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += sock.recv(65536) or b"\r\n\r\n"
+    head, _, body = answer.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    while len(body) < length and (more := sock.recv(65536)):
+        body += more
+    return head + b"\r\n\r\n" + body
+
+
 def test_the_default_limit_refuses_a_declared_oversized_body_before_reading_it(replay_server: ReplayModelServer) -> None:
     """Decided from Content-Length alone: the 64 MiB + 1 bytes are never sent, and never awaited."""
     with serve(replay_server) as upstream:
@@ -205,7 +217,7 @@ def test_the_default_limit_refuses_a_declared_oversized_body_before_reading_it(r
                     b"POST /ng-rollout/huge/v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
                     b"content-type: application/json\r\ncontent-length: 67108865\r\n\r\n"
                 )
-                answer = sock.recv(65536)
+                answer = _read_response(sock)
         finally:
             process.terminate()
             process.communicate(timeout=30)
