@@ -34,7 +34,8 @@ body and answers at once) instead of the raw ASGI one: ``bare`` then is that app
 ``opentelemetry-instrument`` for zero-code capture: the stats route then reports the writer of the global
 tracer provider's ``model_call_jsonl`` exporter), ``gym`` is that app with the baseline middleware as its
 first user middleware (where NeMo Gym installs its own), ``server-span`` is that app inside contrib's
-``OpenTelemetryMiddleware`` alone (the HTTP server span zero-code adds, without our capture middleware). ``--events N`` makes the model stream N Chat
+``OpenTelemetryMiddleware`` alone (the HTTP server span zero-code added until issue #12, without our capture
+middleware), ``lean-server-span`` that app inside ``LeanServerSpanMiddleware`` alone (the one it adds now). ``--events N`` makes the model stream N Chat
 Completions chunks (one SSE event per ASGI message, then the finish and usage chunks and ``[DONE]``)
 instead of the JSON answer.
 
@@ -254,8 +255,14 @@ def _in_process_app(variant: str, capture_dir: str | None, app_kind: str = "asgi
             # opentelemetry-instrument with OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=otel_capture)
             app = OpenTelemetryMiddleware(starlette_model_app(events), exclude_spans=["receive", "send"])
             return StatsRoute(app, lambda: _writer_stats(_global_sink()))
-        raise SystemExit(f"--app starlette serves bare (instrument it with opentelemetry-instrument), server-span "
-                         f"or gym, not {variant!r}")
+        if variant == "lean-server-span":
+            from otel_capture._server_span import LeanServerSpanMiddleware
+
+            # the lean HTTP server span alone, as the instrumentor adds it since issue #12 (same set-up)
+            app = LeanServerSpanMiddleware(starlette_model_app(events))
+            return StatsRoute(app, lambda: _writer_stats(_global_sink()))
+        raise SystemExit(f"--app starlette serves bare (instrument it with opentelemetry-instrument), server-span, "
+                         f"lean-server-span or gym, not {variant!r}")
     model = streaming_upstream_app(events) if events else upstream_app
     if variant == "bare":
         return StatsRoute(model, _writer_stats)
@@ -580,7 +587,8 @@ def _profiled(run: Any) -> Any:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("variant", choices=[
-        "bare", "spans", "capture", "capture-nosync", "gym", "server-span", "proxy", "proxy-as-shipped",
+        "bare", "spans", "capture", "capture-nosync", "gym", "server-span", "lean-server-span", "proxy",
+        "proxy-as-shipped",
         "fwd-httpx", "fwd-httpx16", "fwd-httpcore", "fwd-aiohttp", "fwd-raw",
     ])
     parser.add_argument("--capture-dir")

@@ -31,8 +31,9 @@ away (lower req/s) but do not add CPU to our process. ``other cores`` is how bus
 was during that window (``/proc/stat`` busy time minus the server, upstream, wrk and this driver).
 
 Diagnostic rows (not goals; ``--no-diagnostics`` and ``--quick`` skip them) build each goal up layer by layer,
-so the CPU each layer adds per call is a difference of figures measured side by side: the contrib HTTP server
-span alone around the Starlette app, zero-code with no exporter (both spans, no record), library mode without
+so the CPU each layer adds per call is a difference of figures measured side by side: the HTTP server span
+alone around the Starlette app (zero-code's lean one, and contrib's ``OpenTelemetryMiddleware`` it replaced),
+zero-code with no exporter (both spans, no record), library mode without
 records (``spans``) and without fsync (``capture-nosync``), the proxy without ``--capture-dir``; and the bare
 app on uvicorn's pure-Python stack (h11 and asyncio), to show what the server stack itself is worth per call.
 ``bench/profile_goals.py`` profiles inside each layer; ``bench/bench_forwarders.py`` compares upstream clients.
@@ -359,6 +360,8 @@ def goal_zero_code(data: Path, rounds: int, seconds: int, fp: bool, diagnostics:
         specs += [
             Spec("server-span", [INSTRUMENT, *H.server_argv("server-span", "--app", "starlette")],
                  env={**_zero_code_env(None), "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "otel_capture"}, prefixed=False),
+            Spec("lean-server-span", [INSTRUMENT, *H.server_argv("lean-server-span", "--app", "starlette")],
+                 env={**_zero_code_env(None), "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "otel_capture"}, prefixed=False),
             Spec("zero-code-spans", [INSTRUMENT, *H.server_argv("bare", "--app", "starlette")], env=_zero_code_env(None)),
         ]
     with Servers() as servers:
@@ -372,9 +375,10 @@ def goal_zero_code(data: Path, rounds: int, seconds: int, fp: bool, diagnostics:
             ("gym-fsync (NeMo Gym 0.7.0 design)", gym, base)]
     if diagnostics:
         rows += [("diag: contrib HTTP server span alone (no capture)", runs["server-span"], base),
+                 ("diag: lean HTTP server span alone (zero-code's)", runs["lean-server-span"], base),
                  ("diag: zero-code, spans only (no exporter)", runs["zero-code-spans"], base)]
     if diagnostics:
-        disk.append(_ladder([("the app", base), ("+ contrib server span", runs["server-span"]),
+        disk.append(_ladder([("the app", base), ("+ lean server span", runs["lean-server-span"]),
                              ("+ model-call span (zero-code, no exporter)", runs["zero-code-spans"]),
                              ("+ record and writer (durable)", zc)]))
     run_table("goal 1: zero-code (opentelemetry-instrument + distro) around a Starlette model app", rows, disk)
