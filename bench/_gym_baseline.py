@@ -30,7 +30,9 @@ from typing import Any
 
 import orjson
 
-_ROLLOUT_PATH_RE = re.compile(r"^/ng-rollout/(?P<rollout_id>[^/]+)(?:/(?P<token_capture>training-token-capture))?(?P<rest>/.*)$")
+_ROLLOUT_PATH_RE = re.compile(
+    r"^/ng-rollout/(?P<rollout_id>[^/]+)(?:/(?P<token_capture>training-token-capture))?(?P<rest>/.*)$"
+)
 _DIALECTS = {"/v1/responses": "responses", "/v1/chat/completions": "chat", "/v1/messages": "messages"}
 _current_rollout: contextvars.ContextVar[str | None] = contextvars.ContextVar("rollout_id", default=None)
 
@@ -123,17 +125,29 @@ class GymCaptureMiddleware:
             latency_ms = round((time.perf_counter() - t0) * 1000, 2)
             try:
                 await asyncio.to_thread(
-                    self._parse_and_record, rollout_id, dialect, started_at, latency_ms,
-                    bytes(request_body), state, error_category,
+                    self._parse_and_record,
+                    rollout_id,
+                    dialect,
+                    started_at,
+                    latency_ms,
+                    bytes(request_body),
+                    state,
+                    error_category,
                 )
-            except Exception:  # noqa: BLE001, S110
+            except Exception:
                 pass  # Gym logs, marks the rollout incomplete, never changes the response
             for message in state["deferred"]:
                 await send(message)
 
     def _parse_and_record(
-        self, rollout_id: str, dialect: str, started_at: float, latency_ms: float,
-        request_body: bytes, state: dict[str, Any], error_category: str | None,
+        self,
+        rollout_id: str,
+        dialect: str,
+        started_at: float,
+        latency_ms: float,
+        request_body: bytes,
+        state: dict[str, Any],
+        error_category: str | None,
     ) -> None:
         try:
             request = orjson.loads(request_body) if request_body else None

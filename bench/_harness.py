@@ -84,14 +84,25 @@ def package_line() -> str:
     spec = importlib.util.find_spec("otel_capture")
     where = Path(spec.origin).parent.parent if spec and spec.origin else REPO
     try:
-        commit = subprocess.run(["git", "-C", str(where), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--", "otel_capture", "exporters"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", str(where), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(where), "status", "--porcelain", "--", "otel_capture", "exporters"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit, dirty = "", ""
-    state = (f"git {commit}" + (", package files modified since" if dirty else ", package files as committed")) if commit \
+    state = (
+        (f"git {commit}" + (", package files modified since" if dirty else ", package files as committed"))
+        if commit
         else "not a git checkout"
+    )
     return f"package: otel_capture from {where} ({state})"
 
 
@@ -115,15 +126,17 @@ def machine_line(data_dir: str | os.PathLike[str] | None = None) -> str:
 # --- tables -----------------------------------------------------------------------------------------
 
 
-def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]], notes: Sequence[str] = ()) -> None:
+def print_table(
+    title: str, header: Sequence[str], rows: Sequence[Sequence[Any]], notes: Sequence[str] = ()
+) -> None:
     cells = [[str(h) for h in header]] + [[_fmt(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     print()
     print(title)
-    print("  ".join(h.ljust(w) for h, w in zip(cells[0], widths)))
+    print("  ".join(h.ljust(w) for h, w in zip(cells[0], widths, strict=False)))
     print("  ".join("-" * w for w in widths))
     for row in cells[1:]:
-        print("  ".join(c.rjust(w) if _numeric(c) else c.ljust(w) for c, w in zip(row, widths)))
+        print("  ".join(c.rjust(w) if _numeric(c) else c.ljust(w) for c, w in zip(row, widths, strict=False)))
     for note in notes:
         print(note)
     sys.stdout.flush()
@@ -391,8 +404,19 @@ def run_load(
     if wrk_available() and not force_python:
         return _run_wrk(url, body, concurrency, seconds, rollouts, prefix, suffix)
     argv = [
-        PYTHON, str(BENCH / "_loadgen.py"), url, "--concurrency", str(concurrency), "--seconds", str(seconds),
-        "--rollouts", str(rollouts), "--prefix", prefix, "--suffix", suffix,
+        PYTHON,
+        str(BENCH / "_loadgen.py"),
+        url,
+        "--concurrency",
+        str(concurrency),
+        "--seconds",
+        str(seconds),
+        "--rollouts",
+        str(rollouts),
+        "--prefix",
+        prefix,
+        "--suffix",
+        suffix,
     ]
     with tempfile.NamedTemporaryFile(suffix=".json") as body_file:
         body_file.write(body)
@@ -417,7 +441,12 @@ def _run_wrk(
     line = next(line for line in out.splitlines() if line.startswith("WRKJSON "))
     data = json.loads(line.removeprefix("WRKJSON "))
     return LoadResult(
-        data["requests"], data["duration_us"] / 1e6, data["p50_us"] / 1000, data["p99_us"] / 1000, data["errors"], cpu
+        data["requests"],
+        data["duration_us"] / 1e6,
+        data["p50_us"] / 1000,
+        data["p99_us"] / 1000,
+        data["errors"],
+        cpu,
     )
 
 

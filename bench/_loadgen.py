@@ -17,7 +17,13 @@ from urllib.parse import urlsplit
 
 
 async def _connection(
-    host: str, port: int, requests: list[bytes], start: int, deadline: float, latencies: list[float], errors: list[int]
+    host: str,
+    port: int,
+    requests: list[bytes],
+    start: int,
+    deadline: float,
+    latencies: list[float],
+    errors: list[int],
 ) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     n = start
@@ -59,7 +65,9 @@ async def _main(args: argparse.Namespace) -> None:
     host, port = url.hostname or "127.0.0.1", url.port or 80
     with open(args.body_file, "rb") as handle:
         body = handle.read()
-    paths = [f"{args.prefix}{i}{args.suffix}" for i in range(args.rollouts)] if args.rollouts else [args.suffix]
+    paths = (
+        [f"{args.prefix}{i}{args.suffix}" for i in range(args.rollouts)] if args.rollouts else [args.suffix]
+    )
     requests = [
         (
             f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
@@ -72,18 +80,26 @@ async def _main(args: argparse.Namespace) -> None:
     errors: list[int] = []
     start = time.perf_counter()
     deadline = start + args.seconds
-    await asyncio.gather(*(
-        _connection(host, port, requests, i, deadline, latencies, errors) for i in range(args.concurrency)
-    ))
+    await asyncio.gather(
+        *(_connection(host, port, requests, i, deadline, latencies, errors) for i in range(args.concurrency))
+    )
     elapsed = time.perf_counter() - start
     latencies.sort()
 
     def pct(p: float) -> float:
         return latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000 if latencies else 0.0
 
-    print(json.dumps({
-        "requests": len(latencies), "seconds": elapsed, "p50_ms": pct(0.50), "p99_ms": pct(0.99), "errors": len(errors),
-    }))
+    print(
+        json.dumps(
+            {
+                "requests": len(latencies),
+                "seconds": elapsed,
+                "p50_ms": pct(0.50),
+                "p99_ms": pct(0.99),
+                "errors": len(errors),
+            }
+        )
+    )
 
 
 def main() -> None:

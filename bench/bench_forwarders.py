@@ -55,18 +55,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"== bench_forwarders: the upstream client library on the proxy's hop, {CONCURRENCY} concurrent ==")
     print(H.machine_line())
     print(H.package_line())
-    print(f"load generator: {H.loadgen_name(fp)}; {rounds} round(s) x {seconds} s per server, rotated, best kept")
+    print(
+        f"load generator: {H.loadgen_name(fp)}; {rounds} round(s) x {seconds} s per server, rotated, best kept"
+    )
     t0 = time.monotonic()
     data = Path(tempfile.mkdtemp(prefix="otel-capture-fwd-"))
     specs = [Spec("upstream", H.server_argv("bare"))]
-    specs += [Spec(name, H.server_argv(name, "--upstream", "{upstream}"), upstream="upstream") for name, _ in FORWARDERS]
+    specs += [
+        Spec(name, H.server_argv(name, "--upstream", "{upstream}"), upstream="upstream")
+        for name, _ in FORWARDERS
+    ]
     specs.append(Spec("proxy-off", H.server_argv("proxy", "--upstream", "{upstream}"), upstream="upstream"))
     names = [s.name for s in specs]
     try:
         with Servers() as servers:
             for spec in specs:
                 servers.start(spec)
-            runs = rounds_of(servers, names, rounds, seconds, fp, upstreams={n: "upstream" for n in names[1:]})
+            runs = rounds_of(
+                servers, names, rounds, seconds, fp, upstreams={n: "upstream" for n in names[1:]}
+            )
     finally:
         shutil.rmtree(data, ignore_errors=True)
     base = runs["upstream"]
@@ -75,10 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     rows += [(labels[name], runs[name], base) for name, _ in FORWARDERS]
     rows.append(("otel-capture proxy, no --capture-dir", runs["proxy-off"], base))
     run_table(
-        "one HTTP hop in front of an upstream that answers at once", rows,
-        ["CPU us/call: the forwarder's process; the upstream's is in its own column. No capture, no span in the "
-         "forwarders; the proxy row has its server span and model-call span (spans only)",
-         f"took {time.monotonic() - t0:.0f} s"],
+        "one HTTP hop in front of an upstream that answers at once",
+        rows,
+        [
+            "CPU us/call: the forwarder's process; the upstream's is in its own column. No capture, no span in the "
+            "forwarders; the proxy row has its server span and model-call span (spans only)",
+            f"took {time.monotonic() - t0:.0f} s",
+        ],
     )
     return 0
 

@@ -64,11 +64,23 @@ class MemorySink:
 
 def _scope(path: str) -> dict[str, Any]:
     return {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-        "headers": [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"),
-                    (b"content-length", str(len(REQUEST_BODY)).encode()), (b"user-agent", b"bench")],
-        "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000),
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"127.0.0.1:8000"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(REQUEST_BODY)).encode()),
+            (b"user-agent", b"bench"),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
     }
 
 
@@ -83,7 +95,7 @@ async def _drive(app: Any, path: str, calls: int) -> float:
 
     gc.collect()
     t0 = time.perf_counter()
-    for i in range(calls):
+    for _i in range(calls):
         await app(_scope(path), receive, send)
     return (time.perf_counter() - t0) / calls * 1e6
 
@@ -98,21 +110,47 @@ def _variants(tmp: Path) -> list[tuple[str, Any, str, Callable[[], None], Callab
     exporter_provider = TracerProvider()
     exporter = ModelCallJsonlExporter(tmp, fsync=lambda fd: None)
     exporter_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    nothing = lambda: None
+
+    def nothing():
+        return None
+
     return [
         ("app alone", upstream_app, CAPTURED_PATH, nothing, nothing),
-        ("middleware, unprefixed", ModelCallCaptureMiddleware(upstream_app, tracer_provider=noop, settings=settings),
-         "/v1/chat/completions", nothing, nothing),
-        ("capture, no-op tracer, no sink", ModelCallCaptureMiddleware(upstream_app, tracer_provider=noop, settings=settings),
-         CAPTURED_PATH, nothing, nothing),
-        ("+ SDK span (no processor)", ModelCallCaptureMiddleware(upstream_app, tracer_provider=sdk, settings=settings),
-         CAPTURED_PATH, nothing, nothing),
-        ("+ record line, in-memory sink",
-         ModelCallCaptureMiddleware(upstream_app, tracer_provider=sdk, settings=settings, sink=memory),
-         CAPTURED_PATH, nothing, nothing),
-        ("+ JSONL exporter, fsync off",
-         ModelCallCaptureMiddleware(upstream_app, tracer_provider=exporter_provider, settings=settings),
-         CAPTURED_PATH, nothing, nothing),
+        (
+            "middleware, unprefixed",
+            ModelCallCaptureMiddleware(upstream_app, tracer_provider=noop, settings=settings),
+            "/v1/chat/completions",
+            nothing,
+            nothing,
+        ),
+        (
+            "capture, no-op tracer, no sink",
+            ModelCallCaptureMiddleware(upstream_app, tracer_provider=noop, settings=settings),
+            CAPTURED_PATH,
+            nothing,
+            nothing,
+        ),
+        (
+            "+ SDK span (no processor)",
+            ModelCallCaptureMiddleware(upstream_app, tracer_provider=sdk, settings=settings),
+            CAPTURED_PATH,
+            nothing,
+            nothing,
+        ),
+        (
+            "+ record line, in-memory sink",
+            ModelCallCaptureMiddleware(upstream_app, tracer_provider=sdk, settings=settings, sink=memory),
+            CAPTURED_PATH,
+            nothing,
+            nothing,
+        ),
+        (
+            "+ JSONL exporter, fsync off",
+            ModelCallCaptureMiddleware(upstream_app, tracer_provider=exporter_provider, settings=settings),
+            CAPTURED_PATH,
+            nothing,
+            nothing,
+        ),
     ]
 
 
@@ -183,8 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="otel-capture-bench-hotpath-"))
     print("== bench_hotpath: per-call CPU of each stage of a captured call (no HTTP) ==")
     print(H.machine_line(tmp))
-    print(f"{calls:,} calls per variant and round, {rounds} rounds, best kept; request {len(REQUEST_BODY)} B, "
-          f"response {len(RESPONSE_BODY)} B")
+    print(
+        f"{calls:,} calls per variant and round, {rounds} rounds, best kept; request {len(REQUEST_BODY)} B, "
+        f"response {len(RESPONSE_BODY)} B"
+    )
     try:
         variants = _variants(tmp)
         best: dict[str, float] = {}
@@ -203,14 +243,25 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         previous = None
         for name, *_ in variants:
-            rows.append([name, best[name], None if previous is None else best[name] - previous,
-                         best[name] - best["app alone"]])
+            rows.append(
+                [
+                    name,
+                    best[name],
+                    None if previous is None else best[name] - previous,
+                    best[name] - best["app alone"],
+                ]
+            )
             previous = best[name]
         H.print_table(
             "captured call, stage by stage (each row adds one thing to the row above)",
-            ["variant", "us/call", "+us vs row above", "+us vs app alone"], rows,
-            [("no HTTP server here: uvicorn's own per-request cost (~80-100 us with h11 on this machine, see "
-              "bench_nonstreaming 'srv CPU us/req' of bare) comes on top of every row")],
+            ["variant", "us/call", "+us vs row above", "+us vs app alone"],
+            rows,
+            [
+                (
+                    "no HTTP server here: uvicorn's own per-request cost (~80-100 us with h11 on this machine, see "
+                    "bench_nonstreaming 'srv CPU us/req' of bare) comes on top of every row"
+                )
+            ],
         )
         H.print_table("pieces alone", ["piece", "us/call"], [[n, us] for n, us in _pieces(calls)])
     finally:

@@ -35,6 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+import contextlib
+
 from otel_capture import CaptureStore
 from otel_capture._store.lifecycle import FileLifecycle
 
@@ -87,10 +89,8 @@ def baseline_retire(root: Path, ids: list[str], fsync: Callable[[int], None]) ->
     _fsync_dir(fences, fsync)
     for rid in ids:
         for suffix in (".capture.jsonl", ".tokens.jsonl", ".capture.incomplete"):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(root / f"{rid}{suffix}")
-            except FileNotFoundError:
-                pass
     _fsync_dir(root, fsync)
 
 

@@ -59,7 +59,11 @@ class Run:
 
 
 def _measure(
-    server: H.ServerProcess, variant: str, concurrency: int, seconds: int, force_python: bool,
+    server: H.ServerProcess,
+    variant: str,
+    concurrency: int,
+    seconds: int,
+    force_python: bool,
     upstream: H.ServerProcess | None = None,
 ) -> Run:
     before = server.stats()
@@ -67,7 +71,11 @@ def _measure(
     up0 = H.cpu_seconds(upstream.pid) if upstream else 0.0
     t0 = time.monotonic()
     load = H.run_load(
-        server.url, body=REQUEST_BODY, concurrency=concurrency, seconds=seconds, rollouts=ROLLOUTS,
+        server.url,
+        body=REQUEST_BODY,
+        concurrency=concurrency,
+        seconds=seconds,
+        rollouts=ROLLOUTS,
         force_python=force_python,
     )
     wall = time.monotonic() - t0
@@ -76,11 +84,18 @@ def _measure(
     after = server.stats()
     delta = {k: after[k] - before[k] for k in after}
     return Run(
-        variant, concurrency, load.rps, load.p50_ms, load.p99_ms, load.errors,
+        variant,
+        concurrency,
+        load.rps,
+        load.p50_ms,
+        load.p99_ms,
+        load.errors,
         server_cores=cpu / wall,
         cpu_us_per_req=cpu / load.requests * 1e6 if load.requests else None,
         loadgen_cores=load.loadgen_cpu / wall,
-        records=delta["records"], fsyncs=delta["fsyncs"], batches=delta["batches"],
+        records=delta["records"],
+        fsyncs=delta["fsyncs"],
+        batches=delta["batches"],
         upstream_cores=up / wall if up is not None else None,
     )
 
@@ -96,7 +111,9 @@ def _start_servers(data: Path, upstream_for_proxy: H.ServerProcess) -> dict[str,
         "capture-nosync": H.server_argv("capture-nosync", "--capture-dir", str(dirs["capture-nosync"])),
         "gym-fsync": H.server_argv("gym", "--capture-dir", str(dirs["gym-fsync"])),
         "proxy-off": H.server_argv("proxy", "--upstream", upstream_for_proxy.url),
-        "proxy-on": H.server_argv("proxy", "--upstream", upstream_for_proxy.url, "--capture-dir", str(dirs["proxy-on"])),
+        "proxy-on": H.server_argv(
+            "proxy", "--upstream", upstream_for_proxy.url, "--capture-dir", str(dirs["proxy-on"])
+        ),
     }
     servers: dict[str, H.ServerProcess] = {}
     try:
@@ -116,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, help="rounds per variant and concurrency (default 2; quick 1)")
     parser.add_argument("--concurrency", help="comma-separated (default 1,16,64,256; quick 1,64)")
     parser.add_argument("--dir", help="where capture files go (default: a new temporary directory)")
-    parser.add_argument("--python-loadgen", action="store_true", help="use the Python fallback even if wrk is installed")
+    parser.add_argument(
+        "--python-loadgen", action="store_true", help="use the Python fallback even if wrk is installed"
+    )
     args = parser.parse_args(argv)
     seconds = args.seconds or 2
     rounds = args.rounds or (1 if args.quick else 2)
@@ -149,19 +168,33 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_all(
-    servers: dict[str, H.ServerProcess], upstream: H.ServerProcess, levels: list[int], seconds: int,
-    rounds: int, force_python: bool,
+    servers: dict[str, H.ServerProcess],
+    upstream: H.ServerProcess,
+    levels: list[int],
+    seconds: int,
+    rounds: int,
+    force_python: bool,
 ) -> dict[tuple[str, int], Run]:
     order = IN_PROCESS + PROXY
     best: dict[tuple[str, int], Run] = {}
     for concurrency in levels:
         for name in order:  # warm-up: connections, caches, the first files of each rollout
-            H.run_load(servers[name].url, body=REQUEST_BODY, concurrency=concurrency, seconds=1, force_python=force_python)
+            H.run_load(
+                servers[name].url,
+                body=REQUEST_BODY,
+                concurrency=concurrency,
+                seconds=1,
+                force_python=force_python,
+            )
         for r in range(rounds):
-            rotated = order[r % len(order):] + order[: r % len(order)]
+            rotated = order[r % len(order) :] + order[: r % len(order)]
             for name in rotated:
                 run = _measure(
-                    servers[name], name, concurrency, seconds, force_python,
+                    servers[name],
+                    name,
+                    concurrency,
+                    seconds,
+                    force_python,
                     upstream if name.startswith("proxy") else None,
                 )
                 key = (name, concurrency)
@@ -197,12 +230,24 @@ def _as_shipped_proxy(upstream: H.ServerProcess, seconds: int, force_python: boo
 
 
 def _report(
-    runs: dict[tuple[str, int], Run], levels: list[int], disk: dict[str, tuple[int, int]],
+    runs: dict[tuple[str, int], Run],
+    levels: list[int],
+    disk: dict[str, tuple[int, int]],
     shipped: tuple[Run, Run] | None,
 ) -> None:
     header = [
-        "conc", "variant", "req/s", "vs bare", "vs proxy-off", "p50 ms", "p99 ms", "srv cores", "srv CPU us/req",
-        "fsyncs/rec", "recs/batch", "loadgen cores",
+        "conc",
+        "variant",
+        "req/s",
+        "vs bare",
+        "vs proxy-off",
+        "p50 ms",
+        "p99 ms",
+        "srv cores",
+        "srv CPU us/req",
+        "fsyncs/rec",
+        "recs/batch",
+        "loadgen cores",
     ]
     rows = []
     for c in levels:
@@ -211,31 +256,48 @@ def _report(
         for name in IN_PROCESS + PROXY:
             run = runs[(name, c)]
             proxied = name.startswith("proxy")
-            rows.append([
-                c, name, run.rps, None if proxied else H.ratio(run.rps, bare),
-                H.ratio(run.rps, off) if proxied else None,
-                run.p50_ms, run.p99_ms, run.server_cores, run.cpu_us_per_req,
-                run.fsyncs / run.records if run.records else None,
-                run.records / run.batches if run.batches else None,
-                run.loadgen_cores,
-            ])
+            rows.append(
+                [
+                    c,
+                    name,
+                    run.rps,
+                    None if proxied else H.ratio(run.rps, bare),
+                    H.ratio(run.rps, off) if proxied else None,
+                    run.p50_ms,
+                    run.p99_ms,
+                    run.server_cores,
+                    run.cpu_us_per_req,
+                    run.fsyncs / run.records if run.records else None,
+                    run.records / run.batches if run.batches else None,
+                    run.loadgen_cores,
+                ]
+            )
     errors = sum(run.errors for run in runs.values())
     max_loadgen = max(run.loadgen_cores for run in runs.values())
-    min_server = min(run.server_cores for run in runs.values() if run.concurrency >= 16) if any(c >= 16 for c in levels) else None
+    min_server = (
+        min(run.server_cores for run in runs.values() if run.concurrency >= 16)
+        if any(c >= 16 for c in levels)
+        else None
+    )
     notes = [
         f"errors (connect/read/write/timeout/non-2xx) over all runs: {errors}",
         f"load generator: at most {max_loadgen:.2f} cores in any run"
         + (
-            (f", while at concurrency >= 16 every server process used at least {min_server:.2f} cores (one Python "
-             "thread saturates near 1.0; the capturing ones below that wait on fsync): the servers, not the load "
-             "generator, are the limit")
-            if min_server else ""
+            (
+                f", while at concurrency >= 16 every server process used at least {min_server:.2f} cores (one Python "
+                "thread saturates near 1.0; the capturing ones below that wait on fsync): the servers, not the load "
+                "generator, are the limit"
+            )
+            if min_server
+            else ""
         ),
         "proxy rows: 'srv cores' is the proxy process; its upstream is another bare server process",
     ]
     for name, (lines, acked) in disk.items():
-        notes.append(f"{name}: {lines:,} lines on disk, {acked:,} records acknowledged by the writer"
-                     + ("" if lines == acked else "  << MISMATCH"))
+        notes.append(
+            f"{name}: {lines:,} lines on disk, {acked:,} records acknowledged by the writer"
+            + ("" if lines == acked else "  << MISMATCH")
+        )
     H.print_table("non-streaming calls: throughput and latency by concurrency", header, rows, notes)
 
     if shipped is not None:
@@ -244,8 +306,20 @@ def _report(
             "the proxy's listening socket, concurrency 1, capture off",
             ["proxy socket", "req/s", "p50 ms", "p99 ms", "srv cores"],
             [
-                ["as otel-capture proxy makes it (proto 0: no TCP_NODELAY)", as_shipped.rps, as_shipped.p50_ms, as_shipped.p99_ms, as_shipped.server_cores],
-                ["made with proto=IPPROTO_TCP (asyncio sets TCP_NODELAY)", fixed.rps, fixed.p50_ms, fixed.p99_ms, fixed.server_cores],
+                [
+                    "as otel-capture proxy makes it (proto 0: no TCP_NODELAY)",
+                    as_shipped.rps,
+                    as_shipped.p50_ms,
+                    as_shipped.p99_ms,
+                    as_shipped.server_cores,
+                ],
+                [
+                    "made with proto=IPPROTO_TCP (asyncio sets TCP_NODELAY)",
+                    fixed.rps,
+                    fixed.p50_ms,
+                    fixed.p99_ms,
+                    fixed.server_cores,
+                ],
             ],
         )
     _goals(runs, levels)
@@ -269,8 +343,10 @@ def _goals(runs: dict[tuple[str, int], Run], levels: list[int]) -> None:
         ("proxy capture on", on, off, "proxy capture off"),
         ("proxy capture off", off, bare, "bare upstream"),
     ):
-        print(f"  {label} / {base_label}: {run.rps / base.rps:.2f}x ({run.rps:,.0f} against {base.rps:,.0f} req/s; "
-              f"{run.cpu_us_per_req or 0:.0f} against {base.cpu_us_per_req or 0:.0f} us CPU per call)")
+        print(
+            f"  {label} / {base_label}: {run.rps / base.rps:.2f}x ({run.rps:,.0f} against {base.rps:,.0f} req/s; "
+            f"{run.cpu_us_per_req or 0:.0f} against {base.cpu_us_per_req or 0:.0f} us CPU per call)"
+        )
     if capture.records:
         print(f"  fsyncs per record (durable capture): {capture.fsyncs / capture.records:.3f}")
 

@@ -58,10 +58,17 @@ def _source_lines() -> tuple[list[dict[str, Any]], str]:
     from _servers import REQUEST_BODY, RESPONSE_BODY
 
     line = {
-        "model_call_id": "", "dialect": "chat", "model_ref": {"type": "responses_api_models", "name": "bench"},
-        "started_at": 1796040241.38, "completed_at": 1796040241.43, "latency_ms": 45.2, "latency_ttft_ms": 45.1,
-        "status_code": 200, "error_category": None,
-        "request": orjson.loads(REQUEST_BODY), "response": orjson.loads(RESPONSE_BODY),
+        "model_call_id": "",
+        "dialect": "chat",
+        "model_ref": {"type": "responses_api_models", "name": "bench"},
+        "started_at": 1796040241.38,
+        "completed_at": 1796040241.43,
+        "latency_ms": 45.2,
+        "latency_ttft_ms": 45.1,
+        "status_code": 200,
+        "error_category": None,
+        "request": orjson.loads(REQUEST_BODY),
+        "response": orjson.loads(RESPONSE_BODY),
     }
     return [line], "the non-streaming benchmark's chat call (fixture not found)"
 
@@ -71,7 +78,9 @@ def write_file(directory: Path, count: int) -> tuple[Path, int, str]:
     path = directory / f"{ROLLOUT}.capture.jsonl"
     with path.open("wb") as handle:
         for _, line in zip(range(count), itertools.cycle(sources)):
-            handle.write(orjson.dumps(dict(line, model_call_id=uuid.uuid4().hex), option=orjson.OPT_APPEND_NEWLINE))
+            handle.write(
+                orjson.dumps(dict(line, model_call_id=uuid.uuid4().hex), option=orjson.OPT_APPEND_NEWLINE)
+            )
     return path, path.stat().st_size, described
 
 
@@ -121,10 +130,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"file: {count:,} lines, {size / 1e6:.1f} MB, from {described}; best of {repeat} runs")
         store = CaptureStore(directory)
         candidates: list[tuple[str, Callable[[], Any]]] = [
-            ("baseline: per-line orjson + ModelCallRecord.model_validate (Gym 0.7.0's reader)",
-             lambda: gym_style_read(store, ROLLOUT)),
+            (
+                "baseline: per-line orjson + ModelCallRecord.model_validate (Gym 0.7.0's reader)",
+                lambda: gym_style_read(store, ROLLOUT),
+            ),
             ("read_model_call_records (strict)", lambda: read_model_call_records(store, ROLLOUT)),
-            ("read_available_model_call_records (tolerant)", lambda: read_available_model_call_records(store, ROLLOUT)),
+            (
+                "read_available_model_call_records (tolerant)",
+                lambda: read_available_model_call_records(store, ROLLOUT),
+            ),
             ("baseline aggregate: Gym's reader + sums", lambda: gym_style_aggregate(store, ROLLOUT)),
             ("aggregate_model_call_metrics", lambda: aggregate_model_call_metrics(store, ROLLOUT)),
         ]
@@ -143,16 +157,28 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for name, _ in candidates:
             base = base_agg if "aggregate" in name else base_read
-            rows.append([name, count / best[name], best[name] * 1000, f"{base / best[name]:.2f}x", size / best[name] / 1e6])
+            rows.append(
+                [
+                    name,
+                    count / best[name],
+                    best[name] * 1000,
+                    f"{base / best[name]:.2f}x",
+                    size / best[name] / 1e6,
+                ]
+            )
         H.print_table(
             f"reader: {count:,}-line file",
             ["reader", "records/s", "ms", "speed vs baseline", "MB/s"],
             rows,
             [
-                (f"same records as the baseline (counts, and the first 2,000 field by field): strict {same}, "
-                 f"tolerant {same_tolerant}; same aggregate: {same_aggregate}"),
-                ("limit: one core of CPU (the file is in the page cache after the first read): orjson parsing, "
-                 "deriving token counts/tool calls/reasoning per line, and building the pydantic objects"),
+                (
+                    f"same records as the baseline (counts, and the first 2,000 field by field): strict {same}, "
+                    f"tolerant {same_tolerant}; same aggregate: {same_aggregate}"
+                ),
+                (
+                    "limit: one core of CPU (the file is in the page cache after the first read): orjson parsing, "
+                    "deriving token counts/tool calls/reasoning per line, and building the pydantic objects"
+                ),
             ],
         )
     finally:
@@ -161,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _same_records(a: list[ModelCallRecord], b: list[ModelCallRecord]) -> bool:
-    return len(a) == len(b) and all(x.model_dump() == y.model_dump() for x, y in zip(a[:2000], b[:2000]))
+    return len(a) == len(b) and all(
+        x.model_dump() == y.model_dump() for x, y in zip(a[:2000], b[:2000], strict=False)
+    )
 
 
 if __name__ == "__main__":

@@ -63,13 +63,18 @@ def _send(url: str, size: int, chunked: bool, answers: list[str]) -> None:
         answers.append(type(exc).__name__)
 
 
-def _run(upstream: str, limit: int | None, size: int, clients: int, chunked: bool) -> tuple[Counter[str], float]:
+def _run(
+    upstream: str, limit: int | None, size: int, clients: int, chunked: bool
+) -> tuple[Counter[str], float]:
     args = [sys.executable, "-m", "otel_capture._cli.main", "proxy", "--upstream", upstream]
     if limit is not None:
         args += ["--max-request-bytes", str(limit)]
     proxy = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
     assert proxy.stdout is not None
-    url = proxy.stdout.readline().strip().removeprefix("listening on ") + "/ng-rollout/bench/v1/chat/completions"
+    url = (
+        proxy.stdout.readline().strip().removeprefix("listening on ")
+        + "/ng-rollout/bench/v1/chat/completions"
+    )
     try:
         httpx.post(url, json={"model": "warm-up"}, timeout=60)
         before = _status(proxy.pid)["VmRSS"]

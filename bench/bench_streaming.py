@@ -58,24 +58,33 @@ def chat_event(i: int) -> bytes:
         "created": 1727000000,
         "model": "gpt-4o-2024-08-06",
         "system_fingerprint": "fp_bench",
-        "choices": [{"index": 0, "delta": {"content": f"tok{i % 1000} "}, "logprobs": None, "finish_reason": None}],
+        "choices": [
+            {"index": 0, "delta": {"content": f"tok{i % 1000} "}, "logprobs": None, "finish_reason": None}
+        ],
     }
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
 def closing_events(count: int) -> bytes:
     finish = {
-        "id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1727000000,
-        "model": "gpt-4o-2024-08-06", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+        "id": "chatcmpl-bench",
+        "object": "chat.completion.chunk",
+        "created": 1727000000,
+        "model": "gpt-4o-2024-08-06",
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
     }
     usage = {
-        "id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1727000000,
-        "model": "gpt-4o-2024-08-06", "choices": [],
+        "id": "chatcmpl-bench",
+        "object": "chat.completion.chunk",
+        "created": 1727000000,
+        "model": "gpt-4o-2024-08-06",
+        "choices": [],
         "usage": {"prompt_tokens": 12, "completion_tokens": count, "total_tokens": 12 + count},
     }
-    return b"".join(
-        b"data: " + json.dumps(p, separators=(",", ":")).encode() + b"\n\n" for p in (finish, usage)
-    ) + b"data: [DONE]\n\n"
+    return (
+        b"".join(b"data: " + json.dumps(p, separators=(",", ":")).encode() + b"\n\n" for p in (finish, usage))
+        + b"data: [DONE]\n\n"
+    )
 
 
 def stream_bytes(events: int) -> int:
@@ -102,10 +111,13 @@ class StreamingUpstream:
                     return
         while (await receive()).get("more_body"):
             pass
-        await send({
-            "type": "http.response.start", "status": 200,
-            "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
-        })
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
+            }
+        )
         for body in self._bodies():
             await send({"type": "http.response.body", "body": body, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -132,10 +144,8 @@ class StreamingUpstream:
 def build_app(kind: str, upstream: StreamingUpstream, capture_dir: str) -> Any:
     if kind == "direct":
         return upstream
-    from otel_capture import CaptureSettings, ModelCallCaptureMiddleware
+    from otel_capture import CaptureSettings, ModelCallCaptureMiddleware, WriterSettings
     from otel_capture._telemetry import build_tracer_provider
-
-    from otel_capture import WriterSettings
 
     settings = CaptureSettings()
     provider = build_tracer_provider(settings, WriterSettings(directory=Path(capture_dir)))
@@ -193,7 +203,16 @@ def serve_child(kind: str, events: int, capture_dir: str, memory_mb: float | Non
 
 class Child:
     def __init__(self, kind: str, events: int, capture_dir: str, memory_mb: float | None = None) -> None:
-        argv = [sys.executable, __file__, "--child", kind, "--events", str(events), "--capture-dir", capture_dir]
+        argv = [
+            sys.executable,
+            __file__,
+            "--child",
+            kind,
+            "--events",
+            str(events),
+            "--capture-dir",
+            capture_dir,
+        ]
         if memory_mb is not None:
             argv += ["--mb", str(memory_mb)]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -286,8 +305,10 @@ def latency(events: int, calls: int, warmup: int, capture_dir: str) -> None:
             child.close()
     lines = sorted(Path(capture_dir).glob("*.capture.jsonl"))
     written = sum(1 for path in lines for line in path.read_bytes().splitlines() if line.strip())
-    print(f"\nStreamed calls: {events} chat chunks per stream ({expected} bytes), {calls} measured calls per "
-          f"server after {warmup} warm-up rounds, one at a time, servers rotated call by call.")
+    print(
+        f"\nStreamed calls: {events} chat chunks per stream ({expected} bytes), {calls} measured calls per "
+        f"server after {warmup} warm-up rounds, one at a time, servers rotated call by call."
+    )
     header = ("server", "TTFT med ms", "TTFT p90 ms", "total med ms", "total p90 ms", "TTFT x", "total x")
     rows = []
     base_ttft = statistics.median(t for t, _ in results["direct"])
@@ -295,21 +316,34 @@ def latency(events: int, calls: int, warmup: int, capture_dir: str) -> None:
     for kind in SERVERS:
         ttfts = [t for t, _ in results[kind]]
         totals = [t for _, t in results[kind]]
-        rows.append((
-            kind, ms(statistics.median(ttfts)), ms(percentile(ttfts, 0.9)),
-            ms(statistics.median(totals)), ms(percentile(totals, 0.9)),
-            f"{statistics.median(ttfts) / base_ttft:.2f}", f"{statistics.median(totals) / base_total:.2f}",
-        ))
+        rows.append(
+            (
+                kind,
+                ms(statistics.median(ttfts)),
+                ms(percentile(ttfts, 0.9)),
+                ms(statistics.median(totals)),
+                ms(percentile(totals, 0.9)),
+                f"{statistics.median(ttfts) / base_ttft:.2f}",
+                f"{statistics.median(totals) / base_total:.2f}",
+            )
+        )
     widths = [max(len(str(row[i])) for row in (header, *rows)) for i in range(len(header))]
     for row in (header, *rows):
-        print("  " + "  ".join(str(cell).rjust(width) if i else str(cell).ljust(width)
-                               for i, (cell, width) in enumerate(zip(row, widths))))
+        print(
+            "  "
+            + "  ".join(
+                str(cell).rjust(width) if i else str(cell).ljust(width)
+                for i, (cell, width) in enumerate(zip(row, widths, strict=False))
+            )
+        )
     print(f"  (x = median / median of direct; records written durably by the captured server: {written})")
 
 
 def memory(megabytes: float, capture_dir: str) -> None:
-    print(f"\nOne {megabytes:g} MB stream (events batched 128 per ASGI message), peak memory growth of the "
-          "server process during the call:")
+    print(
+        f"\nOne {megabytes:g} MB stream (events batched 128 per ASGI message), peak memory growth of the "
+        "server process during the call:"
+    )
     size = 0
     rows = []
     for kind in ("direct", "captured"):
@@ -323,10 +357,14 @@ def memory(megabytes: float, capture_dir: str) -> None:
             child.close()
         rows.append((kind, report["rss_delta"], report["heap_peak"], total))
     for kind, rss, heap, total in rows:
-        print(f"  {kind:<9} peak RSS +{rss / 2**20:7.1f} MiB ({rss / size:5.2f}x the stream)   "
-              f"tracemalloc peak {heap / 2**20:7.1f} MiB ({heap / size:5.2f}x)   call {total:6.2f} s")
-    print(f"  stream size: {size / 2**20:.1f} MiB; the capture keeps at most max_body_bytes of raw body "
-          f"(default {32} MiB) and the reassembled response")
+        print(
+            f"  {kind:<9} peak RSS +{rss / 2**20:7.1f} MiB ({rss / size:5.2f}x the stream)   "
+            f"tracemalloc peak {heap / 2**20:7.1f} MiB ({heap / size:5.2f}x)   call {total:6.2f} s"
+        )
+    print(
+        f"  stream size: {size / 2**20:.1f} MiB; the capture keeps at most max_body_bytes of raw body "
+        f"(default {32} MiB) and the reassembled response"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -344,8 +382,10 @@ def main(argv: list[str] | None = None) -> int:
     events = args.events or (100 if args.quick else 200)
     calls = args.calls or (20 if args.quick else 150)
     megabytes = args.mb or (10.0 if args.quick else 50.0)
-    print(f"bench_streaming: python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.2f} at start")
+    print(
+        f"bench_streaming: python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.2f} at start"
+    )
     with tempfile.TemporaryDirectory(prefix="bench-stream-", dir=os.environ.get("BENCH_DIR")) as tmp:
         latency(events, calls, 3 if args.quick else 10, str(Path(tmp) / "latency"))
         memory(megabytes, str(Path(tmp) / "memory"))

@@ -46,7 +46,12 @@ def _lines(writer: int, count: int) -> list[tuple[str, bytes]]:
     out = []
     for seq, source in zip(range(count), itertools.cycle(sources)):
         model_call_id = f"w{writer:02d}-{seq:07d}"
-        out.append((model_call_id, orjson.dumps(dict(source, model_call_id=model_call_id), option=orjson.OPT_APPEND_NEWLINE)))
+        out.append(
+            (
+                model_call_id,
+                orjson.dumps(dict(source, model_call_id=model_call_id), option=orjson.OPT_APPEND_NEWLINE),
+            )
+        )
     return out
 
 
@@ -59,14 +64,23 @@ def _writer_process(mode: str, root: str, writer: int, count: int, inflight: int
         go.wait()
         start = time.time()
         for offset in range(0, count, inflight):
-            futures = [jsonl.submit(ROLLOUT, line, mcid) for mcid, line in lines[offset:offset + inflight]]
+            futures = [jsonl.submit(ROLLOUT, line, mcid) for mcid, line in lines[offset : offset + inflight]]
             for future in futures:
                 future.result()
         end = time.time()
         stats = jsonl.stats
         jsonl.close()
-        out.put({"writer": writer, "start": start, "end": end, "fsyncs": stats.fsyncs, "batches": stats.batches,
-                 "records": stats.records_written, "failures": stats.failures})
+        out.put(
+            {
+                "writer": writer,
+                "start": start,
+                "end": end,
+                "fsyncs": stats.fsyncs,
+                "batches": stats.batches,
+                "records": stats.records_written,
+                "failures": stats.failures,
+            }
+        )
     else:
         from concurrent.futures import ThreadPoolExecutor
 
@@ -78,10 +92,19 @@ def _writer_process(mode: str, root: str, writer: int, count: int, inflight: int
         # Gym runs each call's append in the default executor: `inflight` calls at once, one fsync each.
         with ThreadPoolExecutor(max_workers=inflight) as pool:
             for offset in range(0, count, inflight):
-                list(pool.map(lambda item: store.append(ROLLOUT, item[1]), lines[offset:offset + inflight]))
+                list(pool.map(lambda item: store.append(ROLLOUT, item[1]), lines[offset : offset + inflight]))
         end = time.time()
-        out.put({"writer": writer, "start": start, "end": end, "fsyncs": count, "batches": count,
-                 "records": count, "failures": 0})
+        out.put(
+            {
+                "writer": writer,
+                "start": start,
+                "end": end,
+                "fsyncs": count,
+                "batches": count,
+                "records": count,
+                "failures": 0,
+            }
+        )
 
 
 def _reader_process(root: str, stop: Any, out: Any) -> None:
@@ -106,7 +129,10 @@ def _run(mode: str, root: Path, processes: int, count: int, inflight: int) -> di
     ctx = mp.get_context("spawn")
     go, stop = ctx.Event(), ctx.Event()
     out, reader_out = ctx.Queue(), ctx.Queue()
-    writers = [ctx.Process(target=_writer_process, args=(mode, str(root), w, count, inflight, go, out)) for w in range(processes)]
+    writers = [
+        ctx.Process(target=_writer_process, args=(mode, str(root), w, count, inflight, go, out))
+        for w in range(processes)
+    ]
     reader = ctx.Process(target=_reader_process, args=(str(root), stop, reader_out))
     for p in writers:
         p.start()
@@ -171,7 +197,9 @@ def _check(root: Path, processes: int, count: int, inflight: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--processes", help="comma-separated writer process counts (default 1,2,4; quick 1,4)")
+    parser.add_argument(
+        "--processes", help="comma-separated writer process counts (default 1,2,4; quick 1,4)"
+    )
     parser.add_argument("--records", type=int, help="records per writer process (default 2000; quick 500)")
     parser.add_argument("--inflight", type=int, default=16, help="calls in flight per writer (default 16)")
     parser.add_argument("--dir", help="where the files go (default: a new temporary directory)")
@@ -181,8 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(tempfile.mkdtemp(prefix="otel-capture-bench-writers-", dir=args.dir))
     print("== bench_writers: several processes appending to one rollout file ==")
     print(H.machine_line(base))
-    print(f"{records:,} records (~2 KB lines) per writer process, {args.inflight} in flight per process; "
-          "one reader process reading the file throughout")
+    print(
+        f"{records:,} records (~2 KB lines) per writer process, {args.inflight} in flight per process; "
+        "one reader process reading the file throughout"
+    )
     rows = []
     all_ok = True
     try:
@@ -193,26 +223,47 @@ def main(argv: list[str] | None = None) -> int:
                 root.mkdir()
                 results[mode] = _run(mode, root, processes, records, args.inflight)
                 shutil.rmtree(root, ignore_errors=True)
-            for mode, label in (("gym", "baseline: per-call fsync (Gym 0.7.0)"), ("ours", "JsonlWriter (group commit)")):
+            for mode, label in (
+                ("gym", "baseline: per-call fsync (Gym 0.7.0)"),
+                ("ours", "JsonlWriter (group commit)"),
+            ):
                 r = results[mode]
                 rps = r["records"] / r["seconds"]
                 reader = r["reader"]
                 all_ok &= r["check"] == "ok" and reader["damaged"] == 0 and reader["torn"] == 0
-                rows.append([
-                    processes, label, rps, f"{rps / (results['gym']['records'] / results['gym']['seconds']):.2f}x",
-                    r["fsyncs"] / r["records"], r["records"] / r["batches"], r["failures"],
-                    f"{reader['reads']} reads, {reader['damaged']} damaged, {reader['torn']} torn",
-                    r["check"],
-                ])
+                rows.append(
+                    [
+                        processes,
+                        label,
+                        rps,
+                        f"{rps / (results['gym']['records'] / results['gym']['seconds']):.2f}x",
+                        r["fsyncs"] / r["records"],
+                        r["records"] / r["batches"],
+                        r["failures"],
+                        f"{reader['reads']} reads, {reader['damaged']} damaged, {reader['torn']} torn",
+                        r["check"],
+                    ]
+                )
         H.print_table(
             "writers: N processes, one rollout file",
-            ["procs", "writer", "records/s", "vs baseline", "fsyncs/rec", "recs/batch", "failures",
-             "concurrent reader", "lines whole, complete, ordered, call_index dense"],
+            [
+                "procs",
+                "writer",
+                "records/s",
+                "vs baseline",
+                "fsyncs/rec",
+                "recs/batch",
+                "failures",
+                "concurrent reader",
+                "lines whole, complete, ordered, call_index dense",
+            ],
             rows,
             [
                 f"all checks passed: {all_ok}",
-                ("limit: the disk's fsync rate (each batch of a process is one fsync of the shared file; the "
-                 "exclusive flock serialises the writes, not the fsyncs) and, for the baseline, one fsync per line"),
+                (
+                    "limit: the disk's fsync rate (each batch of a process is one fsync of the shared file; the "
+                    "exclusive flock serialises the writes, not the fsyncs) and, for the baseline, one fsync per line"
+                ),
             ],
         )
     finally:

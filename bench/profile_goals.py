@@ -47,7 +47,9 @@ from _servers import REQUEST_BODY
 
 INSTRUMENT = str(Path(H.PYTHON).with_name("opentelemetry-instrument"))
 PY_SPY = shutil.which("py-spy", path=str(Path(H.PYTHON).parent)) or shutil.which("py-spy")
-STREAM_BODY = orjson.dumps({**orjson.loads(REQUEST_BODY), "stream": True, "stream_options": {"include_usage": True}})
+STREAM_BODY = orjson.dumps(
+    {**orjson.loads(REQUEST_BODY), "stream": True, "stream_options": {"include_usage": True}}
+)
 CONCURRENCY = 64
 
 
@@ -75,19 +77,30 @@ def configs(data: Path) -> dict[str, Config]:
         "starlette": Config(st, prefixed=False),
         "zero-code": Config([INSTRUMENT, *st], env=_zc_env(data / "zero-code")),
         "zero-code-spans": Config([INSTRUMENT, *st], env=_zc_env(None)),
-        "server-span": Config([INSTRUMENT, *H.server_argv("server-span", "--app", "starlette")],
-                              env={**_zc_env(None), "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "otel_capture"}, prefixed=False),
+        "server-span": Config(
+            [INSTRUMENT, *H.server_argv("server-span", "--app", "starlette")],
+            env={**_zc_env(None), "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "otel_capture"},
+            prefixed=False,
+        ),
         "gym": Config(H.server_argv("gym", "--app", "starlette", "--capture-dir", str(data / "gym"))),
         "bare": Config(H.server_argv("bare")),
         "library": Config(H.server_argv("capture", "--capture-dir", str(data / "library"))),
         "library-spans": Config(H.server_argv("spans")),
         "library-nosync": Config(H.server_argv("capture-nosync", "--capture-dir", str(data / "nosync"))),
-        "proxy": Config(H.server_argv("proxy", "--upstream", "{upstream}", "--capture-dir", str(data / "proxy")), upstream=True),
+        "proxy": Config(
+            H.server_argv("proxy", "--upstream", "{upstream}", "--capture-dir", str(data / "proxy")),
+            upstream=True,
+        ),
         "proxy-off": Config(H.server_argv("proxy", "--upstream", "{upstream}"), upstream=True),
         "stream-bare": Config(H.server_argv("bare", "--events", "512"), prefixed=False, body=STREAM_BODY),
-        "stream-library": Config(H.server_argv("capture", "--events", "512", "--capture-dir", str(data / "sl")), body=STREAM_BODY),
-        "stream-zero-code": Config([INSTRUMENT, *H.server_argv("bare", "--app", "starlette", "--events", "512")],
-                                   env=_zc_env(data / "szc"), body=STREAM_BODY),
+        "stream-library": Config(
+            H.server_argv("capture", "--events", "512", "--capture-dir", str(data / "sl")), body=STREAM_BODY
+        ),
+        "stream-zero-code": Config(
+            [INSTRUMENT, *H.server_argv("bare", "--app", "starlette", "--events", "512")],
+            env=_zc_env(data / "szc"),
+            body=STREAM_BODY,
+        ),
     }
 
 
@@ -97,14 +110,34 @@ _CONTRIB = ("opentelemetry/instrumentation/", "opentelemetry/util/http", "opente
 _SDK_GROUPS = [
     ("attribute validation", ("opentelemetry/attributes/",)),
     ("metrics (histograms, counters)", ("opentelemetry/sdk/metrics", "opentelemetry/metrics")),
-    ("span (SDK/API: create, end, processors, ids)", ("opentelemetry/sdk/trace", "opentelemetry/trace", "opentelemetry/sdk/util",
-                                                     "opentelemetry/util/", "opentelemetry/sdk/resources")),
-    ("context, propagation, baggage", ("opentelemetry/context", "opentelemetry/propagat", "opentelemetry/baggage")),
+    (
+        "span (SDK/API: create, end, processors, ids)",
+        (
+            "opentelemetry/sdk/trace",
+            "opentelemetry/trace",
+            "opentelemetry/sdk/util",
+            "opentelemetry/util/",
+            "opentelemetry/sdk/resources",
+        ),
+    ),
+    (
+        "context, propagation, baggage",
+        ("opentelemetry/context", "opentelemetry/propagat", "opentelemetry/baggage"),
+    ),
 ]
 _GROUPS = [
     ("writer thread (otel_capture/_store)", ("otel_capture/_store/",)),
-    ("call: parse, reassemble, record line", ("otel_capture/_call.py", "otel_capture/_dialects/", "otel_capture/_records/",
-                                              "otel_capture/_semconv.py", "otel_capture/_attributes.py", "orjson")),
+    (
+        "call: parse, reassemble, record line",
+        (
+            "otel_capture/_call.py",
+            "otel_capture/_dialects/",
+            "otel_capture/_records/",
+            "otel_capture/_semconv.py",
+            "otel_capture/_attributes.py",
+            "orjson",
+        ),
+    ),
     ("capture middleware and sink (ours)", ("otel_capture/", "exporters/")),
     ("contrib ASGI server span (its own code)", _CONTRIB),
     ("proxy client: httpx/httpcore/h11", ("httpx/", "httpcore/", "h11/")),
@@ -112,7 +145,10 @@ _GROUPS = [
     ("Starlette (the app's framework)", ("starlette/",)),
     ("Gym baseline middleware", ("_gym_baseline.py",)),
     ("the model app (bench)", ("_servers.py",)),
-    ("uvicorn + httptools + event loop", ("uvicorn/", "httptools", "asyncio/", "uvloop", "selectors.py", "socket.py")),
+    (
+        "uvicorn + httptools + event loop",
+        ("uvicorn/", "httptools", "asyncio/", "uvloop", "selectors.py", "socket.py"),
+    ),
     ("threads, queues, futures", ("threading.py", "queue.py", "concurrent/")),
 ]
 
@@ -152,21 +188,30 @@ def read_folded(path: Path) -> list[tuple[list[str], int]]:
 
 
 def _wrk(url: str, config: Config, seconds: int) -> H.LoadResult:
-    return H.run_load(url, body=config.body, concurrency=CONCURRENCY, seconds=seconds, rollouts=32 if config.prefixed else 0)
+    return H.run_load(
+        url, body=config.body, concurrency=CONCURRENCY, seconds=seconds, rollouts=32 if config.prefixed else 0
+    )
 
 
-def _start(name: str, config: Config, upstream: H.ServerProcess | None, extra_env: dict[str, str] | None = None) -> H.ServerProcess:
+def _start(
+    name: str, config: Config, upstream: H.ServerProcess | None, extra_env: dict[str, str] | None = None
+) -> H.ServerProcess:
     argv = [upstream.url if (a == "{upstream}" and upstream) else a for a in config.argv]
     return H.ServerProcess(argv, env={**(config.env or {}), **(extra_env or {})}, name=name)
 
 
-def profile(name: str, config: Config, seconds: int, data: Path, use_cprofile: bool, use_strace: bool) -> None:
+def profile(
+    name: str, config: Config, seconds: int, data: Path, use_cprofile: bool, use_strace: bool
+) -> None:
     for sub in ("zero-code", "gym", "library", "nosync", "proxy", "sl", "szc"):
         (data / sub).mkdir(parents=True, exist_ok=True)
     upstream = H.ServerProcess(H.server_argv("bare"), name="upstream") if config.upstream else None
     try:
-        print(f"\n######## {name}: {' '.join(Path(a).name if a.startswith('/') else a for a in config.argv)}"
-              + (f"  env {config.env}" if config.env else ""), flush=True)
+        print(
+            f"\n######## {name}: {' '.join(Path(a).name if a.startswith('/') else a for a in config.argv)}"
+            + (f"  env {config.env}" if config.env else ""),
+            flush=True,
+        )
         with _start(name, config, upstream) as server:
             _wrk(server.url, config, 1)  # warm-up
             # 1. CPU per call, no profiler
@@ -179,9 +224,11 @@ def profile(name: str, config: Config, seconds: int, data: Path, use_cprofile: b
             busy = H.system_busy_seconds() - busy0
             n = max(load.requests, 1)
             user_us, sys_us = (u1 - u0) / n * 1e6, (s1 - s0) / n * 1e6
-            print(f"no profiler: {load.rps:,.0f} req/s, CPU per call {user_us + sys_us:.0f} us (user {user_us:.0f}, "
-                  f"system {sys_us:.0f}); server {(u1 - u0 + s1 - s0) / wall:.2f} cores; machine busy "
-                  f"{busy / wall:.2f} of {os.cpu_count()} cores; errors {load.errors}")
+            print(
+                f"no profiler: {load.rps:,.0f} req/s, CPU per call {user_us + sys_us:.0f} us (user {user_us:.0f}, "
+                f"system {sys_us:.0f}); server {(u1 - u0 + s1 - s0) / wall:.2f} cores; machine busy "
+                f"{busy / wall:.2f} of {os.cpu_count()} cores; errors {load.errors}"
+            )
             # 2. py-spy, GIL holder only
             if PY_SPY:
                 _py_spy(server, config, seconds, user_us, data / f"{name}.folded")
@@ -197,9 +244,25 @@ def profile(name: str, config: Config, seconds: int, data: Path, use_cprofile: b
 
 def _py_spy(server: H.ServerProcess, config: Config, seconds: int, user_us: float, out: Path) -> None:
     spy = subprocess.Popen(
-        [PY_SPY, "record", "--gil", "--nonblocking", "--full-filenames", "-r", "400", "-d", str(seconds), "-f", "raw", "-o", str(out),
-         "-p", str(server.pid)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            PY_SPY,
+            "record",
+            "--gil",
+            "--nonblocking",
+            "--full-filenames",
+            "-r",
+            "400",
+            "-d",
+            str(seconds),
+            "-f",
+            "raw",
+            "-o",
+            str(out),
+            "-p",
+            str(server.pid),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     time.sleep(0.5)
     load = _wrk(server.url, config, seconds)
@@ -215,10 +278,15 @@ def _py_spy(server: H.ServerProcess, config: Config, seconds: int, user_us: floa
     for frames, count in samples:
         by_component[component(frames)] += count
         by_function[frames[-1]] += count
-        by_thread["writer thread" if any("otel_capture/_store/writer.py" in f for f in frames) else
-                  ("event loop" if any(("asyncio" in f or "uvicorn" in f) for f in frames) else frames[0])] += count
-    print(f"py-spy --gil: {total} samples (GIL held) while serving {load.rps:,.0f} req/s; shares scaled to the "
-          f"{user_us:.0f} us of user CPU per call measured without the profiler:")
+        by_thread[
+            "writer thread"
+            if any("otel_capture/_store/writer.py" in f for f in frames)
+            else ("event loop" if any(("asyncio" in f or "uvicorn" in f) for f in frames) else frames[0])
+        ] += count
+    print(
+        f"py-spy --gil: {total} samples (GIL held) while serving {load.rps:,.0f} req/s; shares scaled to the "
+        f"{user_us:.0f} us of user CPU per call measured without the profiler:"
+    )
     for comp, count in by_component.most_common():
         print(f"  {count / total:6.1%}  {count / total * user_us:7.1f} us  {comp}")
     print("  by thread: " + ", ".join(f"{t} {c / total:.1%}" for t, c in by_thread.most_common(4)))
@@ -241,22 +309,52 @@ def _cprofile(name: str, config: Config, upstream: H.ServerProcess | None, secon
     # wrk counts the answers it read; the server also served the calls in flight when wrk stopped. Count
     # what runs once per call in the server: our metrics' record (once per captured call), else uvicorn's
     # on_headers_complete (once per request parsed).
-    served = sum(v for k, v in rows.items() if k.startswith("otel_capture/_metrics.py") and k.endswith("(record)"))
+    served = sum(
+        v for k, v in rows.items() if k.startswith("otel_capture/_metrics.py") and k.endswith("(record)")
+    )
     what = "captured calls"
     if not served:
-        served = sum(v for k, v in rows.items() if "httptools_impl.py" in k and k.endswith("(on_headers_complete)"))
+        served = sum(
+            v for k, v in rows.items() if "httptools_impl.py" in k and k.endswith("(on_headers_complete)")
+        )
         what = "requests parsed"
     if served:
         requests = served
     else:
         what = "answers wrk read"
-    print(f"cProfile (event-loop thread only; {requests:,} {what}): calls per call of plain functions (a "
-          "coroutine counts once per resumption, so async functions are left out)")
-    wanted = ("_clean_attribute_value", "(start_span)", "(record)", "(add)", "(set_attribute)", "(set_attributes)",
-              "(attach)", "(extract)", "(end)", "(_set_items)", "(get_current_span)", "(dumps)", "(loads)",
-              "(create_future)", "(call_soon_threadsafe)", "(submit)", "(begin)", "(put)", "(getpid)",
-              "(collect_request_attributes)", "(get_host_port_url_tuple)", "(_parse_url_query)", "(urandom)",
-              "(getrandbits)", "(time_ns)", "(perf_counter)", "(isinstance)")
+    print(
+        f"cProfile (event-loop thread only; {requests:,} {what}): calls per call of plain functions (a "
+        "coroutine counts once per resumption, so async functions are left out)"
+    )
+    wanted = (
+        "_clean_attribute_value",
+        "(start_span)",
+        "(record)",
+        "(add)",
+        "(set_attribute)",
+        "(set_attributes)",
+        "(attach)",
+        "(extract)",
+        "(end)",
+        "(_set_items)",
+        "(get_current_span)",
+        "(dumps)",
+        "(loads)",
+        "(create_future)",
+        "(call_soon_threadsafe)",
+        "(submit)",
+        "(begin)",
+        "(put)",
+        "(getpid)",
+        "(collect_request_attributes)",
+        "(get_host_port_url_tuple)",
+        "(_parse_url_query)",
+        "(urandom)",
+        "(getrandbits)",
+        "(time_ns)",
+        "(perf_counter)",
+        "(isinstance)",
+    )
     picked = sorted(((k, v) for k, v in rows.items() if any(w in k for w in wanted)), key=lambda kv: -kv[1])
     for key, count in picked[:30]:
         if count / requests >= 0.5:
@@ -269,8 +367,11 @@ def _cprofile(name: str, config: Config, upstream: H.ServerProcess | None, secon
 
 
 def _strace(server: H.ServerProcess, config: Config, seconds: int, out: Path) -> None:
-    tracer = subprocess.Popen(["strace", "-f", "-c", "-o", str(out), "-p", str(server.pid)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tracer = subprocess.Popen(
+        ["strace", "-f", "-c", "-o", str(out), "-p", str(server.pid)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     time.sleep(0.5)
     load = _wrk(server.url, config, seconds)
     tracer.send_signal(signal.SIGINT)
@@ -287,8 +388,10 @@ def _strace(server: H.ServerProcess, config: Config, seconds: int, out: Path) ->
                 continue
             calls.append((parts[-1], count))
     calls.sort(key=lambda c: -c[1])
-    print(f"strace -c -f ({load.requests:,} requests, slowed by strace): system calls per request: "
-          + ", ".join(f"{name} {count / n:.2f}" for name, count in calls[:16]))
+    print(
+        f"strace -c -f ({load.requests:,} requests, slowed by strace): system calls per request: "
+        + ", ".join(f"{name} {count / n:.2f}" for name, count in calls[:16])
+    )
 
 
 def reassembly(events: int = 512) -> None:
@@ -328,18 +431,27 @@ def reassembly(events: int = 512) -> None:
     streamed = min(timeit.repeat(lambda: call(True), number=20, repeat=5)) / 20 * 1e6
     plain = min(timeit.repeat(lambda: call(False), number=200, repeat=5)) / 200 * 1e6
     print(f"\n######## stream reassembly without HTTP ({events} chat chunks, one ASGI message each)")
-    print(f"InFlightCall: {streamed:,.0f} us for the streamed call, {plain:,.0f} us for a JSON one: "
-          f"{(streamed - plain) / (len(bodies)):.2f} us per event (speed gauge now {H.speed_gauge():.1f} us)")
+    print(
+        f"InFlightCall: {streamed:,.0f} us for the streamed call, {plain:,.0f} us for a JSON one: "
+        f"{(streamed - plain) / (len(bodies)):.2f} us per event (speed gauge now {H.speed_gauge():.1f} us)"
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--configs", default="starlette,zero-code,zero-code-spans,bare,library,library-spans,library-nosync,proxy,proxy-off")
+    parser.add_argument(
+        "--configs",
+        default="starlette,zero-code,zero-code-spans,bare,library,library-spans,library-nosync,proxy,proxy-off",
+    )
     parser.add_argument("--seconds", type=int, default=6)
     parser.add_argument("--no-cprofile", action="store_true")
     parser.add_argument("--no-strace", action="store_true")
-    parser.add_argument("--no-reassembly", action="store_true", help="skip the stream reassembly measured without HTTP")
-    parser.add_argument("--keep", help="keep the raw profiles (folded stacks, pstats, strace) in this directory")
+    parser.add_argument(
+        "--no-reassembly", action="store_true", help="skip the stream reassembly measured without HTTP"
+    )
+    parser.add_argument(
+        "--keep", help="keep the raw profiles (folded stacks, pstats, strace) in this directory"
+    )
     args = parser.parse_args()
     data = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="otel-capture-profile-"))
     data.mkdir(parents=True, exist_ok=True)

@@ -32,14 +32,18 @@ def main() -> int:
     # the goals first (issue #12's table), then every other benchmark in name order
     scripts = sorted(BENCH.glob("bench_*.py"), key=lambda s: (s.name != "bench_goals.py", s.name))
     if args.only:
-        wanted = {f"bench_{name.removeprefix('bench_').removesuffix('.py')}.py" for name in args.only.split(",")}
+        wanted = {
+            f"bench_{name.removeprefix('bench_').removesuffix('.py')}.py" for name in args.only.split(",")
+        }
         scripts = [s for s in scripts if s.name in wanted]
     failed = []
     timings = []
     for script in scripts:
         print(f"\n######## {script.name}{' --quick' if args.quick else ''}", flush=True)
         t0 = time.monotonic()
-        code = subprocess.call([sys.executable, str(script), *(["--quick"] if args.quick else [])], cwd=BENCH.parent)
+        code = subprocess.call(
+            [sys.executable, str(script), *(["--quick"] if args.quick else [])], cwd=BENCH.parent
+        )
         timings.append((script.name, time.monotonic() - t0, code))
         if code != 0:
             failed.append(script.name)

@@ -57,7 +57,9 @@ class ModelCallJsonlExporter(SpanExporter):
             )
             return
         self._writer = JsonlWriter(
-            settings.directory, fsync=fsync, syncfs=syncfs if settings.sync == "auto" else None,
+            settings.directory,
+            fsync=fsync,
+            syncfs=syncfs if settings.sync == "auto" else None,
             allow_shared_directory=settings.allow_shared_directory,
         )
 
@@ -83,7 +85,9 @@ class ModelCallJsonlExporter(SpanExporter):
                 _fail, call.waiter.future, RuntimeError("model_call_jsonl exporter has no directory")
             )
             return
-        self._writer.submit(call.rollout_id, call.line, call.model_call_id, call.tokens_line, waiter=call.waiter)
+        self._writer.submit(
+            call.rollout_id, call.line, call.model_call_id, call.tokens_line, waiter=call.waiter
+        )
 
     def abandon_call(self, rollout_id: str, model_call_id: str, reason: str) -> None:
         """A begun call whose record could not be built: counted, logged, its rollout marked incomplete."""
@@ -117,4 +121,3 @@ class ModelCallJsonlExporter(SpanExporter):
 def _fail(future: asyncio.Future[None], error: BaseException) -> None:
     if not future.done():
         future.set_exception(error)
-

@@ -20,6 +20,7 @@ from ._correlation import (
     rollout_context,
     validate_rollout_id,
 )
+from ._dialects.tokens import extract_tokens
 from ._httpx_baggage import (
     async_rollout_baggage_hook,
     inject_rollout_baggage,
@@ -27,17 +28,6 @@ from ._httpx_baggage import (
     rollout_baggage_hook,
 )
 from ._instrumentor import ModelCallInstrumentor
-from ._store.types import (
-    CaptureFrozenError,
-    CaptureRetiredError,
-    CaptureSnapshot,
-    CaptureStateError,
-    DamagedEntryError,
-    IncompleteCall,
-    RemovalResult,
-    UnsafeDirectoryError,
-    validate_rollout_ids,
-)
 from ._middleware import ModelCallCaptureMiddleware
 from ._proxy import build_proxy_app, start_proxy
 from ._records import (
@@ -51,7 +41,17 @@ from ._records import (
 )
 from ._settings import CaptureSettings, CorrelationSettings, ProxySettings, WriterSettings
 from ._store.store import CaptureStore
-from ._dialects.tokens import extract_tokens
+from ._store.types import (
+    CaptureFrozenError,
+    CaptureRetiredError,
+    CaptureSnapshot,
+    CaptureStateError,
+    DamagedEntryError,
+    IncompleteCall,
+    RemovalResult,
+    UnsafeDirectoryError,
+    validate_rollout_ids,
+)
 from ._version import __version__
 
 __all__ = [

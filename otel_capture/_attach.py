@@ -46,7 +46,6 @@ from typing import Any, TypeAlias
 
 from ._agent import maybe_rollout_id_from_run_body
 from ._correlation import validate_rollout_id
-from ._store.types import RemovalResult, empty_result, validate_rollout_ids
 from ._records import (
     AvailableRecords,
     ModelCallRecord,
@@ -54,6 +53,7 @@ from ._records import (
     read_available_model_call_records,
 )
 from ._store.store import CaptureStore
+from ._store.types import RemovalResult, empty_result, validate_rollout_ids
 
 _logger = logging.getLogger(__name__)
 
@@ -84,10 +84,7 @@ def as_stores(stores: Stores) -> list[CaptureStore]:
     """One store, a directory path, or an iterable of them, as a list of stores; a directory given twice
     (the same absolute path) is read once."""
     items: Iterable[StoreLike]
-    if isinstance(stores, (CaptureStore, str, os.PathLike)):
-        items = [stores]
-    else:
-        items = stores
+    items = [stores] if isinstance(stores, (CaptureStore, str, os.PathLike)) else stores
     result: list[CaptureStore] = []
     seen: set[str] = set()
     for item in items:

@@ -72,13 +72,53 @@ METRIC_SERVER_REQUEST_DURATION = "gen_ai.server.request.duration"
 METRIC_SERVER_TIME_TO_FIRST_TOKEN = "gen_ai.server.time_to_first_token"
 METRIC_SERVER_TIME_PER_OUTPUT_TOKEN = "gen_ai.server.time_per_output_token"
 BUCKETS_REQUEST_DURATION = (
-    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+    10.24,
+    20.48,
+    40.96,
+    81.92,
 )
 BUCKETS_TIME_TO_FIRST_TOKEN = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
 )
 BUCKETS_TIME_PER_OUTPUT_TOKEN = (
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
 )
 METRIC_HTTP_SERVER_REQUEST_DURATION = "http.server.request.duration"  # the HTTP server span's one metric
 BUCKETS_HTTP_SERVER_REQUEST_DURATION = (
@@ -99,6 +139,11 @@ BUCKETS_HTTP_SERVER_REQUEST_DURATION = (
 )
 # The low-cardinality span attributes that metrics carry (never rollout.id: one series per rollout).
 METRIC_ATTRIBUTES = (
-    GEN_AI_OPERATION_NAME, GEN_AI_PROVIDER_NAME, GEN_AI_REQUEST_MODEL, GEN_AI_RESPONSE_MODEL,
-    SERVER_ADDRESS, SERVER_PORT, ERROR_TYPE,
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_PROVIDER_NAME,
+    GEN_AI_REQUEST_MODEL,
+    GEN_AI_RESPONSE_MODEL,
+    SERVER_ADDRESS,
+    SERVER_PORT,
+    ERROR_TYPE,
 )

@@ -37,7 +37,9 @@ class ResponseDecoding:
             return self._decoder.decode(chunk)
         except httpx.DecodingError as exc:
             self.failed = True
-            _logger.warning("a %s response body did not decode (%s); its record keeps it as sent", self.encoding, exc)
+            _logger.warning(
+                "a %s response body did not decode (%s); its record keeps it as sent", self.encoding, exc
+            )
             return chunk
 
 
@@ -52,7 +54,9 @@ def decoding_for(content_encoding: str) -> ResponseDecoding | None:
     if unknown:
         if content_encoding not in _warned:
             _warned.add(content_encoding)
-            _logger.warning("responses with content-encoding %r are recorded as sent: no decoder here", content_encoding)
+            _logger.warning(
+                "responses with content-encoding %r are recorded as sent: no decoder here", content_encoding
+            )
         return None
     decoders = [SUPPORTED_DECODERS[name]() for name in names]
     decoder = decoders[0] if len(decoders) == 1 else MultiDecoder(decoders)

@@ -14,9 +14,7 @@ from collections.abc import Iterator
 from urllib.parse import unquote
 
 ROLLOUT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
-ROLLOUT_ID_RULE = (
-    "a rollout id is 1-200 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit"
-)
+ROLLOUT_ID_RULE = "a rollout id is 1-200 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit"
 ROLLOUT_PATH_PREFIX = "ng-rollout"
 BAGGAGE_ROLLOUT_KEY = "rollout.id"
 ROLLOUT_ID_HEADER = "x-rollout-id"

@@ -52,10 +52,10 @@ from ._correlation import (
     split_rollout_prefix,
 )
 from ._dialects import DIALECT_PATHS, Dialect
+from ._dialects.tokens import tokens_line
 from ._metrics import ServerMetrics
 from ._settings import CaptureSettings
 from ._sink import CallSink, FinishedCall, LoopWaiter, find_sink
-from ._dialects.tokens import tokens_line
 from ._version import __version__
 
 _logger = logging.getLogger(__name__)
@@ -146,10 +146,15 @@ class ModelCallCaptureMiddleware:
             _logger.warning(
                 "a %s model call to %s has no rollout id (no /ng-rollout/<id>/ prefix, %s header or baggage "
                 "%s): it is served but not recorded; see docs/gateways.md",
-                dialect, scope.get("path", ""), ROLLOUT_ID_HEADER, BAGGAGE_ROLLOUT_KEY,
+                dialect,
+                scope.get("path", ""),
+                ROLLOUT_ID_HEADER,
+                BAGGAGE_ROLLOUT_KEY,
             )
         else:
-            _logger.warning("%d more model calls without a rollout id were served but not recorded", suppressed)
+            _logger.warning(
+                "%d more model calls without a rollout id were served but not recorded", suppressed
+            )
 
     async def _capture(
         self,
@@ -196,7 +201,9 @@ class ModelCallCaptureMiddleware:
                     start.now()
                 headers = message.get("headers", ())
                 call.on_response_start(
-                    message["status"], _header(headers, b"content-type"), _header(headers, b"content-encoding")
+                    message["status"],
+                    _header(headers, b"content-type"),
+                    _header(headers, b"content-encoding"),
                 )
                 state.content_length = _content_length(headers)
             elif kind == "http.response.body":
@@ -221,7 +228,7 @@ class ModelCallCaptureMiddleware:
         exception: BaseException | None = None
         try:
             await self.app(scope, replay_receive, capture_send)
-        except BaseException as exc:  # noqa: BLE001  # recorded, then re-raised unchanged
+        except BaseException as exc:  # recorded, then re-raised unchanged
             exception = exc
             if isinstance(exc, asyncio.CancelledError):
                 cancelled = True
@@ -240,7 +247,12 @@ class ModelCallCaptureMiddleware:
             raise exception
 
     def _start_span(
-        self, call: InFlightCall, scope: Scope, headers: dict[str, list[bytes]], source: str, baggage_id: str | None
+        self,
+        call: InFlightCall,
+        scope: Scope,
+        headers: dict[str, list[bytes]],
+        source: str,
+        baggage_id: str | None,
     ) -> tuple[trace.Span, dict[str, Any]]:
         parent = None
         if not trace.get_current_span().get_span_context().is_valid:
@@ -275,7 +287,9 @@ class ModelCallCaptureMiddleware:
             attributes.update(end_attributes)
             if self.settings.content_on_spans:
                 span.set_attributes(call.content_attributes(self.settings.content_max_length))
-            self._metrics.record(attributes, *call.server_timings(attributes.get(A.GEN_AI_USAGE_OUTPUT_TOKENS)))
+            self._metrics.record(
+                attributes, *call.server_timings(attributes.get(A.GEN_AI_USAGE_OUTPUT_TOKENS))
+            )
             if call.error_category is not None:
                 span.set_status(Status(StatusCode.ERROR, call.error_category))
             if exception is not None and not isinstance(exception, asyncio.CancelledError):
@@ -284,14 +298,20 @@ class ModelCallCaptureMiddleware:
                 context = span.get_span_context()
                 loop = asyncio.get_running_loop()
                 finished = FinishedCall(
-                    call.rollout_id, call.model_call_id, call.line(context.trace_id, context.span_id),
-                    tokens_line(call.response_obj, rollout_id=call.rollout_id, model_call_id=call.model_call_id),
+                    call.rollout_id,
+                    call.model_call_id,
+                    call.line(context.trace_id, context.span_id),
+                    tokens_line(
+                        call.response_obj, rollout_id=call.rollout_id, model_call_id=call.model_call_id
+                    ),
                     LoopWaiter(loop, loop.create_future()),
                 )
         except Exception as exc:
             _logger.exception("model-call capture failed while finishing a %s call", call.dialect)
             if self.sink is not None:
-                self.sink.abandon_call(call.rollout_id, call.model_call_id, f"capture_error: {type(exc).__name__}: {exc}")
+                self.sink.abandon_call(
+                    call.rollout_id, call.model_call_id, f"capture_error: {type(exc).__name__}: {exc}"
+                )
         finally:
             span.end(end_time=call.end_time_ns)  # None (the finish failed): now
         if finished is None or self.sink is None:
@@ -303,11 +323,13 @@ class ModelCallCaptureMiddleware:
             await future  # resolved with the rest of its batch: one wake-up per batch
         except asyncio.CancelledError:
             raise
-        except _NotDurableInTime:  # a stalled writer (a hung disk) never holds the call: answer, mark it failed
+        except (
+            _NotDurableInTime
+        ):  # a stalled writer (a hung disk) never holds the call: answer, mark it failed
             reason = f"capture_error: record not durable within {self.settings.durable_timeout_s:g} s"
             _logger.error("rollout %s, call %s: %s", call.rollout_id, call.model_call_id, reason)
             self.sink.abandon_call(call.rollout_id, call.model_call_id, reason)
-        except Exception:  # noqa: BLE001, S110  # the writer logged it, counted it and marked the rollout incomplete
+        except Exception:  # the writer logged it, counted it and marked the rollout incomplete
             pass
         finally:
             deadline.cancel()
@@ -431,7 +453,11 @@ def _split_root(scope: Scope, root_path: str) -> tuple[str, str]:
     """The raw path cut into the part ``root_path`` stands for and the rest (the raw route path)."""
     raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
     path: str = scope["path"]
-    if not root_path or not path.startswith(root_path) or path[len(root_path) : len(root_path) + 1] not in ("", "/"):
+    if (
+        not root_path
+        or not path.startswith(root_path)
+        or path[len(root_path) : len(root_path) + 1] not in ("", "/")
+    ):
         return "", raw_path
     cut = 0
     for _ in range(root_path.rstrip("/").count("/")):  # one raw segment per decoded one
@@ -452,7 +478,7 @@ def _route_path(scope: Scope) -> str:
     path: str = scope["path"]
     root_path: str = scope.get("root_path", "")
     if root_path and path.startswith(root_path + "/"):
-        path = path[len(root_path):]  # a mounted app's route path, as Starlette routes it
+        path = path[len(root_path) :]  # a mounted app's route path, as Starlette routes it
     return path
 
 
@@ -559,9 +585,11 @@ def _invalid_id_error(rollout_id: str, where: str) -> dict[str, Any]:
 
 async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
     body = orjson.dumps(payload)
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-    })
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

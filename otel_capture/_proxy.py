@@ -50,8 +50,16 @@ _logger = logging.getLogger(__name__)
 # upstream answers uncompressed (the client then receives it uncompressed too); an upstream that compresses
 # anyway reaches the client as sent and is decoded for the record only.
 _REQUEST_DROP = {
-    b"host", b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"transfer-encoding",
-    b"upgrade", b"content-length", b"accept-encoding",
+    b"host",
+    b"connection",
+    b"keep-alive",
+    b"proxy-connection",
+    b"te",
+    b"trailer",
+    b"transfer-encoding",
+    b"upgrade",
+    b"content-length",
+    b"accept-encoding",
 }
 _RESPONSE_DROP = {b"connection", b"keep-alive", b"te", b"trailer", b"transfer-encoding", b"upgrade"}
 
@@ -172,10 +180,14 @@ class UpstreamProxy:
         try:
             return await _unless(self._send(client, request), disconnected)
         except httpx.TimeoutException as exc:
-            message = f"upstream {self.shown_upstream} timed out: {exc!r} (upstream timeout {self._timeout.read} s)"
+            message = (
+                f"upstream {self.shown_upstream} timed out: {exc!r} (upstream timeout {self._timeout.read} s)"
+            )
             await _send_error(send, 504, "upstream_timeout", message)
         except httpx.HTTPError as exc:
-            await _send_error(send, 502, "upstream_unreachable", f"upstream {self.shown_upstream} failed: {exc!r}")
+            await _send_error(
+                send, 502, "upstream_unreachable", f"upstream {self.shown_upstream} failed: {exc!r}"
+            )
         return None
 
     async def _send(self, client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
@@ -189,12 +201,16 @@ class UpstreamProxy:
         except _STALE_CONNECTION as exc:
             if connection.opened:
                 raise  # a fresh connection failed: the upstream's own failure
-            _logger.debug("upstream %s closed a kept-alive connection (%r); sending again", self.shown_upstream, exc)
+            _logger.debug(
+                "upstream %s closed a kept-alive connection (%r); sending again", self.shown_upstream, exc
+            )
         if self._fresh is None:
             self._fresh = self._client(0)
         return await self._fresh.send(request, stream=True)
 
-    async def _relay(self, scope: Scope, response: httpx.Response, disconnected: asyncio.Event, send: Send) -> None:
+    async def _relay(
+        self, scope: Scope, response: httpx.Response, disconnected: asyncio.Event, send: Send
+    ) -> None:
         headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _RESPONSE_DROP]
         await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
         # A compressed body goes on past its last event (the encoding's own end): relay it whole.
@@ -282,11 +298,13 @@ async def _until(chunks: AsyncIterator[bytes], stop: asyncio.Event) -> AsyncGene
 
 async def _send_error(send: Send, status: int, kind: str, message: str) -> None:
     body = orjson.dumps({"error": {"type": kind, "message": message}})
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-    })
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -345,19 +363,27 @@ def build_proxy_app(
     proxy = proxy if proxy is not None else ProxySettings.from_environ()
     shutdown: list[Callable[[], None]] = []
     if tracer_provider is None:
-        tracer_provider = build_tracer_provider(settings, writer if writer is not None else WriterSettings.from_environ())
+        tracer_provider = build_tracer_provider(
+            settings, writer if writer is not None else WriterSettings.from_environ()
+        )
         shutdown.append(tracer_provider.shutdown)
     forward = UpstreamProxy(upstream, on_shutdown=shutdown, settings=proxy)
     capture = ModelCallCaptureMiddleware(
         forward, tracer_provider=tracer_provider, settings=settings, span_kind=SpanKind.CLIENT
     )
     limited = RequestSizeLimit(capture, proxy.max_request_bytes)
-    return _FinishCallsFirst(QueryRedaction(OpenTelemetryMiddleware(
-        limited, tracer_provider=tracer_provider, exclude_spans=["receive", "send"],
-        default_span_details=server_span_details,  # named without the rollout prefix
-        # whatever OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST/_RESPONSE ask for
-        http_capture_headers_sanitize_fields=list(proxy.sanitize_headers),
-    )))
+    return _FinishCallsFirst(
+        QueryRedaction(
+            OpenTelemetryMiddleware(
+                limited,
+                tracer_provider=tracer_provider,
+                exclude_spans=["receive", "send"],
+                default_span_details=server_span_details,  # named without the rollout prefix
+                # whatever OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST/_RESPONSE ask for
+                http_capture_headers_sanitize_fields=list(proxy.sanitize_headers),
+            )
+        )
+    )
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -425,13 +451,21 @@ def start_proxy(
     elif capture_dir is not None:
         raise TypeError("pass the capture directory either as `capture_dir` or in `writer`, not both")
     proxy = proxy if proxy is not None else ProxySettings.from_environ()
-    app = build_proxy_app(upstream, settings=settings, writer=writer, tracer_provider=tracer_provider, proxy=proxy)
+    app = build_proxy_app(
+        upstream, settings=settings, writer=writer, tracer_provider=tracer_provider, proxy=proxy
+    )
     sock = bind_socket(host, port)
     config = uvicorn.Config(
-        app, lifespan="on", log_level="warning", access_log=False, timeout_graceful_shutdown=proxy.shutdown_timeout
+        app,
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=proxy.shutdown_timeout,
     )
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="otel-capture-proxy", daemon=True)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="otel-capture-proxy", daemon=True
+    )
     thread.start()
     while not server.started:
         if not thread.is_alive():

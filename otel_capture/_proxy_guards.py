@@ -76,21 +76,28 @@ class RequestSizeLimit:
         await self.app(scope, replay, send)
 
     async def _refuse(self, send: Send) -> None:
-        body = orjson.dumps({
-            "error": {
-                "type": "request_too_large",
-                "message": (
-                    f"the request body is over this proxy's limit of {self.max_bytes} bytes "
-                    "(otel-capture proxy --max-request-bytes, OTEL_CAPTURE_MAX_REQUEST_BYTES)"
-                ),
-                "limit_bytes": self.max_bytes,
+        body = orjson.dumps(
+            {
+                "error": {
+                    "type": "request_too_large",
+                    "message": (
+                        f"the request body is over this proxy's limit of {self.max_bytes} bytes "
+                        "(otel-capture proxy --max-request-bytes, OTEL_CAPTURE_MAX_REQUEST_BYTES)"
+                    ),
+                    "limit_bytes": self.max_bytes,
+                }
             }
-        })
-        await send({
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        })
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 

@@ -59,11 +59,22 @@ DEFAULT_SHUTDOWN_TIMEOUT = 25  # inside the 30 s an orchestrator (Kubernetes) wa
 # OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST/_RESPONSE ask for (patterns, matched anywhere
 # in the name, case-insensitively, as the instrumentation matches its sanitize list).
 SECRET_HEADERS: tuple[str, ...] = (
-    "authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key", "cookie", "set-cookie",
+    "authorization",
+    "proxy-authorization",
+    "x-api-key",
+    "api-key",
+    "x-goog-api-key",
+    "cookie",
+    "set-cookie",
 )
 
 ContentCapture = Literal["no_content", "span_only", "event_only", "span_and_event"]
-CONTENT_CAPTURE_MODES: tuple[ContentCapture, ...] = ("no_content", "span_only", "event_only", "span_and_event")
+CONTENT_CAPTURE_MODES: tuple[ContentCapture, ...] = (
+    "no_content",
+    "span_only",
+    "event_only",
+    "span_and_event",
+)
 
 _T = TypeVar("_T")
 SyncMode = Literal["auto", "fsync"]
@@ -111,7 +122,11 @@ class CaptureSettings:
         if isinstance(capture_content, bool):
             capture_content = "span_only" if capture_content else "no_content"
         sdk_limit = _pick(
-            None, env, (ENV_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT, ENV_ATTRIBUTE_VALUE_LENGTH_LIMIT), _positive_int, None
+            None,
+            env,
+            (ENV_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT, ENV_ATTRIBUTE_VALUE_LENGTH_LIMIT),
+            _positive_int,
+            None,
         )
         content_length = _pick(
             content_max_length, env, (ENV_CONTENT_MAX_LENGTH,), _positive_int, DEFAULT_CONTENT_MAX_LENGTH
@@ -119,13 +134,19 @@ class CaptureSettings:
         if sdk_limit is not None and content_length > sdk_limit:
             content_length = sdk_limit  # the SDK would cut the JSON text in the middle
         return cls(
-            service_name=_pick(service_name, env, (ENV_SERVICE_NAME, ENV_RESOURCE_ATTRIBUTES), _service_name, None),
+            service_name=_pick(
+                service_name, env, (ENV_SERVICE_NAME, ENV_RESOURCE_ATTRIBUTES), _service_name, None
+            ),
             max_body_bytes=_pick(
                 max_body_bytes, env, (ENV_MAX_BODY_BYTES,), _positive_int, DEFAULT_MAX_BODY_BYTES
             ),
             keep_raw_stream=_pick(keep_raw_stream, env, (ENV_KEEP_RAW_STREAM,), _bool, False),
             capture_content=_pick(
-                capture_content, env, (ENV_CAPTURE_CONTENT, ENV_GENAI_CAPTURE_CONTENT), _content_mode, "no_content"
+                capture_content,
+                env,
+                (ENV_CAPTURE_CONTENT, ENV_GENAI_CAPTURE_CONTENT),
+                _content_mode,
+                "no_content",
             ),
             content_max_length=content_length,
             durable_timeout_s=_pick(
@@ -193,7 +214,10 @@ class CorrelationSettings:
                 return cls(enabled=_bool(ENV_CORRELATION, raw))
             except ValueError:
                 _logger.warning(
-                    "ignoring %s=%r (must be true or false); deciding by %s", ENV_CORRELATION, raw, ENV_CAPTURE_DIR
+                    "ignoring %s=%r (must be true or false); deciding by %s",
+                    ENV_CORRELATION,
+                    raw,
+                    ENV_CAPTURE_DIR,
                 )
         return cls(enabled=bool(env.get(ENV_CAPTURE_DIR, "").strip()))
 

@@ -12,8 +12,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from support import ReplayModelServer, Telemetry
 
-from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 from otel_capture import CaptureStore
+from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
 
 @pytest.fixture

@@ -59,8 +59,12 @@ def jaeger_binary() -> Path:
     log = binary.parent / "build.log"
     with open(log, "w") as out:
         result = subprocess.run(
-            ["bash", str(BUILD_SCRIPT), str(binary)], stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, timeout=BUILD_TIMEOUT, check=False,
+            ["bash", str(BUILD_SCRIPT), str(binary)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            timeout=BUILD_TIMEOUT,
+            check=False,
         )
     if result.returncode != 0 or not os.access(binary, os.X_OK):
         raise RuntimeError(f"building Jaeger failed ({result.returncode}); {log}:\n{log.read_text()[-3000:]}")
@@ -125,8 +129,12 @@ def _start(binary: Path, working_dir: Path, attempt: int) -> tuple[subprocess.Po
     log_path = working_dir / f"jaeger-{attempt}.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen(
-            [str(binary), "--config", str(CONFIG)], env=env, cwd=working_dir, stdout=log,
-            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            [str(binary), "--config", str(CONFIG)],
+            env=env,
+            cwd=working_dir,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
         )
     backend = Jaeger(f"http://127.0.0.1:{query}", f"http://127.0.0.1:{grpc}", f"http://127.0.0.1:{http}")
     return process, backend, log_path

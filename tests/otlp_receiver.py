@@ -98,18 +98,20 @@ class OtlpReceiver:
             resource = attributes(resource_spans.resource.attributes)
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:
-                    received.append(ReceivedSpan(
-                        name=span.name,
-                        trace_id=span.trace_id.hex(),
-                        span_id=span.span_id.hex(),
-                        parent_span_id=span.parent_span_id.hex(),
-                        kind=span.kind,
-                        start_ns=span.start_time_unix_nano,
-                        end_ns=span.end_time_unix_nano,
-                        status_code=span.status.code,
-                        attributes=attributes(span.attributes),
-                        resource=resource,
-                    ))
+                    received.append(
+                        ReceivedSpan(
+                            name=span.name,
+                            trace_id=span.trace_id.hex(),
+                            span_id=span.span_id.hex(),
+                            parent_span_id=span.parent_span_id.hex(),
+                            kind=span.kind,
+                            start_ns=span.start_time_unix_nano,
+                            end_ns=span.end_time_unix_nano,
+                            status_code=span.status.code,
+                            attributes=attributes(span.attributes),
+                            resource=resource,
+                        )
+                    )
         with self._changed:
             self.spans.extend(received)
             self._changed.notify_all()
@@ -123,10 +125,16 @@ class OtlpReceiver:
                     if metric.WhichOneof("data") != "histogram":
                         continue
                     for point in metric.histogram.data_points:
-                        received.append(ReceivedHistogram(
-                            metric.name, metric.unit, list(point.explicit_bounds), point.count, point.sum,
-                            attributes(point.attributes),
-                        ))
+                        received.append(
+                            ReceivedHistogram(
+                                metric.name,
+                                metric.unit,
+                                list(point.explicit_bounds),
+                                point.count,
+                                point.sum,
+                                attributes(point.attributes),
+                            )
+                        )
         with self._changed:
             self.histograms.extend(received)
             self._changed.notify_all()

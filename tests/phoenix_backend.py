@@ -42,7 +42,14 @@ def phoenix_venv() -> Path:
         if not marker.exists():
             subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
             subprocess.run(
-                [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", f"arize-phoenix=={PHOENIX_VERSION}"],
+                [
+                    str(venv / "bin" / "python"),
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    f"arize-phoenix=={PHOENIX_VERSION}",
+                ],
                 check=True,
                 timeout=INSTALL_TIMEOUT,
                 stdin=subprocess.DEVNULL,
@@ -95,7 +102,10 @@ def running_phoenix(working_dir: Path) -> Iterator[Phoenix]:
     }
     log = open(working_dir / "phoenix.log", "w")  # noqa: SIM115  # closed below
     process = subprocess.Popen(
-        [str(venv / "bin" / "phoenix"), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT,
+        [str(venv / "bin" / "phoenix"), "serve"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"

@@ -19,9 +19,9 @@ import uvicorn
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 from otel_capture import CaptureStore
 from otel_capture._proxy import bind_socket, socket_url
+from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES_ROOT = Path(__file__).resolve().parent / "fixtures"  # every test fixture; sources in its README.md
@@ -30,7 +30,10 @@ FIXTURES = FIXTURES_ROOT / "nemo_gym"
 
 
 def _anthropic_cassette_body() -> bytes:
-    path = RECORDED / "anthropic-sdk-python/http_cassettes/test_messages__TestSyncParse__c11eefc7-fff0-4466-8453-42eef73b8876.json"
+    path = (
+        RECORDED
+        / "anthropic-sdk-python/http_cassettes/test_messages__TestSyncParse__c11eefc7-fff0-4466-8453-42eef73b8876.json"
+    )
     return json.dumps(json.loads(path.read_text())[0]["response"]["body"]).encode()
 
 
@@ -130,12 +133,20 @@ class ReplayModelServer:
         # the path it routes, as an ASGI app mounted at root_path does (the capture puts the prefix there)
         path = scope["path"].removeprefix(scope.get("root_path", ""))
         self.seen.append((scope["method"], path, body))
-        dialect = {"/v1/responses": "responses", "/v1/chat/completions": "chat", "/v1/messages": "messages"}.get(
-            path.rstrip("/")
-        )
+        dialect = {
+            "/v1/responses": "responses",
+            "/v1/chat/completions": "chat",
+            "/v1/messages": "messages",
+        }.get(path.rstrip("/"))
         if dialect is None or scope["method"] != "POST":
             payload = json.dumps({"path": path, "method": scope["method"]}).encode()
-            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
             await send({"type": "http.response.body", "body": payload})
             return
         outcome = "raised"
@@ -162,11 +173,13 @@ class ReplayModelServer:
         return "disconnected"
 
     async def _stream(self, reply: Reply, send: Any) -> None:
-        await send({
-            "type": "http.response.start",
-            "status": reply.status,
-            "headers": [(b"content-type", reply.content_type.encode())],
-        })
+        await send(
+            {
+                "type": "http.response.start",
+                "status": reply.status,
+                "headers": [(b"content-type", reply.content_type.encode())],
+            }
+        )
         for i, chunk in enumerate(reply.chunks):
             if reply.hang_after is not None and i >= reply.hang_after:
                 await asyncio.Event().wait()  # hang until the client goes away
@@ -206,8 +219,6 @@ def serve(app: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
-
-
 
 
 def recorded_streams() -> list[tuple[str, str, bytes]]:

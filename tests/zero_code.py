@@ -46,8 +46,15 @@ def instrumented_model_server(
     child_env.update(env)
     process = subprocess.Popen(
         [
-            str(BIN / "opentelemetry-instrument"), str(BIN / "uvicorn"), app,
-            "--app-dir", str(TESTS), "--fd", str(sock.fileno()), "--log-level", "warning",
+            str(BIN / "opentelemetry-instrument"),
+            str(BIN / "uvicorn"),
+            app,
+            "--app-dir",
+            str(TESTS),
+            "--fd",
+            str(sock.fileno()),
+            "--log-level",
+            "warning",
         ],
         pass_fds=[sock.fileno()],
         env=child_env,

@@ -24,6 +24,7 @@ import httpx
 
 from otel_capture import CaptureStore, start_proxy
 from otel_capture._cli.show import format_calls_table, format_rollouts_table
+
 from .tiny_model import TinyModelError, start_tiny_model
 
 if TYPE_CHECKING:

@@ -187,7 +187,7 @@ def collect(
                 raise RuntimeError(f"could not clear the captures of {cleared['failed']}")
             say(f"attempt {attempt}: dispatching {', '.join(ids)}")
             failed, written = [], []
-            for row, rollout_id, outcome in zip(pending, ids, _dispatch(agent, pending)):
+            for row, rollout_id, outcome in zip(pending, ids, _dispatch(agent, pending), strict=False):
                 if isinstance(outcome, BaseException):
                     say(f"  {rollout_id}: failed ({type(outcome).__name__}: {outcome})")
                     failed.append(row)

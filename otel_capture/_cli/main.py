@@ -29,7 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     proxy = commands.add_parser("proxy", help="serve the capture proxy in front of a model server")
-    proxy.add_argument("--upstream", required=True, help="the model server's base URL, e.g. http://127.0.0.1:8000")
+    proxy.add_argument(
+        "--upstream", required=True, help="the model server's base URL, e.g. http://127.0.0.1:8000"
+    )
     proxy.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     proxy.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default)")
     proxy.add_argument("--workers", type=int, default=1, help="worker processes sharing the port (default 1)")
@@ -38,16 +40,22 @@ def _parser() -> argparse.ArgumentParser:
         help="where records go (default: $OTEL_EXPORTER_MODEL_CALL_JSONL_DIR; without either, spans only)",
     )
     proxy.add_argument(
-        "--upstream-timeout", type=_positive(float), metavar="SECONDS",
+        "--upstream-timeout",
+        type=_positive(float),
+        metavar="SECONDS",
         help="give up on an upstream silent this long: 504, or a cut stream (default: "
         "$OTEL_CAPTURE_UPSTREAM_TIMEOUT, else 600)",
     )
     proxy.add_argument(
-        "--max-request-bytes", type=_positive(int), metavar="BYTES",
+        "--max-request-bytes",
+        type=_positive(int),
+        metavar="BYTES",
         help="answer 413 to a larger request body (default: $OTEL_CAPTURE_MAX_REQUEST_BYTES, else 64 MiB)",
     )
     proxy.add_argument(
-        "--shutdown-timeout", type=_positive(int), metavar="SECONDS",
+        "--shutdown-timeout",
+        type=_positive(int),
+        metavar="SECONDS",
         help="on SIGTERM/SIGINT, cancel calls still running after this long (default: "
         "$OTEL_CAPTURE_SHUTDOWN_TIMEOUT, else 25)",
     )
@@ -56,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("dir")
     show.add_argument("rollout_id", nargs="?")
     show.add_argument(
-        "--trace-url", metavar="BASE",
+        "--trace-url",
+        metavar="BASE",
         help="a tracing UI's base URL: print each call's trace link, BASE/trace/TRACE_ID (Jaeger), or BASE "
         "with {trace_id} in it replaced",
     )
@@ -69,7 +78,9 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument("dir")
     ls.add_argument("--state", choices=("live", "frozen", "retired"), help="only rollouts in this state")
 
-    retire = commands.add_parser("retire", help="remove rollouts' records and keep fences that refuse late calls")
+    retire = commands.add_parser(
+        "retire", help="remove rollouts' records and keep fences that refuse late calls"
+    )
     retire.add_argument("dir")
     retire.add_argument("rollout_ids", nargs="+", metavar="ID")
 
@@ -82,12 +93,14 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--capture-dir", help="where records go (default: a new temporary directory)")
     demo.add_argument("--rollouts", type=int, default=3, help="how many rollouts (default 3)")
     demo.add_argument(
-        "--otlp-endpoint", metavar="URL",
+        "--otlp-endpoint",
+        metavar="URL",
         help="also send the spans over OTLP/HTTP to URL, e.g. Jaeger's http://127.0.0.1:4318 (needs "
         "otel-capture[auto]; the standard OTEL_TRACES_EXPORTER etc. work too)",
     )
     demo.add_argument(
-        "--trace-url", metavar="BASE",
+        "--trace-url",
+        metavar="BASE",
         help="a tracing UI's base URL, e.g. Jaeger's http://127.0.0.1:16686: print each call's trace link",
     )
     return parser
@@ -106,11 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ("ls", "retire", "delete"):
             return _lifecycle(args)
         if args.command == "demo":
-            from otel_capture.demo.run import run_demo
-
-            return run_demo(
-                upstream=args.upstream, capture_dir=args.capture_dir, rollouts=args.rollouts,
-                otlp_endpoint=args.otlp_endpoint, trace_url=args.trace_url,
+            return _run_demo()(
+                upstream=args.upstream,
+                capture_dir=args.capture_dir,
+                rollouts=args.rollouts,
+                otlp_endpoint=args.otlp_endpoint,
+                trace_url=args.trace_url,
             )
     except (ValueError, OSError) as exc:
         print(f"otel-capture: error: {exc}", file=sys.stderr)
@@ -149,13 +163,23 @@ def _proxy(args: argparse.Namespace) -> int:
         if writer.directory is not None:
             os.environ[ENV_CAPTURE_DIR] = str(writer.directory)
         uvicorn.run(
-            "otel_capture._proxy:proxy_app_from_environ", factory=True, fd=sock.fileno(), workers=args.workers,
-            lifespan="on", log_level="warning", access_log=False, timeout_graceful_shutdown=proxy.shutdown_timeout,
+            "otel_capture._proxy:proxy_app_from_environ",
+            factory=True,
+            fd=sock.fileno(),
+            workers=args.workers,
+            lifespan="on",
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=proxy.shutdown_timeout,
         )
         return EXIT_OK
     app = build_proxy_app(args.upstream, settings=settings, writer=writer, proxy=proxy)
     config = uvicorn.Config(
-        app, lifespan="on", log_level="warning", access_log=False, timeout_graceful_shutdown=proxy.shutdown_timeout
+        app,
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=proxy.shutdown_timeout,
     )
     server = _server_class()(config)
     server.run(sockets=[sock])
@@ -213,8 +237,8 @@ def _server_class() -> type:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .check import check_capture_dir, format_check
     from .._store.store import CaptureStore
+    from .check import check_capture_dir, format_check
 
     store = CaptureStore(args.dir)
     if not store.root.is_dir():
@@ -229,8 +253,8 @@ def _check(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     from .._records import read_available_model_call_records
-    from .show import format_calls_table, format_rollouts_table
     from .._store.store import CaptureStore
+    from .show import format_calls_table, format_rollouts_table
 
     store = CaptureStore(args.dir)
     if not store.root.is_dir():
@@ -274,3 +298,12 @@ def _lifecycle(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _run_demo() -> Callable[..., int]:
+    """The demo's entry point, imported by name: ``otel_capture.demo`` is installed from ``examples/demo``
+    (the build's package-dir mapping), which a type checker reading the source tree cannot follow."""
+    import importlib
+
+    run_demo: Callable[..., int] = importlib.import_module("otel_capture.demo.run").run_demo
+    return run_demo

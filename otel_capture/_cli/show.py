@@ -72,7 +72,10 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[str]], right: f
     widths = [max(len(row[i]) for row in all_rows) for i in range(len(headers))]
 
     def line(row: Sequence[str]) -> str:
-        cells = (c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        cells = (
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=False))
+        )
         return "  ".join(cells).rstrip()
 
     return "\n".join(line(row) for row in all_rows)
@@ -112,7 +115,9 @@ def format_calls_table(records: Iterable[ModelCallRecord], trace_url: str | None
     return format_table((*CALL_HEADERS, "trace"), rows, CALL_RIGHT)
 
 
-def summarize_rollout(rollout_id: str, records: Sequence[ModelCallRecord], incomplete: bool) -> RolloutSummary:
+def summarize_rollout(
+    rollout_id: str, records: Sequence[ModelCallRecord], incomplete: bool
+) -> RolloutSummary:
     """A rollout's calls, failed calls (:attr:`ModelCallRecord.failed`, as ``num_errors`` counts them) and
     summed tokens."""
     return RolloutSummary(

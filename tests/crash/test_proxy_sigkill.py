@@ -21,10 +21,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support import RECORDED, ReplayModelServer, serve, sse_chunks, start_cli_proxy
 
 from otel_capture import CaptureStore, read_available_model_call_records
-
-from support import RECORDED, ReplayModelServer, serve, sse_chunks, start_cli_proxy
 
 ITERATIONS = int(os.environ.get("OTEL_CAPTURE_CRASH_ITERATIONS", "3"))
 ROLLOUTS = [f"crash-{i}" for i in range(4)]
@@ -65,7 +64,9 @@ class _Traffic:
         rollout = rng.choice(ROLLOUTS)
         if rng.random() < 0.5:
             body = {"model": "m", "stream": True, "user": tag, "messages": [{"role": "user", "content": "x"}]}
-            with client.stream("POST", f"{self.url}/ng-rollout/{rollout}/v1/chat/completions", json=body) as response:
+            with client.stream(
+                "POST", f"{self.url}/ng-rollout/{rollout}/v1/chat/completions", json=body
+            ) as response:
                 received = b"".join(response.iter_raw())
             acked = response.status_code == 200 and received.rstrip().endswith(b"data: [DONE]")
         else:
@@ -102,7 +103,9 @@ def _tags(capture_dir: Path) -> tuple[set[str], list[str]]:
 
 
 @pytest.mark.parametrize("iteration", range(ITERATIONS))
-def test_sigkill_mid_traffic_loses_no_acknowledged_call(upstream: str, tmp_path: Path, iteration: int) -> None:
+def test_sigkill_mid_traffic_loses_no_acknowledged_call(
+    upstream: str, tmp_path: Path, iteration: int
+) -> None:
     capture_dir = tmp_path / "calls"
     proxy, url = start_cli_proxy(upstream, "--capture-dir", str(capture_dir))
     traffic = _Traffic(url, kill_after=random.Random(iteration).randint(5, 60))
@@ -118,7 +121,9 @@ def test_sigkill_mid_traffic_loses_no_acknowledged_call(upstream: str, tmp_path:
     assert proxy.returncode == -signal.SIGKILL
 
     tags, damaged = _tags(capture_dir)
-    assert acked_before_kill <= tags, f"{len(acked_before_kill - tags)} acknowledged call(s) missing from disk"
+    assert acked_before_kill <= tags, (
+        f"{len(acked_before_kill - tags)} acknowledged call(s) missing from disk"
+    )
     assert damaged == []
 
     # a new proxy on the same directory appends cleanly after whatever the dead one left
@@ -126,7 +131,9 @@ def test_sigkill_mid_traffic_loses_no_acknowledged_call(upstream: str, tmp_path:
     after = {rollout: uuid.uuid4().hex for rollout in ROLLOUTS}
     try:
         for rollout, tag in after.items():
-            response = httpx.post(f"{url}/ng-rollout/{rollout}/v1/responses", json={"model": "m", "user": tag})
+            response = httpx.post(
+                f"{url}/ng-rollout/{rollout}/v1/responses", json={"model": "m", "user": tag}
+            )
             assert response.status_code == 200
     finally:
         _stop(proxy, signal.SIGTERM)
@@ -144,7 +151,9 @@ def test_a_writer_appends_cleanly_after_a_torn_tail(upstream: str, tmp_path: Pat
     (capture_dir / "torn-1.capture.jsonl").write_bytes(torn)
     proxy, url = start_cli_proxy(upstream, "--capture-dir", str(capture_dir))
     try:
-        response = httpx.post(f"{url}/ng-rollout/torn-1/v1/responses", json={"model": "m", "user": "after-tear"})
+        response = httpx.post(
+            f"{url}/ng-rollout/torn-1/v1/responses", json={"model": "m", "user": "after-tear"}
+        )
         assert response.status_code == 200
     finally:
         _stop(proxy, signal.SIGTERM)

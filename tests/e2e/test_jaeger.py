@@ -90,7 +90,9 @@ def _wait_for(fetch: Callable[[], _T], done: Callable[[_T], bool], what: str) ->
         if done(value):
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"Jaeger did not show {what} within {INGEST_TIMEOUT} s; last answer: {value!r:.3000}")
+            raise AssertionError(
+                f"Jaeger did not show {what} within {INGEST_TIMEOUT} s; last answer: {value!r:.3000}"
+            )
         time.sleep(0.1)  # polling interval of a bounded wait for ingestion
 
 
@@ -133,6 +135,7 @@ def _rollouts(url: str, prefix: str, agent: TracerProvider) -> tuple[dict[str, i
     """An agent's rollouts through ``url``: returns how many calls each made, the agent's trace id and the
     name of its span. ``{prefix}-1`` and ``{prefix}-10`` (one id a prefix of the other) succeed; ``-err``
     meets a 503 and a cut stream; ``-bag`` runs under the agent's span with the rollout id in baggage."""
+
     def clients(rollout: str) -> tuple[openai.OpenAI, anthropic.Anthropic]:
         base = f"{url}/ng-rollout/{rollout}"
         return (
@@ -143,9 +146,11 @@ def _rollouts(url: str, prefix: str, agent: TracerProvider) -> tuple[dict[str, i
     oai, claude = clients(f"{prefix}-1")
     with oai, claude:
         oai.responses.create(model="gpt-4o-mini", input="hi")
-        list(oai.chat.completions.create(
-            model="gpt-4o", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
-        ))
+        list(
+            oai.chat.completions.create(
+                model="gpt-4o", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+            )
+        )
         with claude.messages.stream(model="claude-test", max_tokens=64, messages=MESSAGES) as stream:
             stream.get_final_message()
     oai, claude = clients(f"{prefix}-10")
@@ -156,9 +161,9 @@ def _rollouts(url: str, prefix: str, agent: TracerProvider) -> tuple[dict[str, i
         with pytest.raises(openai.InternalServerError):
             oai.chat.completions.create(model=paced_model_app.OVERLOADED, messages=MESSAGES)
         with pytest.raises(openai.APIError):
-            list(oai.chat.completions.create(
-                model=paced_model_app.CUT_STREAM, messages=MESSAGES, stream=True
-            ))
+            list(
+                oai.chat.completions.create(model=paced_model_app.CUT_STREAM, messages=MESSAGES, stream=True)
+            )
     span_name = f"rollout {prefix}-bag"
     http_client = instrument_http_client(openai.DefaultHttpxClient())
     with (
@@ -186,19 +191,23 @@ def _run(kind: str, protocol: str, jaeger: Jaeger, workdir: Path) -> Scenario:
     if kind == "proxy":
         env["OTEL_TRACES_EXPORTER"] = "otlp"
         with serve(paced_model_app.app) as upstream:
-            proxy, url = start_cli_proxy(upstream, "--capture-dir", str(store.root), env=env, stderr=subprocess.STDOUT)
+            proxy, url = start_cli_proxy(
+                upstream, "--capture-dir", str(store.root), env=env, stderr=subprocess.STDOUT
+            )
             try:
                 calls, trace_id, span_name = _rollouts(url, name, agent)
             finally:
                 proxy.terminate()
                 output, _ = proxy.communicate(timeout=60)
     else:
-        env.update({
-            "OTEL_TRACES_EXPORTER": "otlp,model_call_jsonl",
-            "OTEL_EXPORTER_MODEL_CALL_JSONL_DIR": str(store.root),
-            "OTEL_METRICS_EXPORTER": "none",  # this Jaeger takes traces only
-            "OTEL_LOGS_EXPORTER": "none",
-        })
+        env.update(
+            {
+                "OTEL_TRACES_EXPORTER": "otlp,model_call_jsonl",
+                "OTEL_EXPORTER_MODEL_CALL_JSONL_DIR": str(store.root),
+                "OTEL_METRICS_EXPORTER": "none",  # this Jaeger takes traces only
+                "OTEL_LOGS_EXPORTER": "none",
+            }
+        )
         with instrumented_model_server(env, app="paced_model_app:app") as server:
             calls, trace_id, span_name = _rollouts(server.url, name, agent)
             output = server.stop()
@@ -216,8 +225,11 @@ def _run(kind: str, protocol: str, jaeger: Jaeger, workdir: Path) -> Scenario:
     }
     agent_trace = _wait_for(
         lambda: jaeger.trace(trace_id),
-        lambda found: found is not None and any(s["operationName"] == span_name for s in found["spans"])
-        and any(_model_call_spans([found])),
+        lambda found: (
+            found is not None
+            and any(s["operationName"] == span_name for s in found["spans"])
+            and any(_model_call_spans([found]))
+        ),
         f"the agent's trace {trace_id}",
     )
     assert agent_trace is not None
@@ -288,7 +300,9 @@ def test_an_upstream_error_and_a_cut_stream_are_error_spans_with_error_type(scen
     assert _tags(scenario.span(overloaded))["http.response.status_code"] == 503
 
 
-def test_the_agents_span_the_http_server_span_and_the_model_call_span_form_one_trace(scenario: Scenario) -> None:
+def test_the_agents_span_the_http_server_span_and_the_model_call_span_form_one_trace(
+    scenario: Scenario,
+) -> None:
     (record,) = scenario.records[f"{scenario.name}-bag"]
     spans = _spans([scenario.agent_trace])
     assert scenario.agent_trace["traceID"] == record.trace_id
@@ -305,15 +319,29 @@ def test_the_agents_span_the_http_server_span_and_the_model_call_span_form_one_t
 def test_a_calls_span_duration_is_its_records_latency(scenario: Scenario) -> None:
     for record in scenario.all_records:
         duration_ms = scenario.span(record)["duration"] / 1000
-        assert abs(duration_ms - record.latency_total_ms) <= CLOCK_RESOLUTION_MS, (record.rollout_id, record.dialect)
+        assert abs(duration_ms - record.latency_total_ms) <= CLOCK_RESOLUTION_MS, (
+            record.rollout_id,
+            record.dialect,
+        )
 
 
 def test_show_prints_a_link_per_call_that_opens_its_trace(scenario: Scenario, jaeger: Jaeger) -> None:
     rollout = f"{scenario.name}-1"
     shown = subprocess.run(
-        [sys.executable, "-m", "otel_capture._cli.main", "show", str(scenario.store.root), rollout,
-         "--trace-url", jaeger.query_url + "/"],
-        capture_output=True, text=True, timeout=60, check=True,
+        [
+            sys.executable,
+            "-m",
+            "otel_capture._cli.main",
+            "show",
+            str(scenario.store.root),
+            rollout,
+            "--trace-url",
+            jaeger.query_url + "/",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     ).stdout
     lines = shown.splitlines()[1:]  # below the header, one line per call in call order
     records = scenario.records[rollout]
@@ -338,18 +366,34 @@ def test_the_demo_sends_its_spans_to_jaeger_and_prints_each_calls_link(
     env["OTEL_SERVICE_NAME"] = service
     args = ["--trace-url", jaeger.query_url]
     if how == "variables":
-        env.update({
-            "OTEL_TRACES_EXPORTER": "otlp",
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.otlp_http,
-        })
+        env.update(
+            {
+                "OTEL_TRACES_EXPORTER": "otlp",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.otlp_http,
+            }
+        )
     else:
         args += ["--otlp-endpoint", jaeger.otlp_http]
     with serve(paced_model_app.app) as upstream:
         demo = subprocess.run(
-            [sys.executable, "-m", "otel_capture._cli.main", "demo", "--upstream", upstream,
-             "--capture-dir", str(tmp_path), "--rollouts", "2", *args],
-            capture_output=True, text=True, timeout=300, env=env,
+            [
+                sys.executable,
+                "-m",
+                "otel_capture._cli.main",
+                "demo",
+                "--upstream",
+                upstream,
+                "--capture-dir",
+                str(tmp_path),
+                "--rollouts",
+                "2",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
         )
     assert demo.returncode == 0, demo.stdout + demo.stderr
     store = CaptureStore(tmp_path)
@@ -372,15 +416,29 @@ def test_the_demo_sends_its_spans_to_jaeger_and_prints_each_calls_link(
 @pytest.mark.parametrize("ci", ["", "true"])
 def test_without_go_the_jaeger_tests_skip_and_say_why_except_under_ci(ci: str, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "OTEL_CAPTURE_CACHE")}
-    env.update({
-        "PATH": str(Path(sys.executable).parent),  # no go here
-        "OTEL_CAPTURE_CACHE": str(tmp_path / "empty-cache"),  # and no Jaeger built
-        "CI": ci,
-    })
+    env.update(
+        {
+            "PATH": str(Path(sys.executable).parent),  # no go here
+            "OTEL_CAPTURE_CACHE": str(tmp_path / "empty-cache"),  # and no Jaeger built
+            "CI": ci,
+        }
+    )
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs", "--no-header",
-         f"{__file__}::test_a_rollouts_calls_are_found_by_its_rollout_id_and_no_other_rollouts"],
-        capture_output=True, text=True, timeout=300, env=env, cwd=Path(__file__).resolve().parents[2],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-rs",
+            "--no-header",
+            f"{__file__}::test_a_rollouts_calls_are_found_by_its_rollout_id_and_no_other_rollouts",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
     )
     if ci:
         assert run.returncode == 1, run.stdout

@@ -66,26 +66,38 @@ def test_a_rollouts_calls_reach_phoenix_as_one_trace(phoenix: Phoenix, tmp_path:
         "OTEL_RESOURCE_ATTRIBUTES": f"openinference.project.name={PROJECT}",
         "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "fastapi",  # our server span, without per-chunk spans
     }
-    agent = TracerProvider(resource=Resource.create({"service.name": "agent", "openinference.project.name": PROJECT}))
+    agent = TracerProvider(
+        resource=Resource.create({"service.name": "agent", "openinference.project.name": PROJECT})
+    )
     agent.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{phoenix.url}/v1/traces")))
     with instrumented_model_server(env) as server:
         with (
             openai.OpenAI(
-                base_url=f"{server.url}/v1", api_key="k", max_retries=0,
+                base_url=f"{server.url}/v1",
+                api_key="k",
+                max_retries=0,
                 http_client=instrument_http_client(openai.DefaultHttpxClient()),
             ) as oai,
             anthropic.Anthropic(
-                base_url=server.url, api_key="k", max_retries=0,
+                base_url=server.url,
+                api_key="k",
+                max_retries=0,
                 http_client=instrument_http_client(anthropic.DefaultHttpxClient()),
             ) as claude,
             agent.get_tracer("agent").start_as_current_span("rollout phx-0", kind=SpanKind.CLIENT) as root,
             rollout_context(ROLLOUT),
         ):
-            list(oai.chat.completions.create(
-                model="gpt-4o", messages=[{"role": "user", "content": "hi"}], stream=True,
-                stream_options={"include_usage": True},
-            ))
-            claude.messages.create(model="claude-test", max_tokens=64, messages=[{"role": "user", "content": "hi"}])
+            list(
+                oai.chat.completions.create(
+                    model="gpt-4o",
+                    messages=[{"role": "user", "content": "hi"}],
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+            )
+            claude.messages.create(
+                model="claude-test", max_tokens=64, messages=[{"role": "user", "content": "hi"}]
+            )
         server.stop()  # flushes the server's batch processor
     agent.shutdown()
     trace_id = format(root.get_span_context().trace_id, "032x")

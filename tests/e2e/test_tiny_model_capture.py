@@ -41,7 +41,9 @@ def test_responses_stream(proxied: tuple[str, CaptureStore], tiny_model: TinyMod
     # responses.stream() cannot parse llama.cpp's events (no output_index): iterate create(stream=True)
     deltas: list[str] = []
     completed: dict[str, Any] | None = None
-    for event in client.responses.create(model=tiny_model.model, input="Count to five.", max_output_tokens=12, stream=True):
+    for event in client.responses.create(
+        model=tiny_model.model, input="Count to five.", max_output_tokens=12, stream=True
+    ):
         if event.type == "response.output_text.delta":
             deltas.append(event.delta)
         elif event.type == "response.completed":
@@ -60,8 +62,11 @@ def test_chat_stream(proxied: tuple[str, CaptureStore], tiny_model: TinyModel) -
     client = openai.OpenAI(base_url=f"{url}/ng-rollout/tiny-chat/v1", api_key="k", max_retries=0)
     state: ChatCompletionStreamState[Any] = ChatCompletionStreamState()
     for chunk in client.chat.completions.create(
-        model=tiny_model.model, messages=[{"role": "user", "content": "Count to five."}], max_tokens=12,
-        stream=True, stream_options={"include_usage": True},
+        model=tiny_model.model,
+        messages=[{"role": "user", "content": "Count to five."}],
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
     ):
         state.handle_chunk(chunk)
     sdk = state.current_completion_snapshot

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support import ReplayModelServer, Telemetry, recorded_json, serve
 
 from otel_capture import CaptureSettings, CaptureStore, read_available_model_call_records, start_proxy
-
-from support import ReplayModelServer, Telemetry, recorded_json, serve
 
 
 @pytest.fixture
@@ -30,7 +29,9 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A real 512 KiB tmpfs, so the disk really fills up (the tests run as root, as CI does)."""
     mount_point = tmp_path / "disk"
     mount_point.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k,mode=0700", "tmpfs", str(mount_point)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=512k,mode=0700", "tmpfs", str(mount_point)], check=True
+    )
     try:
         yield mount_point
     finally:
@@ -63,14 +64,18 @@ def test_a_full_disk_keeps_responses_exact_and_capture_resumes_when_space_return
         assert response.status_code == 200 and response.content == recorded_json("chat")
         filler.unlink()  # the fault clears
         assert httpx.post(url, json={"model": "m", "user": "after"}).status_code == 200
-    failures = [r for r in caplog.records if "No space left on device" in r.getMessage() or "ENOSPC" in r.getMessage()]
+    failures = [
+        r for r in caplog.records if "No space left on device" in r.getMessage() or "ENOSPC" in r.getMessage()
+    ]
     assert failures, "the full disk was not logged with its reason"
     available = read_available_model_call_records(CaptureStore(capture_dir), "full")
     assert [r.request["user"] for r in available.records if r.request] == ["before", "after"]
     assert available.invalid == [] and not available.torn_tail  # the short write was cut back, not left torn
 
 
-def test_a_vanished_capture_directory_is_recreated_and_capture_resumes(upstream: str, telemetry: Telemetry) -> None:
+def test_a_vanished_capture_directory_is_recreated_and_capture_resumes(
+    upstream: str, telemetry: Telemetry
+) -> None:
     settings = CaptureSettings()
     with start_proxy(upstream, settings=settings, tracer_provider=telemetry.provider) as proxy:
         url = f"{proxy.url}/ng-rollout/gone/v1/responses"

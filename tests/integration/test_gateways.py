@@ -159,9 +159,18 @@ def test_model_paths_without_v1_are_captured_with_and_without_the_prefix(
         client.responses.create(model="gpt-4o-mini", input="hi")
     httpx.post(f"{url}/ng-rollout/nov1/messages", json={"model": "claude", "max_tokens": 8, "messages": []})
     _chat(url, default_headers={"baggage": "rollout.id=nov1-bag"})
-    assert [path for path, _ in model.seen] == ["/chat/completions", "/responses", "/messages", "/chat/completions"]
+    assert [path for path, _ in model.seen] == [
+        "/chat/completions",
+        "/responses",
+        "/messages",
+        "/chat/completions",
+    ]
     records = read_model_call_records(telemetry.store, "nov1")
-    assert [(r.dialect, r.status_code) for r in records] == [("chat", 200), ("responses", 200), ("messages", 200)]
+    assert [(r.dialect, r.status_code) for r in records] == [
+        ("chat", 200),
+        ("responses", 200),
+        ("messages", 200),
+    ]
     assert records[2].response == json.loads(recorded_json("messages"))
     (bagged,) = read_model_call_records(telemetry.store, "nov1-bag")
     assert bagged.dialect == "chat" and bagged.response_id == CHAT_ID
@@ -192,7 +201,11 @@ def test_model_calls_without_a_rollout_id_are_logged_once_and_counted(
     data = reader.get_metrics_data()
     assert data is not None
     (metric,) = [
-        m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics if m.name == UNCORRELATED_CALLS
+        m
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == UNCORRELATED_CALLS
     ]
     counts = {p.attributes[A.MODEL_CALL_DIALECT]: p.value for p in metric.data.data_points}
     assert counts == {"chat": 3, "messages": 1}
@@ -235,7 +248,9 @@ def test_an_invalid_rollout_header_is_refused_with_the_rule_and_not_forwarded(
     gateway_to_proxy: tuple[str, ModelApp], telemetry: Telemetry
 ) -> None:
     gateway, model = gateway_to_proxy
-    response = httpx.post(f"{gateway}/v1/chat/completions", json={"model": "m"}, headers={"x-rollout-id": "bad id"})
+    response = httpx.post(
+        f"{gateway}/v1/chat/completions", json={"model": "m"}, headers={"x-rollout-id": "bad id"}
+    )
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["type"] == "invalid_rollout_id" and error["rule"] == ROLLOUT_ID_RULE

@@ -13,12 +13,11 @@ import httpx
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from support import RECORDED, ReplayModelServer, serve, sse_chunks
 
-from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 from otel_capture import ModelCallCaptureMiddleware
 from otel_capture._store.writer import LIBC_SYNCFS
-
-from support import RECORDED, ReplayModelServer, serve, sse_chunks
+from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
 
 class SyncLog:
@@ -65,15 +64,22 @@ def test_no_terminal_chunk_before_a_sync_covers_its_line(tmp_path: Path, stream:
             (RECORDED / "openai-python/chat_completions_sse/parse_strict_tools.a247c49c5fcd.sse").read_bytes()
         )
     provider = TracerProvider()
-    exporter = ModelCallJsonlExporter(root, fsync=log.hook("fsync", os.fsync), syncfs=log.hook("syncfs", LIBC_SYNCFS))  # type: ignore[arg-type]
+    exporter = ModelCallJsonlExporter(
+        root, fsync=log.hook("fsync", os.fsync), syncfs=log.hook("syncfs", LIBC_SYNCFS)
+    )  # type: ignore[arg-type]
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     app = ModelCallCaptureMiddleware(upstream, tracer_provider=provider)
 
     def call(i: int) -> str:
         tag = uuid.uuid4().hex
-        with httpx.Client(timeout=30) as client, client.stream(
-            "POST", f"{url}/ng-rollout/gc-{i % 8}/v1/chat/completions", json={"model": "m", "user": tag, "stream": stream}
-        ) as response:
+        with (
+            httpx.Client(timeout=30) as client,
+            client.stream(
+                "POST",
+                f"{url}/ng-rollout/gc-{i % 8}/v1/chat/completions",
+                json={"model": "m", "user": tag, "stream": stream},
+            ) as response,
+        ):
             body = b"".join(response.iter_raw())
         assert response.status_code == 200 and body
         log.ack(tag)

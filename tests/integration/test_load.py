@@ -13,9 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from otel_capture import CaptureStore, read_available_model_call_records
-
 from support import RECORDED, ReplayModelServer, serve, sse_chunks
+
+from otel_capture import CaptureStore, read_available_model_call_records
 
 CALLS_PER_CLIENT = int(os.environ.get("OTEL_CAPTURE_LOAD_CALLS", "400"))
 CLIENT_PROCESSES = 3
@@ -47,7 +47,9 @@ def _usage(pid: int) -> tuple[int, int, int]:
 
 def _load(url: str, rollouts: list[str], calls: int) -> int:
     clients = [
-        subprocess.Popen([sys.executable, "-c", CLIENT, url, rollout, str(calls)], stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", CLIENT, url, rollout, str(calls)], stdout=subprocess.PIPE, text=True
+        )
         for rollout in rollouts
     ]
     return sum(int(client.communicate(timeout=600)[0]) for client in clients)
@@ -62,7 +64,16 @@ def test_sustained_load_keeps_memory_fds_and_threads_flat_and_loses_no_call(tmp_
     capture_dir = tmp_path / "calls"
     with serve(server) as upstream:
         proxy = subprocess.Popen(
-            [sys.executable, "-m", "otel_capture._cli.main", "proxy", "--upstream", upstream, "--capture-dir", str(capture_dir)],
+            [
+                sys.executable,
+                "-m",
+                "otel_capture._cli.main",
+                "proxy",
+                "--upstream",
+                upstream,
+                "--capture-dir",
+                str(capture_dir),
+            ],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -81,7 +92,9 @@ def test_sustained_load_keeps_memory_fds_and_threads_flat_and_loses_no_call(tmp_
     assert warm == CLIENT_PROCESSES * (CALLS_PER_CLIENT // 4)
     assert acked == CLIENT_PROCESSES * CALLS_PER_CLIENT
     rss_growth_kb = after[0] - before[0]
-    print(f"rss {before[0]} -> {after[0]} kB, fds {before[1]} -> {after[1]}, threads {before[2]} -> {after[2]}")
+    print(
+        f"rss {before[0]} -> {after[0]} kB, fds {before[1]} -> {after[1]}, threads {before[2]} -> {after[2]}"
+    )
     # a few hundred kB of allocator noise; a leak of even 2.5 kB per call would show as 3 MB here
     assert rss_growth_kb < 3_000, f"resident memory grew by {rss_growth_kb} kB over {acked} calls"
     assert after[1] <= before[1] + 2, f"file descriptors {before[1]} -> {after[1]}"

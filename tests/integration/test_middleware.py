@@ -13,12 +13,10 @@ import anthropic
 import httpx
 import openai
 import pytest
-from support import Telemetry
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from support import ReplayModelServer, recorded_json, serve
+from support import ReplayModelServer, Telemetry, recorded_json, serve
 
-from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 from otel_capture import (
     CaptureSettings,
     CaptureStore,
@@ -27,6 +25,7 @@ from otel_capture import (
     read_model_call_records,
 )
 from otel_capture._correlation import ROLLOUT_ID_RULE
+from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
 
 @pytest.fixture
@@ -57,7 +56,11 @@ def test_each_dialect_under_the_prefix_is_one_record(
     responses, chat, messages = _three_calls(server, "0-0")
 
     # the model server routed the stripped paths and the SDKs got the recorded bodies
-    assert [path for _, path, _ in replay_server.seen] == ["/v1/responses", "/v1/chat/completions", "/v1/messages"]
+    assert [path for _, path, _ in replay_server.seen] == [
+        "/v1/responses",
+        "/v1/chat/completions",
+        "/v1/messages",
+    ]
     assert responses.id == json.loads(recorded_json("responses"))["id"]  # type: ignore[attr-defined]
     assert chat.id == json.loads(recorded_json("chat"))["id"]  # type: ignore[attr-defined]
     assert messages.id == json.loads(recorded_json("messages"))["id"]  # type: ignore[attr-defined]
@@ -65,7 +68,11 @@ def test_each_dialect_under_the_prefix_is_one_record(
     records = read_model_call_records(telemetry.store, "0-0")
     assert [r.call_index for r in records] == [0, 1, 2]
     assert [r.dialect for r in records] == ["responses", "chat", "messages"]
-    assert [r.model for r in records] == ["gpt-4o-mini-2024-07-18", "gpt-4o-2024-08-06", "claude-sonnet-4-5-20250929"]
+    assert [r.model for r in records] == [
+        "gpt-4o-mini-2024-07-18",
+        "gpt-4o-2024-08-06",
+        "claude-sonnet-4-5-20250929",
+    ]
     assert [r.status_code for r in records] == [200, 200, 200]
     assert all(r.error_category is None for r in records)
     assert all(r.model_ref is not None and r.model_ref.name == "test_policy" for r in records)
@@ -80,7 +87,11 @@ def test_each_dialect_under_the_prefix_is_one_record(
         assert record.started_at <= record.completed_at
         assert record.latency_total_ms is not None and record.latency_total_ms > 0
         assert record.latency_ttft_ms is not None and 0 < record.latency_ttft_ms <= record.latency_total_ms
-        assert record.request is not None and record.request["model"] in ("gpt-4o-mini", "gpt-4o", "claude-test")
+        assert record.request is not None and record.request["model"] in (
+            "gpt-4o-mini",
+            "gpt-4o",
+            "claude-test",
+        )
         assert record.stream is False
     # the exact response bodies are kept
     assert records[1].response == json.loads(recorded_json("chat"))
@@ -111,7 +122,9 @@ def test_spans_and_records_describe_the_same_calls(server: str, telemetry: Telem
 
 
 def test_unprefixed_call_is_answered_but_not_captured(server: str, telemetry: Telemetry) -> None:
-    chat = _openai(f"{server}/v1").chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+    chat = _openai(f"{server}/v1").chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "x"}]
+    )
     assert chat.id == json.loads(recorded_json("chat"))["id"]
     assert telemetry.store.rollout_ids() == []
     assert telemetry.spans.get_finished_spans() == ()
@@ -136,9 +149,13 @@ def test_url_prefix_wins_over_baggage_and_the_span_says_so(server: str, telemetr
     assert span.attributes["rollout.id.baggage"] == "from-bag"
 
 
-def test_correlation_order_is_url_prefix_then_rollout_header_then_baggage(server: str, telemetry: Telemetry) -> None:
+def test_correlation_order_is_url_prefix_then_rollout_header_then_baggage(
+    server: str, telemetry: Telemetry
+) -> None:
     both = {"x-rollout-id": "from-header", "baggage": "rollout.id=from-bag"}
-    _openai(f"{server}/ng-rollout/from-url/v1", default_headers=both).chat.completions.create(model="m", messages=[])
+    _openai(f"{server}/ng-rollout/from-url/v1", default_headers=both).chat.completions.create(
+        model="m", messages=[]
+    )
     _openai(f"{server}/v1", default_headers=both).chat.completions.create(model="m", messages=[])
     assert telemetry.store.rollout_ids() == ["from-header", "from-url"]
     sources = [s.attributes["otel_capture.rollout.source"] for s in telemetry.spans.get_finished_spans()]
@@ -149,7 +166,9 @@ def test_correlation_order_is_url_prefix_then_rollout_header_then_baggage(server
 def test_invalid_rollout_id_is_refused_with_400_and_nothing_written(
     server: str, telemetry: Telemetry, replay_server: ReplayModelServer, bad_id: str
 ) -> None:
-    response = httpx.post(f"{server}/ng-rollout/{bad_id}/v1/chat/completions", json={"model": "m", "messages": []})
+    response = httpx.post(
+        f"{server}/ng-rollout/{bad_id}/v1/chat/completions", json={"model": "m", "messages": []}
+    )
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["type"] == "invalid_rollout_id"
@@ -161,7 +180,9 @@ def test_invalid_rollout_id_is_refused_with_400_and_nothing_written(
 def test_malformed_request_body_is_kept_raw(server: str, telemetry: Telemetry) -> None:
     body = b'{"model": "gpt-4o", "messages": [oops'
     response = httpx.post(
-        f"{server}/ng-rollout/bad-body/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+        f"{server}/ng-rollout/bad-body/v1/chat/completions",
+        content=body,
+        headers={"content-type": "application/json"},
     )
     assert response.status_code == 200  # the model server decides; capture does not
     (record,) = read_model_call_records(telemetry.store, "bad-body")
@@ -179,7 +200,10 @@ def test_other_paths_and_methods_pass_through_untouched(
     server: str, telemetry: Telemetry, replay_server: ReplayModelServer
 ) -> None:
     assert httpx.get(f"{server}/ng-rollout/r1/v1/models").json() == {"path": "/v1/models", "method": "GET"}
-    assert httpx.get(f"{server}/ng-rollout/r1/v1/responses").json() == {"path": "/v1/responses", "method": "GET"}
+    assert httpx.get(f"{server}/ng-rollout/r1/v1/responses").json() == {
+        "path": "/v1/responses",
+        "method": "GET",
+    }
     assert httpx.get(f"{server}/health").json()["path"] == "/health"
     assert telemetry.store.rollout_ids() == []
 
@@ -267,7 +291,9 @@ def test_a_failing_disk_never_touches_the_response_and_marks_the_rollout_incompl
         import errno
         import os
 
-        if not os.path.isdir(f"/proc/self/fd/{fd}") and "incomplete" not in os.readlink(f"/proc/self/fd/{fd}"):
+        if not os.path.isdir(f"/proc/self/fd/{fd}") and "incomplete" not in os.readlink(
+            f"/proc/self/fd/{fd}"
+        ):
             raise OSError(errno.EIO, "Input/output error")
 
     provider = TracerProvider()
@@ -275,7 +301,9 @@ def test_a_failing_disk_never_touches_the_response_and_marks_the_rollout_incompl
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     app = ModelCallCaptureMiddleware(replay_server, tracer_provider=provider)
     with caplog.at_level(logging.ERROR), serve(app) as url:
-        response = httpx.post(f"{url}/ng-rollout/eio/v1/chat/completions", json={"model": "m", "messages": []})
+        response = httpx.post(
+            f"{url}/ng-rollout/eio/v1/chat/completions", json={"model": "m", "messages": []}
+        )
     assert response.status_code == 200
     assert response.content == recorded_json("chat")
     assert exporter.stats.failures == 1

@@ -169,7 +169,9 @@ def test_an_upstream_that_never_answers_gets_a_504_once_the_upstream_timeout_pas
     with serve(upstream_app) as upstream:
         process, url = start_cli_proxy(upstream, "--capture-dir", str(capture_dir), *args, env=env)
         try:
-            response = httpx.post(f"{url}/ng-rollout/hung/v1/chat/completions", json={"model": "m"}, timeout=BOUND)
+            response = httpx.post(
+                f"{url}/ng-rollout/hung/v1/chat/completions", json={"model": "m"}, timeout=BOUND
+            )
             assert upstream_app.gone.wait(BOUND)  # the proxy let go of the upstream's connection
         finally:
             process.terminate()
@@ -184,15 +186,27 @@ def test_an_upstream_that_stops_mid_stream_is_cut_once_the_upstream_timeout_pass
     telemetry: Telemetry, replay_server: ReplayModelServer
 ) -> None:
     reply = replay_server.replies["chat"]
-    reply.content_type, reply.chunks, reply.hang_after = "text/event-stream", sse_chunks(STREAMS["chat"].read_bytes()), 2
-    with serve(replay_server) as upstream, start_proxy(
-        upstream, settings=CaptureSettings(), tracer_provider=telemetry.provider, proxy=ProxySettings(upstream_timeout=1)
-    ) as proxy:
+    reply.content_type, reply.chunks, reply.hang_after = (
+        "text/event-stream",
+        sse_chunks(STREAMS["chat"].read_bytes()),
+        2,
+    )
+    with (
+        serve(replay_server) as upstream,
+        start_proxy(
+            upstream,
+            settings=CaptureSettings(),
+            tracer_provider=telemetry.provider,
+            proxy=ProxySettings(upstream_timeout=1),
+        ) as proxy,
+    ):
         received = bytearray()
 
         def read() -> None:
             with httpx.stream(
-                "POST", f"{proxy.url}/ng-rollout/stalled/v1/chat/completions", json={"model": "m", "stream": True},
+                "POST",
+                f"{proxy.url}/ng-rollout/stalled/v1/chat/completions",
+                json={"model": "m", "stream": True},
                 timeout=BOUND,
             ) as response:
                 for chunk in response.iter_raw():
@@ -208,13 +222,16 @@ def test_an_upstream_that_stops_mid_stream_is_cut_once_the_upstream_timeout_pass
 
 def test_a_client_that_leaves_before_the_upstream_answers_ends_the_call(telemetry: Telemetry) -> None:
     upstream_app = SilentUpstream()
-    with serve(upstream_app) as upstream, start_proxy(
-        upstream, settings=CaptureSettings(), tracer_provider=telemetry.provider
-    ) as proxy:
+    with (
+        serve(upstream_app) as upstream,
+        start_proxy(upstream, settings=CaptureSettings(), tracer_provider=telemetry.provider) as proxy,
+    ):
 
         async def leave() -> None:
             async with httpx.AsyncClient(timeout=BOUND) as client:
-                call = asyncio.ensure_future(client.post(f"{proxy.url}/ng-rollout/left/v1/responses", json={"model": "m"}))
+                call = asyncio.ensure_future(
+                    client.post(f"{proxy.url}/ng-rollout/left/v1/responses", json={"model": "m"})
+                )
                 assert await asyncio.to_thread(upstream_app.reached.wait, BOUND)
                 call.cancel()  # the agent gives up: httpx closes its connection
                 with contextlib.suppress(asyncio.CancelledError):
@@ -233,7 +250,11 @@ def test_sigterm_ends_the_proxy_in_bounded_time_with_a_hung_call_recorded_cancel
 
     def call(url: str) -> None:
         try:
-            outcome.append(httpx.post(f"{url}/ng-rollout/stuck/v1/messages", json={"model": "m"}, timeout=BOUND).status_code)
+            outcome.append(
+                httpx.post(
+                    f"{url}/ng-rollout/stuck/v1/messages", json={"model": "m"}, timeout=BOUND
+                ).status_code
+            )
         except httpx.HTTPError as exc:
             outcome.append(exc)
 
@@ -263,19 +284,29 @@ def test_the_end_of_a_stream_reaches_the_client_while_the_upstream_holds_it_open
     dialect: str, telemetry: Telemetry, replay_server: ReplayModelServer
 ) -> None:
     raw = STREAMS[dialect].read_bytes()
-    events = sse_chunks(raw if raw.endswith(b"\n\n") else raw + b"\n\n")  # each event ends, as servers send it
+    events = sse_chunks(
+        raw if raw.endswith(b"\n\n") else raw + b"\n\n"
+    )  # each event ends, as servers send it
     gate = Gate()  # the upstream waits here after its last event, with the response still open
     reply = replay_server.replies[dialect]
-    reply.content_type, reply.chunks, reply.gate, reply.gate_after = "text/event-stream", [*events, b""], gate, len(events)
+    reply.content_type, reply.chunks, reply.gate, reply.gate_after = (
+        "text/event-stream",
+        [*events, b""],
+        gate,
+        len(events),
+    )
     received = bytearray()
     rollout = f"held-{dialect}"
-    with serve(replay_server) as upstream, start_proxy(
-        upstream, settings=CaptureSettings(), tracer_provider=telemetry.provider
-    ) as proxy:
+    with (
+        serve(replay_server) as upstream,
+        start_proxy(upstream, settings=CaptureSettings(), tracer_provider=telemetry.provider) as proxy,
+    ):
 
         def read() -> None:
             with httpx.stream(
-                "POST", f"{proxy.url}/ng-rollout/{rollout}/v1/{PATHS[dialect]}", json={"model": "m", "stream": True},
+                "POST",
+                f"{proxy.url}/ng-rollout/{rollout}/v1/{PATHS[dialect]}",
+                json={"model": "m", "stream": True},
                 timeout=BOUND,
             ) as response:
                 for chunk in response.iter_raw():
@@ -303,11 +334,16 @@ def test_after_an_error_event_the_rest_of_the_stream_still_reaches_the_client(
     events = [b'data: {"error": {"message": "overloaded", "type": "server_error"}}\n\n', b"data: [DONE]\n\n"]
     reply = replay_server.replies["chat"]
     reply.content_type, reply.chunks = "text/event-stream", events
-    with serve(replay_server) as upstream, start_proxy(
-        upstream, settings=CaptureSettings(), tracer_provider=telemetry.provider
-    ) as proxy, httpx.stream(
-        "POST", f"{proxy.url}/ng-rollout/err/v1/chat/completions", json={"model": "m", "stream": True}, timeout=BOUND
-    ) as response:
+    with (
+        serve(replay_server) as upstream,
+        start_proxy(upstream, settings=CaptureSettings(), tracer_provider=telemetry.provider) as proxy,
+        httpx.stream(
+            "POST",
+            f"{proxy.url}/ng-rollout/err/v1/chat/completions",
+            json={"model": "m", "stream": True},
+            timeout=BOUND,
+        ) as response,
+    ):
         assert b"".join(response.iter_raw()) == b"".join(events)
     (record,) = read_model_call_records(telemetry.store, "err")
     assert record.error_category == "upstream_error"
@@ -324,12 +360,17 @@ def test_a_compressed_answer_reaches_the_client_as_sent_and_is_recorded_decoded(
     seen: dict[str, tuple[CompressingUpstream, bytes]] = {}
     for encoding in ("identity", "gzip", "br"):
         upstream_app = CompressingUpstream(encoding, original, stream)
-        with serve(upstream_app) as upstream, start_proxy(
-            upstream, settings=CaptureSettings(), tracer_provider=telemetry.provider
-        ) as proxy, httpx.stream(
-            "POST", f"{proxy.url}/ng-rollout/{encoding}/v1/chat/completions", json={"model": "m", "stream": stream},
-            headers={"accept-encoding": "gzip, br"}, timeout=BOUND,
-        ) as response:
+        with (
+            serve(upstream_app) as upstream,
+            start_proxy(upstream, settings=CaptureSettings(), tracer_provider=telemetry.provider) as proxy,
+            httpx.stream(
+                "POST",
+                f"{proxy.url}/ng-rollout/{encoding}/v1/chat/completions",
+                json={"model": "m", "stream": stream},
+                headers={"accept-encoding": "gzip, br"},
+                timeout=BOUND,
+            ) as response,
+        ):
             assert response.headers.get("content-encoding", "identity") == encoding
             seen[encoding] = (upstream_app, b"".join(response.iter_raw()))
     records = {encoding: read_model_call_records(telemetry.store, encoding)[0] for encoding in seen}
@@ -346,7 +387,9 @@ def test_a_compressed_answer_reaches_the_client_as_sent_and_is_recorded_decoded(
         assert records["gzip"].stream_truncated is False and records["gzip"].response is not None
 
 
-def test_a_damaged_compressed_answer_is_recorded_as_cut_and_reaches_the_client_as_sent(telemetry: Telemetry) -> None:
+def test_a_damaged_compressed_answer_is_recorded_as_cut_and_reaches_the_client_as_sent(
+    telemetry: Telemetry,
+) -> None:
     class Damaged(CompressingUpstream):
         async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
             if scope["type"] == "lifespan":
@@ -355,14 +398,23 @@ def test_a_damaged_compressed_answer_is_recorded_as_cut_and_reaches_the_client_a
             await _read_request(receive)
             data = gzip.compress(self.body)
             self.sent += data[: len(data) // 2] + b"\x00not gzip\x00" * 8
-            await send({"type": "http.response.start", "status": 200, "headers": [
-                (b"content-type", b"application/json"), (b"content-encoding", b"gzip")]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"application/json"), (b"content-encoding", b"gzip")],
+                }
+            )
             await send({"type": "http.response.body", "body": bytes(self.sent)})
 
     upstream_app = Damaged("gzip", recorded_json("chat") * 50, stream=False)
-    with serve(upstream_app) as upstream, start_proxy(
-        upstream, settings=CaptureSettings(), tracer_provider=telemetry.provider
-    ) as proxy, httpx.stream("POST", f"{proxy.url}/ng-rollout/bad-gzip/v1/chat/completions", json={"model": "m"}) as r:
+    with (
+        serve(upstream_app) as upstream,
+        start_proxy(upstream, settings=CaptureSettings(), tracer_provider=telemetry.provider) as proxy,
+        httpx.stream(
+            "POST", f"{proxy.url}/ng-rollout/bad-gzip/v1/chat/completions", json={"model": "m"}
+        ) as r,
+    ):
         assert b"".join(r.iter_raw()) == bytes(upstream_app.sent)
     (record,) = read_model_call_records(telemetry.store, "bad-gzip")
     # the record says its copy is not the answer: flagged, unparsed, kept as it came
@@ -405,7 +457,9 @@ class _StaleHandler(socketserver.StreamRequestHandler):
             if answered:
                 self.server.dropped += 1
                 if self.server.how == "rst":
-                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                    self.connection.setsockopt(
+                        socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+                    )
                 else:
                     self.rfile.read(length or 0)
                 return  # closed by socketserver
@@ -433,11 +487,19 @@ def test_a_request_on_a_connection_the_upstream_closed_while_idle_goes_again_on_
     how: str, telemetry: Telemetry
 ) -> None:
     calls = 40  # the proxy keeps 16 pools: from the 17th call on, calls reuse a connection
-    with _serve_stale(how) as upstream, start_proxy(
-        f"http://127.0.0.1:{upstream.server_address[1]}", settings=CaptureSettings(), tracer_provider=telemetry.provider
-    ) as proxy, httpx.Client(timeout=BOUND) as client:
+    with (
+        _serve_stale(how) as upstream,
+        start_proxy(
+            f"http://127.0.0.1:{upstream.server_address[1]}",
+            settings=CaptureSettings(),
+            tracer_provider=telemetry.provider,
+        ) as proxy,
+        httpx.Client(timeout=BOUND) as client,
+    ):
         statuses = [
-            client.post(f"{proxy.url}/ng-rollout/stale-{how}/v1/chat/completions", json={"model": "m"}).status_code
+            client.post(
+                f"{proxy.url}/ng-rollout/stale-{how}/v1/chat/completions", json={"model": "m"}
+            ).status_code
             for _ in range(calls)
         ]
     assert upstream.dropped > 0  # stale connections were met
@@ -449,7 +511,9 @@ def test_a_request_on_a_connection_the_upstream_closed_while_idle_goes_again_on_
 @contextlib.contextmanager
 def _serve_with_keep_alive(app: Any, seconds: int) -> Iterator[str]:
     sock = bind_socket("127.0.0.1", 0)
-    config = uvicorn.Config(app, lifespan="auto", log_level="warning", access_log=False, timeout_keep_alive=seconds)
+    config = uvicorn.Config(
+        app, lifespan="auto", log_level="warning", access_log=False, timeout_keep_alive=seconds
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -474,16 +538,20 @@ def test_paced_calls_to_an_upstream_with_a_one_second_keep_alive_get_no_502(
         statuses: list[int] = []
         async with httpx.AsyncClient(timeout=BOUND) as client:
             for pause in (0.97, 0.99, 1.0, 1.01, 1.03):
-                answers = await asyncio.gather(*[
-                    client.post(f"{url}/ng-rollout/paced/v1/chat/completions", json={"model": "m"}) for _ in range(16)
-                ])
+                answers = await asyncio.gather(
+                    *[
+                        client.post(f"{url}/ng-rollout/paced/v1/chat/completions", json={"model": "m"})
+                        for _ in range(16)
+                    ]
+                )
                 statuses += [a.status_code for a in answers]
                 await asyncio.sleep(pause)
         return statuses
 
-    with _serve_with_keep_alive(replay_server, 1) as upstream, start_proxy(
-        upstream, settings=CaptureSettings(), tracer_provider=telemetry.provider
-    ) as proxy:
+    with (
+        _serve_with_keep_alive(replay_server, 1) as upstream,
+        start_proxy(upstream, settings=CaptureSettings(), tracer_provider=telemetry.provider) as proxy,
+    ):
         statuses = asyncio.run(rounds(proxy.url))
     assert statuses == [200] * len(statuses)
     assert len(read_model_call_records(telemetry.store, "paced")) == len(statuses)

@@ -36,9 +36,9 @@ def test_proxy_captures_all_three_dialects_and_nests_the_call_span_under_the_htt
         client = openai.OpenAI(base_url=f"{proxy.url}/ng-rollout/p-1/v1", api_key="k", max_retries=0)
         client.responses.create(model="gpt-4o-mini", input="hi")
         client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
-        anthropic.Anthropic(base_url=f"{proxy.url}/ng-rollout/p-1", api_key="k", max_retries=0).messages.create(
-            model="claude-test", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
-        )
+        anthropic.Anthropic(
+            base_url=f"{proxy.url}/ng-rollout/p-1", api_key="k", max_retries=0
+        ).messages.create(model="claude-test", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
     assert [p for _, p, _ in replay_server.seen] == ["/v1/responses", "/v1/chat/completions", "/v1/messages"]
     records = read_model_call_records(telemetry.store, "p-1")
     assert [r.dialect for r in records] == ["responses", "chat", "messages"]
@@ -61,11 +61,13 @@ def test_proxy_relays_a_stream_byte_for_byte_and_records_the_reassembled_respons
     replay_server.replies["chat"].content_type = "text/event-stream"
     replay_server.replies["chat"].chunks = events
     settings = CaptureSettings()
-    with start_proxy(upstream, settings=settings, tracer_provider=telemetry.provider) as proxy:
-        with httpx.stream(
+    with (
+        start_proxy(upstream, settings=settings, tracer_provider=telemetry.provider) as proxy,
+        httpx.stream(
             "POST", f"{proxy.url}/ng-rollout/s-1/v1/chat/completions", json={"model": "gpt-4o", "stream": True}
-        ) as response:
-            received = b"".join(response.iter_raw())
+        ) as response,
+    ):
+        received = b"".join(response.iter_raw())
     assert received == b"".join(events)
     (record,) = read_model_call_records(telemetry.store, "s-1")
     assert record.stream is True and record.error_category is None
@@ -91,14 +93,16 @@ def test_cli_proxy_prints_its_address_captures_and_stops_cleanly(
     upstream: str, tmp_path: Path, stop_signal: signal.Signals
 ) -> None:
     capture_dir = tmp_path / "calls"
-    process, url = start_cli_proxy(upstream, "--port", "0", "--capture-dir", str(capture_dir), stderr=subprocess.PIPE)
+    process, url = start_cli_proxy(
+        upstream, "--port", "0", "--capture-dir", str(capture_dir), stderr=subprocess.PIPE
+    )
     try:
         client = openai.OpenAI(base_url=f"{url}/ng-rollout/cli-1/v1", api_key="k", max_retries=0)
         for _ in range(3):
             client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
     finally:
         process.send_signal(stop_signal)
-        out, err = process.communicate(timeout=30)
+        _out, err = process.communicate(timeout=30)
     assert process.returncode == 0, err
     assert len(read_model_call_records(CaptureStore(capture_dir), "cli-1")) == 3
 
@@ -121,12 +125,16 @@ def test_cli_show_lists_rollouts_and_calls(upstream: str, tmp_path: Path) -> Non
         client.responses.create(model="gpt-4o-mini", input="hi")
         client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
     listing = subprocess.run(
-        [sys.executable, "-m", "otel_capture._cli.main", "show", str(capture_dir)], capture_output=True, text=True
+        [sys.executable, "-m", "otel_capture._cli.main", "show", str(capture_dir)],
+        capture_output=True,
+        text=True,
     )
     assert listing.returncode == 0, listing.stderr
     assert "show-1" in listing.stdout
     calls = subprocess.run(
-        [sys.executable, "-m", "otel_capture._cli.main", "show", str(capture_dir), "show-1"], capture_output=True, text=True
+        [sys.executable, "-m", "otel_capture._cli.main", "show", str(capture_dir), "show-1"],
+        capture_output=True,
+        text=True,
     )
     assert calls.returncode == 0, calls.stderr
     lines = calls.stdout.splitlines()
@@ -137,7 +145,9 @@ def test_cli_show_lists_rollouts_and_calls(upstream: str, tmp_path: Path) -> Non
 def test_cli_show_exits_nonzero_on_a_damaged_file(tmp_path: Path) -> None:
     (tmp_path / "bad.capture.jsonl").write_text('{"model_call_id": "a", "dialect": "chat"}\nnot json\n')
     result = subprocess.run(
-        [sys.executable, "-m", "otel_capture._cli.main", "show", str(tmp_path), "bad"], capture_output=True, text=True
+        [sys.executable, "-m", "otel_capture._cli.main", "show", str(tmp_path), "bad"],
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 1
     assert "line 2" in result.stderr
@@ -151,7 +161,9 @@ def test_a_client_that_closes_right_after_reading_a_json_body_is_not_a_cancelled
     with start_proxy(upstream, settings=settings, tracer_provider=telemetry.provider) as proxy:
         for _ in range(10):
             with httpx.Client() as client:
-                response = client.post(f"{proxy.url}/ng-rollout/fresh/v1/chat/completions", json={"model": "m"})
+                response = client.post(
+                    f"{proxy.url}/ng-rollout/fresh/v1/chat/completions", json={"model": "m"}
+                )
                 assert response.status_code == 200
                 # the record is durable by the time the client holds the body
                 assert len(read_model_call_records(telemetry.store, "fresh")) >= 1
@@ -166,7 +178,9 @@ def test_a_client_that_closes_right_after_reading_a_json_body_is_not_a_cancelled
 def _two_calls_through_the_cli_proxy(upstream: str, capture_dir: Path, env: dict[str, str]) -> str:
     """Two prefixed calls through ``otel-capture proxy``, stopped (SIGTERM) before returning: everything it
     exports has been sent by then. Returns its stderr."""
-    process, url = start_cli_proxy(upstream, "--capture-dir", str(capture_dir), env=env, stderr=subprocess.PIPE)
+    process, url = start_cli_proxy(
+        upstream, "--capture-dir", str(capture_dir), env=env, stderr=subprocess.PIPE
+    )
     try:
         client = openai.OpenAI(base_url=f"{url}/ng-rollout/otlp-1/v1", api_key="k", max_retries=0)
         client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])

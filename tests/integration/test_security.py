@@ -25,10 +25,13 @@ SECRETS = {
 }
 
 
-def test_capture_directory_is_0700_and_files_0600(telemetry: Telemetry, replay_server: ReplayModelServer) -> None:
-    with serve(replay_server) as upstream, start_proxy(
-        upstream, settings=CaptureSettings(), tracer_provider=telemetry.provider
-    ) as proxy:
+def test_capture_directory_is_0700_and_files_0600(
+    telemetry: Telemetry, replay_server: ReplayModelServer
+) -> None:
+    with (
+        serve(replay_server) as upstream,
+        start_proxy(upstream, settings=CaptureSettings(), tracer_provider=telemetry.provider) as proxy,
+    ):
         httpx.post(f"{proxy.url}/ng-rollout/modes/v1/responses", json={"model": "m"})
     assert stat.S_IMODE(telemetry.store.root.stat().st_mode) == 0o700
     assert stat.S_IMODE(telemetry.store.data_path("modes").stat().st_mode) == 0o600
@@ -40,11 +43,14 @@ def test_secrets_never_reach_records_spans_or_logs_even_when_calls_fail(
     with serve(ReplayModelServer()) as dead:
         pass  # its port now refuses connections: the proxy logs and answers 502
     blocked = telemetry.store.root
-    with caplog.at_level(logging.DEBUG), start_proxy(
-        dead, settings=CaptureSettings(), tracer_provider=telemetry.provider
-    ) as proxy:
+    with (
+        caplog.at_level(logging.DEBUG),
+        start_proxy(dead, settings=CaptureSettings(), tracer_provider=telemetry.provider) as proxy,
+    ):
         for dialect in ("responses", "chat/completions", "messages"):
-            response = httpx.post(f"{proxy.url}/ng-rollout/leak/v1/{dialect}", json={"model": "m"}, headers=SECRETS)
+            response = httpx.post(
+                f"{proxy.url}/ng-rollout/leak/v1/{dialect}", json={"model": "m"}, headers=SECRETS
+            )
             assert response.status_code == 502
             assert not any(secret in response.text for secret in SECRETS.values())
     written = b"".join(p.read_bytes() for p in blocked.rglob("*") if p.is_file())
@@ -58,7 +64,16 @@ def test_secrets_never_reach_records_spans_or_logs_even_when_calls_fail(
 
 def test_the_proxy_says_so_when_it_binds_beyond_loopback(tmp_path: Path) -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "otel_capture._cli.main", "proxy", "--upstream", "http://127.0.0.1:9", "--host", "0.0.0.0"],
+        [
+            sys.executable,
+            "-m",
+            "otel_capture._cli.main",
+            "proxy",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--host",
+            "0.0.0.0",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -106,10 +121,17 @@ class _Echo:
             pass
         self.queries.append(scope["query_string"])
         self.headers.append(dict(scope["headers"]))
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"application/json"), (b"set-cookie", b"session=sk-leak-check-cookie-out"),
-            (b"x-request-id", b"req-visible"),
-        ]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"set-cookie", b"session=sk-leak-check-cookie-out"),
+                    (b"x-request-id", b"req-visible"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": recorded_json("chat")})
 
 
@@ -120,13 +142,20 @@ def _span_values(telemetry: Telemetry) -> list[str]:
 def test_a_key_in_the_query_string_reaches_the_upstream_and_no_span(telemetry: Telemetry) -> None:
     echo = _Echo()
     query = "api_key=sk-leak-check-query&api-version=2024-10-21"
-    with serve(echo) as upstream, start_proxy(upstream, settings=CaptureSettings(), tracer_provider=telemetry.provider) as proxy:
-        response = httpx.post(f"{proxy.url}/ng-rollout/query/v1/chat/completions?{query}", json={"model": "m"})
+    with (
+        serve(echo) as upstream,
+        start_proxy(upstream, settings=CaptureSettings(), tracer_provider=telemetry.provider) as proxy,
+    ):
+        response = httpx.post(
+            f"{proxy.url}/ng-rollout/query/v1/chat/completions?{query}", json={"model": "m"}
+        )
     assert response.status_code == 200
     assert echo.queries == [query.encode()]  # forwarded as sent
     values = _span_values(telemetry)
     assert not any("sk-leak-check-query" in value or "2024-10-21" in value for value in values)
-    assert any("api_key=REDACTED&api-version=REDACTED" in value for value in values)  # which parameters, not what
+    assert any(
+        "api_key=REDACTED&api-version=REDACTED" in value for value in values
+    )  # which parameters, not what
 
 
 def test_the_capture_headers_variables_never_put_credentials_on_spans(
@@ -135,11 +164,23 @@ def test_the_capture_headers_variables_never_put_credentials_on_spans(
     monkeypatch.setenv("OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST", ".*")
     monkeypatch.setenv("OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_RESPONSE", ".*")
     monkeypatch.setenv("OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SANITIZE_FIELDS", "x-internal-token")
-    sent = {**SECRETS, "x-goog-api-key": "sk-leak-check-6", "x-internal-token": "sk-leak-check-7", "x-note": "visible"}
+    sent = {
+        **SECRETS,
+        "x-goog-api-key": "sk-leak-check-6",
+        "x-internal-token": "sk-leak-check-7",
+        "x-note": "visible",
+    }
     echo = _Echo()
-    with serve(echo) as upstream, start_proxy(upstream, settings=CaptureSettings(), tracer_provider=telemetry.provider) as proxy:
-        response = httpx.post(f"{proxy.url}/ng-rollout/headers/v1/chat/completions", json={"model": "m"}, headers=sent)
-    assert response.status_code == 200 and response.headers["set-cookie"] == "session=sk-leak-check-cookie-out"
+    with (
+        serve(echo) as upstream,
+        start_proxy(upstream, settings=CaptureSettings(), tracer_provider=telemetry.provider) as proxy,
+    ):
+        response = httpx.post(
+            f"{proxy.url}/ng-rollout/headers/v1/chat/completions", json={"model": "m"}, headers=sent
+        )
+    assert (
+        response.status_code == 200 and response.headers["set-cookie"] == "session=sk-leak-check-cookie-out"
+    )
     assert echo.headers[0][b"authorization"] == SECRETS["authorization"].encode()  # forwarded as sent
     values = _span_values(telemetry)
     assert not any("sk-leak-check" in value for value in values)
@@ -172,7 +213,9 @@ def test_a_password_in_the_upstream_url_is_never_printed_answered_or_recorded(tm
 # -- the request-size limit: a body never sits in memory past it ----------------------------------------
 
 
-def test_a_request_over_the_size_limit_is_refused_413_naming_the_limit(replay_server: ReplayModelServer) -> None:
+def test_a_request_over_the_size_limit_is_refused_413_naming_the_limit(
+    replay_server: ReplayModelServer,
+) -> None:
     with serve(replay_server) as upstream:
         process, url = start_cli_proxy(upstream, "--max-request-bytes", "1000000")
         try:
@@ -181,7 +224,9 @@ def test_a_request_over_the_size_limit_is_refused_413_naming_the_limit(replay_se
             declared = httpx.post(target, content=b"x" * 5_000_000, headers=headers, timeout=60)
             chunked = httpx.post(target, content=iter([b"x" * 100_000] * 50), headers=headers, timeout=60)
             head, tail = b'{"model": "m", "pad": "', b'"}'
-            fits = httpx.post(target, content=head + b"x" * (1_000_000 - len(head) - len(tail)) + tail, timeout=60)
+            fits = httpx.post(
+                target, content=head + b"x" * (1_000_000 - len(head) - len(tail)) + tail, timeout=60
+            )
         finally:
             process.terminate()
             process.communicate(timeout=30)
@@ -200,13 +245,19 @@ def _read_response(sock: socket.socket) -> bytes:
     while b"\r\n\r\n" not in answer:
         answer += sock.recv(65536) or b"\r\n\r\n"
     head, _, body = answer.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
     while len(body) < length and (more := sock.recv(65536)):
         body += more
     return head + b"\r\n\r\n" + body
 
 
-def test_the_default_limit_refuses_a_declared_oversized_body_before_reading_it(replay_server: ReplayModelServer) -> None:
+def test_the_default_limit_refuses_a_declared_oversized_body_before_reading_it(
+    replay_server: ReplayModelServer,
+) -> None:
     """Decided from Content-Length alone: the 64 MiB + 1 bytes are never sent, and never awaited."""
     with serve(replay_server) as upstream:
         process, url = start_cli_proxy(upstream)

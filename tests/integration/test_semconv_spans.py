@@ -33,7 +33,9 @@ def metric_reader() -> InMemoryMetricReader:
     return InMemoryMetricReader()
 
 
-def _app(replay: ReplayModelServer, telemetry: Telemetry, reader: InMemoryMetricReader, **settings: Any) -> Any:
+def _app(
+    replay: ReplayModelServer, telemetry: Telemetry, reader: InMemoryMetricReader, **settings: Any
+) -> Any:
     return ModelCallCaptureMiddleware(
         replay,
         tracer_provider=telemetry.provider,
@@ -47,7 +49,9 @@ def _histograms(reader: InMemoryMetricReader) -> dict[str, Any]:
     assert data is not None
     return {
         metric.name: metric.data.data_points
-        for rm in data.resource_metrics for sm in rm.scope_metrics for metric in sm.metrics
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
     }
 
 
@@ -58,10 +62,16 @@ def test_streamed_call_span_and_server_metrics(
     replay_server.chunk_delay = 0.002
     with serve(_app(replay_server, telemetry, metric_reader)) as url:
         client = openai.OpenAI(base_url=f"{url}/ng-rollout/m-1/v1", api_key="k", max_retries=0)
-        list(client.chat.completions.create(
-            model="gpt-4o", messages=[{"role": "user", "content": "hi"}], stream=True, temperature=0.2,
-            max_tokens=50, seed=3,
-        ))
+        list(
+            client.chat.completions.create(
+                model="gpt-4o",
+                messages=[{"role": "user", "content": "hi"}],
+                stream=True,
+                temperature=0.2,
+                max_tokens=50,
+                seed=3,
+            )
+        )
         client.close()
     (span,) = telemetry.spans.get_finished_spans()
     attributes = span.attributes
@@ -72,7 +82,9 @@ def test_streamed_call_span_and_server_metrics(
     assert attributes[A.GEN_AI_REQUEST_SEED] == 3
     assert attributes[A.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
     assert attributes[A.GEN_AI_USAGE_OUTPUT_TOKENS] == 30
-    assert attributes[A.SERVER_ADDRESS] == "127.0.0.1" and attributes[A.SERVER_PORT] == int(url.rsplit(":", 1)[1])
+    assert attributes[A.SERVER_ADDRESS] == "127.0.0.1" and attributes[A.SERVER_PORT] == int(
+        url.rsplit(":", 1)[1]
+    )
     duration = (span.end_time - span.start_time) / 1e9
     assert 0 < attributes[A.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] < duration
     assert A.GEN_AI_INPUT_MESSAGES not in attributes  # content is opt-in
@@ -81,8 +93,11 @@ def test_streamed_call_span_and_server_metrics(
     (duration_point,) = points[A.METRIC_SERVER_REQUEST_DURATION]
     assert duration_point.count == 1 and tuple(duration_point.explicit_bounds) == A.BUCKETS_REQUEST_DURATION
     assert dict(duration_point.attributes) == {
-        A.GEN_AI_OPERATION_NAME: "chat", A.GEN_AI_PROVIDER_NAME: "openai", A.GEN_AI_REQUEST_MODEL: "gpt-4o",
-        A.GEN_AI_RESPONSE_MODEL: "gpt-4o-2024-08-06", A.SERVER_ADDRESS: "127.0.0.1",
+        A.GEN_AI_OPERATION_NAME: "chat",
+        A.GEN_AI_PROVIDER_NAME: "openai",
+        A.GEN_AI_REQUEST_MODEL: "gpt-4o",
+        A.GEN_AI_RESPONSE_MODEL: "gpt-4o-2024-08-06",
+        A.SERVER_ADDRESS: "127.0.0.1",
         A.SERVER_PORT: attributes[A.SERVER_PORT],
     }
     (ttft,) = points[A.METRIC_SERVER_TIME_TO_FIRST_TOKEN]
@@ -98,9 +113,13 @@ def test_message_content_only_when_asked_and_valid_json_when_cut(
 ) -> None:
     app = _app(replay_server, telemetry, metric_reader, capture_content="span_only", content_max_length=120)
     with serve(app) as url:
-        httpx.post(f"{url}/ng-rollout/c-1/v1/chat/completions", json={
-            "model": "gpt-4o", "messages": [{"role": "user", "content": "tell me " + "very " * 200 + "much"}],
-        })
+        httpx.post(
+            f"{url}/ng-rollout/c-1/v1/chat/completions",
+            json={
+                "model": "gpt-4o",
+                "messages": [{"role": "user", "content": "tell me " + "very " * 200 + "much"}],
+            },
+        )
     (span,) = telemetry.spans.get_finished_spans()
     sent = json.loads(span.attributes[A.GEN_AI_INPUT_MESSAGES])
     assert len(span.attributes[A.GEN_AI_INPUT_MESSAGES]) <= 120
@@ -117,7 +136,8 @@ def test_span_continues_the_callers_traceparent_without_a_server_span(
     trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     with serve(_app(replay_server, telemetry, metric_reader)) as url:
         httpx.post(
-            f"{url}/v1/messages", json={"model": "claude", "max_tokens": 5, "messages": []},
+            f"{url}/v1/messages",
+            json={"model": "claude", "max_tokens": 5, "messages": []},
             headers={"traceparent": f"00-{trace_id}-{parent_id}-01", "baggage": "rollout.id=tp-1"},
         )
     (span,) = telemetry.spans.get_finished_spans()
@@ -133,7 +153,10 @@ def test_error_type_and_status(
 ) -> None:
     replay_server.replies["responses"] = Reply(status=503, chunks=[b'{"error": {"message": "overloaded"}}'])
     with serve(_app(replay_server, telemetry, metric_reader)) as url:
-        assert httpx.post(f"{url}/ng-rollout/e-1/v1/responses", json={"model": "m", "input": "x"}).status_code == 503
+        assert (
+            httpx.post(f"{url}/ng-rollout/e-1/v1/responses", json={"model": "m", "input": "x"}).status_code
+            == 503
+        )
     (span,) = telemetry.spans.get_finished_spans()
     assert span.attributes[A.ERROR_TYPE] == "upstream_error" and span.status.status_code == StatusCode.ERROR
     (point,) = _histograms(metric_reader)[A.METRIC_SERVER_REQUEST_DURATION]
@@ -152,15 +175,15 @@ async def _chat(request: Request) -> JSONResponse:
 @pytest.fixture
 def instrumented(telemetry: Telemetry) -> Iterator[None]:
     instrumentor = ModelCallInstrumentor()
-    instrumentor.instrument(
-        tracer_provider=telemetry.provider, settings=CaptureSettings()
-    )
+    instrumentor.instrument(tracer_provider=telemetry.provider, settings=CaptureSettings())
     yield
     instrumentor.uninstrument()
 
 
 def _one_call(url: str, path: str) -> None:
-    response = httpx.post(f"{url}{path}", json={"model": "gpt-4o", "messages": []}, headers={"baggage": "rollout.id=i-1"})
+    response = httpx.post(
+        f"{url}{path}", json={"model": "gpt-4o", "messages": []}, headers={"baggage": "rollout.id=i-1"}
+    )
     assert response.json()["id"] == json.loads(recorded_json("chat"))["id"]
 
 
@@ -189,7 +212,9 @@ def test_instrumentor_with_fastapi_instrumentation_adds_no_second_server_span(
 ) -> None:
     app = fastapi.FastAPI()
     app.add_api_route("/v1/chat/completions", _chat, methods=["POST"])
-    FastAPIInstrumentor.instrument_app(app, tracer_provider=telemetry.provider, exclude_spans=["receive", "send"])
+    FastAPIInstrumentor.instrument_app(
+        app, tracer_provider=telemetry.provider, exclude_spans=["receive", "send"]
+    )
     try:
         with serve(app) as url:
             _one_call(url, "/v1/chat/completions")

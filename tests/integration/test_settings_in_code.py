@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support import ReplayModelServer, Reply, Telemetry, recorded_json, serve, sse_chunks, RECORDED
+from support import RECORDED, ReplayModelServer, Reply, Telemetry, serve, sse_chunks
 
 from otel_capture import (
     CaptureSettings,
@@ -39,7 +39,9 @@ def contrary_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
     monkeypatch.setenv("OTEL_EXPORTER_MODEL_CALL_JSONL_DIR", str(tmp_path / "from-env"))
 
 
-def _one_call(settings: CaptureSettings, telemetry: Telemetry, body: dict[str, object], stream: bool = False) -> None:
+def _one_call(
+    settings: CaptureSettings, telemetry: Telemetry, body: dict[str, object], stream: bool = False
+) -> None:
     replay = ReplayModelServer()
     if stream:
         replay.replies["chat"] = Reply(content_type="text/event-stream", chunks=sse_chunks(CHAT_SSE))

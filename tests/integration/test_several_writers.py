@@ -14,10 +14,9 @@ from pathlib import Path
 
 import httpx
 import orjson
+from support import ReplayModelServer, serve, start_cli_proxy
 
 from otel_capture import CaptureStore, read_available_model_call_records
-
-from support import ReplayModelServer, serve, start_cli_proxy
 
 ROLLOUTS = ["multi-0", "multi-1", "multi-2"]
 
@@ -43,7 +42,11 @@ def test_many_processes_write_the_same_rollouts_while_readers_read(tmp_path: Pat
     capture_dir = tmp_path / "calls"
     with serve(ReplayModelServer()) as upstream:
         args = ("--capture-dir", str(capture_dir))
-        proxies = [start_cli_proxy(upstream, *args, "--workers", "3"), start_cli_proxy(upstream, *args), start_cli_proxy(upstream, *args)]
+        proxies = [
+            start_cli_proxy(upstream, *args, "--workers", "3"),
+            start_cli_proxy(upstream, *args),
+            start_cli_proxy(upstream, *args),
+        ]
         urls = itertools.cycle([url for _, url in proxies])
         stop = threading.Event()
         reader_errors: list[BaseException] = []
@@ -63,7 +66,9 @@ def test_many_processes_write_the_same_rollouts_while_readers_read(tmp_path: Pat
             sent = []
             with httpx.Client(timeout=30) as http:
                 for url, rollout, tag in jobs:
-                    response = http.post(f"{url}/ng-rollout/{rollout}/v1/chat/completions", json={"model": "m", "user": tag})
+                    response = http.post(
+                        f"{url}/ng-rollout/{rollout}/v1/chat/completions", json={"model": "m", "user": tag}
+                    )
                     assert response.status_code == 200
                     sent.append(tag)
             return sent

@@ -25,7 +25,9 @@ def test_each_middleware_writes_through_its_own_providers_exporter(tmp_path: Pat
     app_b = ModelCallCaptureMiddleware(ReplayModelServer(), tracer_provider=provider_b)
     with serve(app_a) as url_a, serve(app_b) as url_b:
         for i in range(3):
-            assert httpx.post(f"{url_a}/ng-rollout/ra/v1/chat/completions", json={"model": "m", "i": i}).is_success
+            assert httpx.post(
+                f"{url_a}/ng-rollout/ra/v1/chat/completions", json={"model": "m", "i": i}
+            ).is_success
             assert httpx.post(f"{url_b}/ng-rollout/rb/v1/responses", json={"model": "m", "i": i}).is_success
     provider_a.shutdown()
     provider_b.shutdown()
@@ -51,7 +53,9 @@ def test_a_call_in_flight_is_announced_only_in_its_own_directory(tmp_path: Path)
     app_a = ModelCallCaptureMiddleware(upstream, tracer_provider=provider_a)
     with serve(app_a) as url_a:
         call = threading.Thread(
-            target=httpx.post, args=(f"{url_a}/ng-rollout/shared-id/v1/chat/completions",), kwargs={"json": {"model": "m"}}
+            target=httpx.post,
+            args=(f"{url_a}/ng-rollout/shared-id/v1/chat/completions",),
+            kwargs={"json": {"model": "m"}},
         )
         call.start()
         assert gate.reached.wait(10)

@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 from otel_capture import CaptureSettings, ModelCallCaptureMiddleware, is_valid_rollout_id
 from otel_capture._correlation import split_rollout_prefix
+from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -47,12 +47,16 @@ class Harness:
         while (await receive()).get("more_body"):
             pass
         status, content_type, chunks = self.reply
-        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", content_type)]})
+        await send(
+            {"type": "http.response.start", "status": status, "headers": [(b"content-type", content_type)]}
+        )
         for chunk in chunks:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    def request(self, raw_path: bytes, body: bytes = b"{}", headers: list[tuple[bytes, bytes]] | None = None) -> tuple[int, bytes]:
+    def request(
+        self, raw_path: bytes, body: bytes = b"{}", headers: list[tuple[bytes, bytes]] | None = None
+    ) -> tuple[int, bytes]:
         sent: list[dict[str, Any]] = []
         messages = [{"type": "http.request", "body": body, "more_body": False}]
 
@@ -63,9 +67,16 @@ class Harness:
             sent.append(message)
 
         scope = {
-            "type": "http", "http_version": "1.1", "method": "POST", "scheme": "http",
-            "path": raw_path.decode("latin-1"), "raw_path": raw_path, "query_string": b"", "root_path": "",
-            "headers": headers or [(b"content-type", b"application/json")], "server": ("127.0.0.1", 8000),
+            "type": "http",
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": raw_path.decode("latin-1"),
+            "raw_path": raw_path,
+            "query_string": b"",
+            "root_path": "",
+            "headers": headers or [(b"content-type", b"application/json")],
+            "server": ("127.0.0.1", 8000),
             "client": ("127.0.0.1", 5555),
         }
         asyncio.run(asyncio.wait_for(self.app(scope, receive, send), 30))
@@ -86,7 +97,9 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
 
 hostile_ids = st.one_of(
     st.text(max_size=300),
-    st.sampled_from(["..", "../etc", ".hidden", "a/b", "a%2Fb", "a%00b", "\x00", "é", "a" * 10_000, "-x", "_x", "a b"]),
+    st.sampled_from(
+        ["..", "../etc", ".hidden", "a/b", "a%2Fb", "a%00b", "\x00", "é", "a" * 10_000, "-x", "_x", "a b"]
+    ),
 )
 
 
@@ -103,7 +116,7 @@ def test_any_rollout_id_is_refused_or_stays_inside_the_directory(harness: Harnes
         assert orjson.loads(body)["error"]["type"] == "invalid_rollout_id"
     assert harness.files_outside() == []
     for name in os.listdir(harness.root) if harness.root.exists() else []:
-        assert "/" not in name and not name.startswith(".") or name.startswith(".otel-capture")
+        assert ("/" not in name and not name.startswith(".")) or name.startswith(".otel-capture")
 
 
 @FUZZ
@@ -132,7 +145,9 @@ def test_any_request_body_is_forwarded_unchanged_and_recorded(harness: Harness, 
 @FUZZ
 @given(
     chunks=st.lists(st.binary(max_size=2000), max_size=8),
-    content_type=st.sampled_from([b"application/json", b"text/event-stream", b"TEXT/EVENT-STREAM; charset=utf-8", b"text/plain"]),
+    content_type=st.sampled_from(
+        [b"application/json", b"text/event-stream", b"TEXT/EVENT-STREAM; charset=utf-8", b"text/plain"]
+    ),
     dialect=st.sampled_from(["responses", "chat/completions", "messages"]),
 )
 def test_any_response_bytes_reach_the_client_unchanged_and_are_recorded(

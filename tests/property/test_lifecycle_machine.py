@@ -156,7 +156,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             expected = m.retired_as == (gen, version)
         else:
             expected = False
-        for backend, (_, _, sid) in zip(self.backends, self.snapshots[rid]):
+        for backend, (_, _, sid) in zip(self.backends, self.snapshots[rid], strict=False):
             assert backend.drop_now(rid, snapshot_id=sid, version=version) is expected
         if expected and m.fence == "frozen":
             self._retire_model(m)

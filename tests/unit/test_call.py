@@ -45,7 +45,10 @@ class CancelButtonMissing(LookupError):
         (PeerGone(), "connection"),
         (httpx.ConnectError("refused"), "connection"),
         (httpx.ReadError("reset"), "connection"),
-        (httpx.RemoteProtocolError("peer closed connection without sending complete message body"), "connection"),
+        (
+            httpx.RemoteProtocolError("peer closed connection without sending complete message body"),
+            "connection",
+        ),
         (TimeoutConfigInvalid(), "exception"),
         (ConnectionStringMalformed(), "exception"),
         (CancelButtonMissing(), "exception"),

@@ -12,12 +12,18 @@ from otel_capture._correlation import rollout_id_from_header
 from otel_capture._middleware import _correlate, _RateLimitedNotice, server_span_details, unprefixed_raw_path
 
 
-def _scope(raw_path: bytes, *, root_path: str = "", headers: list[tuple[bytes, bytes]] | None = None) -> dict[str, Any]:
+def _scope(
+    raw_path: bytes, *, root_path: str = "", headers: list[tuple[bytes, bytes]] | None = None
+) -> dict[str, Any]:
     from urllib.parse import unquote
 
     return {
-        "type": "http", "method": "POST", "path": unquote(raw_path.decode()), "raw_path": raw_path,
-        "root_path": root_path, "headers": headers or [],
+        "type": "http",
+        "method": "POST",
+        "path": unquote(raw_path.decode()),
+        "raw_path": raw_path,
+        "root_path": root_path,
+        "headers": headers or [],
     }
 
 

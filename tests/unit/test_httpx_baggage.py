@@ -37,7 +37,9 @@ def test_sync_client_sends_the_current_rollout_in_baggage(module: Any) -> None:
 @pytest.mark.parametrize("module", [httpx, httpx2], ids=["httpx", "httpx2"])
 def test_async_client_sends_the_current_rollout_in_baggage(module: Any) -> None:
     async def main() -> dict[str, str]:
-        async with instrument_http_client(module.AsyncClient(transport=module.MockTransport(_echo))) as client:
+        async with instrument_http_client(
+            module.AsyncClient(transport=module.MockTransport(_echo))
+        ) as client:
             with rollout_context("r-async"):
                 response = await client.get("http://model/v1/x")
         return response.json()  # type: ignore[no-any-return]

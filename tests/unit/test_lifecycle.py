@@ -214,7 +214,7 @@ def test_batches_are_validated_whole_before_anything_changes(backend: Any, opera
         getattr(backend, operation)(42)
     with pytest.raises(InvalidRolloutIdError):
         getattr(backend, operation)(["ok", "../etc"])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="rollout id"):
         getattr(backend, operation)(["ok", ".hidden"])
     assert backend.rollout_state("ok") == "live"
     assert getattr(backend, operation)([]) == {"removed": [], "absent": [], "failed": {}}

@@ -17,7 +17,6 @@ from support import FIXTURES
 
 import otel_capture
 import otel_capture.conformance
-
 from otel_capture._records import (
     EXTRA_RECORD_FIELDS,
     GYM_RECORD_FIELDS,
@@ -85,7 +84,7 @@ def test_gym_file_gives_gyms_records(tmp_path: Path) -> None:
     expected = json.loads((FIXTURES / "records_0-0.json").read_text())
     records = read_model_call_records(_gym_store(tmp_path), "gym_server_0-0")
     assert len(records) == len(expected) == 6
-    for record, gym in zip(records, expected):
+    for record, gym in zip(records, expected, strict=False):
         assert set(gym) == set(GYM_RECORD_FIELDS)
         dumped = record.model_dump()
         for key in gym:
@@ -131,7 +130,7 @@ def test_attached_calls_match_gyms_attachment(tmp_path: Path) -> None:
     calls = json.loads((FIXTURES / "merged_record_0-0.json").read_text())["ng_model_call_capture"]["calls"]
     records = read_model_call_records(_gym_store(tmp_path), "gym_server_0-0")
     payloads = {"request", "response", "request_raw", "response_raw"}
-    for record, gym in zip(records, calls):
+    for record, gym in zip(records, calls, strict=False):
         dumped = record.model_dump(exclude=payloads)
         assert {key: dumped[key] for key in gym} == gym
 
@@ -375,11 +374,11 @@ def test_missing_file_reads_as_no_calls(store: CaptureStore) -> None:
 
 @pytest.mark.parametrize("rollout_id", ["", ".hidden", "a/b", "../x", "bad id"])
 def test_invalid_rollout_id_raises_value_error(store: CaptureStore, rollout_id: str) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="rollout id"):
         read_model_call_records(store, rollout_id)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="rollout id"):
         read_available_model_call_records(store, rollout_id)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="rollout id"):
         aggregate_model_call_metrics(store, rollout_id)
 
 
@@ -420,7 +419,11 @@ def test_the_garbage_collector_is_restored(store: CaptureStore) -> None:
 
 def test_a_freeze_returns_the_records_the_tolerant_reader_returns(store: CaptureStore) -> None:
     usage = {"prompt_tokens": 3, "completion_tokens": 4}
-    _write(store, "r", _line(response={"usage": usage}) + b"{damaged\n" + _line(model_call_id="b", status_code="x"))
+    _write(
+        store,
+        "r",
+        _line(response={"usage": usage}) + b"{damaged\n" + _line(model_call_id="b", status_code="x"),
+    )
     _write(store, "r", store.data_path("r").read_bytes() + _line(model_call_id="c"))
     available = read_available_model_call_records(store, "r")
     snapshot = store.freeze_now("r")

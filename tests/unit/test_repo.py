@@ -38,8 +38,7 @@ def test_the_build_ships_every_subpackage_and_py_typed() -> None:
     tomllib = pytest.importorskip("tomllib")
     setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     core = {
-        ".".join(init.parent.relative_to(REPO).parts)
-        for init in (REPO / "otel_capture").rglob("__init__.py")
+        ".".join(init.parent.relative_to(REPO).parts) for init in (REPO / "otel_capture").rglob("__init__.py")
     }
     assert core <= set(setuptools["packages"])  # an unlisted subpackage is missing from the wheel
     assert "py.typed" in setuptools["package-data"]["otel_capture"]
