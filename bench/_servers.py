@@ -60,45 +60,57 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: F401  (puts the repository on sys.path)
 
-RESPONSE_BODY = orjson.dumps({
-    "id": "chatcmpl-bench0001",
-    "object": "chat.completion",
-    "created": 1753983920,
-    "model": "bench-model",
-    "choices": [{
-        "index": 0,
-        "message": {
-            "role": "assistant",
-            "content": "The capital of France is Paris. It has been the country's capital since the tenth "
-            "century and is its largest city, with about two million people in the city proper.",
-            "refusal": None,
-            "annotations": [],
+RESPONSE_BODY = orjson.dumps(
+    {
+        "id": "chatcmpl-bench0001",
+        "object": "chat.completion",
+        "created": 1753983920,
+        "model": "bench-model",
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": "The capital of France is Paris. It has been the country's capital since the tenth "
+                    "century and is its largest city, with about two million people in the city proper.",
+                    "refusal": None,
+                    "annotations": [],
+                },
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": 182,
+            "completion_tokens": 38,
+            "total_tokens": 220,
+            "prompt_tokens_details": {"cached_tokens": 64, "audio_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0},
         },
-        "logprobs": None,
-        "finish_reason": "stop",
-    }],
-    "usage": {
-        "prompt_tokens": 182,
-        "completion_tokens": 38,
-        "total_tokens": 220,
-        "prompt_tokens_details": {"cached_tokens": 64, "audio_tokens": 0},
-        "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0},
-    },
-    "service_tier": "default",
-    "system_fingerprint": "fp_bench",
-})
+        "service_tier": "default",
+        "system_fingerprint": "fp_bench",
+    }
+)
 
-REQUEST_BODY = orjson.dumps({
-    "model": "bench-model",
-    "messages": [
-        {"role": "system", "content": "You are a careful assistant. Answer briefly and cite no sources. " * 6},
-        {"role": "user", "content": "Which city is the capital of France, and since when has it been? " * 8},
-    ],
-    "temperature": 0.7,
-    "top_p": 0.95,
-    "max_tokens": 256,
-    "seed": 7,
-})
+REQUEST_BODY = orjson.dumps(
+    {
+        "model": "bench-model",
+        "messages": [
+            {
+                "role": "system",
+                "content": "You are a careful assistant. Answer briefly and cite no sources. " * 6,
+            },
+            {
+                "role": "user",
+                "content": "Which city is the capital of France, and since when has it been? " * 8,
+            },
+        ],
+        "temperature": 0.7,
+        "top_p": 0.95,
+        "max_tokens": 256,
+        "seed": 7,
+    }
+)
 
 _RESPONSE_HEADERS = [
     (b"content-type", b"application/json"),
@@ -114,17 +126,43 @@ def chat_events(count: int) -> list[bytes]:
     def event(payload: dict[str, Any]) -> bytes:
         return b"data: " + orjson.dumps(payload) + b"\n\n"
 
-    head = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1727000000, "model": "bench-model"}
+    head = {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion.chunk",
+        "created": 1727000000,
+        "model": "bench-model",
+    }
     events = [
-        event({**head, "system_fingerprint": "fp_bench", "choices": [
-            {"index": 0, "delta": {"content": f"tok{i % 1000} "}, "logprobs": None, "finish_reason": None}
-        ]})
+        event(
+            {
+                **head,
+                "system_fingerprint": "fp_bench",
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"content": f"tok{i % 1000} "},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+        )
         for i in range(count)
     ]
     events.append(event({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
-    events.append(event({**head, "choices": [], "usage": {
-        "prompt_tokens": 182, "completion_tokens": count, "total_tokens": 182 + count,
-    }}))
+    events.append(
+        event(
+            {
+                **head,
+                "choices": [],
+                "usage": {
+                    "prompt_tokens": 182,
+                    "completion_tokens": count,
+                    "total_tokens": 182 + count,
+                },
+            }
+        )
+    )
     events.append(b"data: [DONE]\n\n")
     return events
 
@@ -191,10 +229,14 @@ def starlette_model_app(events: int, middleware: list[Any] | None = None) -> Any
     async def chat(request: Request) -> Response:
         await request.body()
         if events:
-            return StreamingResponse(stream(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+            return StreamingResponse(
+                stream(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+            )
         return Response(RESPONSE_BODY, media_type="application/json")
 
-    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])], middleware=middleware or [])
+    return Starlette(
+        routes=[Route("/v1/chat/completions", chat, methods=["POST"])], middleware=middleware or []
+    )
 
 
 class StatsRoute:
@@ -207,7 +249,13 @@ class StatsRoute:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == "/_bench/stats":
             body = orjson.dumps(self.stats())
-            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
             await send({"type": "http.response.body", "body": body})
             return
         await self.app(scope, receive, send)
@@ -217,7 +265,12 @@ def _writer_stats(sink: Any = None) -> dict[str, int]:
     stats = getattr(sink, "stats", None)
     if stats is None:
         return {"records": 0, "fsyncs": 0, "batches": 0, "failures": 0}
-    return {"records": stats.records_written, "fsyncs": stats.fsyncs, "batches": stats.batches, "failures": stats.failures}
+    return {
+        "records": stats.records_written,
+        "fsyncs": stats.fsyncs,
+        "batches": stats.batches,
+        "failures": stats.failures,
+    }
 
 
 def _global_sink() -> Any:
@@ -247,7 +300,9 @@ def _in_process_app(variant: str, capture_dir: str | None, app_kind: str = "asgi
 
             assert capture_dir, "gym needs --capture-dir"
             store = GymStore(Path(capture_dir))
-            return StatsRoute(starlette_model_app(events, [Middleware(GymCaptureMiddleware, store=store)]), store.stats)
+            return StatsRoute(
+                starlette_model_app(events, [Middleware(GymCaptureMiddleware, store=store)]), store.stats
+            )
         if variant == "server-span":
             from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 
@@ -261,8 +316,10 @@ def _in_process_app(variant: str, capture_dir: str | None, app_kind: str = "asgi
             # the lean HTTP server span alone, as the instrumentor adds it since issue #12 (same set-up)
             app = LeanServerSpanMiddleware(starlette_model_app(events))
             return StatsRoute(app, lambda: _writer_stats(_global_sink()))
-        raise SystemExit(f"--app starlette serves bare (instrument it with opentelemetry-instrument), server-span, "
-                         f"lean-server-span or gym, not {variant!r}")
+        raise SystemExit(
+            f"--app starlette serves bare (instrument it with opentelemetry-instrument), server-span, "
+            f"lean-server-span or gym, not {variant!r}"
+        )
     model = streaming_upstream_app(events) if events else upstream_app
     if variant == "bare":
         return StatsRoute(model, _writer_stats)
@@ -382,9 +439,13 @@ def forwarder_app(kind: str, upstream: str) -> Any:
         if kind in ("httpx", "httpx16"):
             import httpx
 
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=16 if kind == "httpx16" else 256)
+            limits = httpx.Limits(
+                max_connections=None, max_keepalive_connections=16 if kind == "httpx16" else 256
+            )
             count = 16 if kind == "httpx16" else 1
-            state["clients"] = [httpx.AsyncClient(limits=limits, timeout=None, trust_env=False) for _ in range(count)]
+            state["clients"] = [
+                httpx.AsyncClient(limits=limits, timeout=None, trust_env=False) for _ in range(count)
+            ]
             state["turn"] = 0
         elif kind == "httpcore":
             import httpcore
@@ -401,7 +462,9 @@ def forwarder_app(kind: str, upstream: str) -> Any:
             import aiohttp
 
             state["session"] = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0), auto_decompress=False, skip_auto_headers=("User-Agent",)
+                connector=aiohttp.TCPConnector(limit=0),
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent",),
             )
 
     async def stop() -> None:
@@ -444,7 +507,9 @@ def forwarder_app(kind: str, upstream: str) -> Any:
             finally:
                 await response.aclose()
         elif kind == "httpcore":
-            async with state["pool"].stream(scope["method"].encode(), url.encode(), headers=headers, content=body) as response:
+            async with state["pool"].stream(
+                scope["method"].encode(), url.encode(), headers=headers, content=body
+            ) as response:
                 out = [(k, v) for k, v in response.headers if k.lower() not in _DROP]
                 await send({"type": "http.response.start", "status": response.status, "headers": out})
                 async for chunk in response.aiter_stream():
@@ -459,9 +524,19 @@ def forwarder_app(kind: str, upstream: str) -> Any:
                 connection = idle.pop()
                 connection._reset()
             else:
-                _, connection = await asyncio.get_running_loop().create_connection(_RawConnection, *state["addr"])
-            head = [scope["method"].encode(), b" ", scope["path"].encode(), b" HTTP/1.1\r\nhost: ", state["host"],
-                    b"\r\ncontent-length: ", str(len(body)).encode(), b"\r\n"]
+                _, connection = await asyncio.get_running_loop().create_connection(
+                    _RawConnection, *state["addr"]
+                )
+            head = [
+                scope["method"].encode(),
+                b" ",
+                scope["path"].encode(),
+                b" HTTP/1.1\r\nhost: ",
+                state["host"],
+                b"\r\ncontent-length: ",
+                str(len(body)).encode(),
+                b"\r\n",
+            ]
             for k, v in headers:
                 head += [k, b": ", v, b"\r\n"]
             head.append(b"\r\n")
@@ -476,7 +551,12 @@ def forwarder_app(kind: str, upstream: str) -> Any:
             else:
                 connection.transport.close()
         else:
-            async with state["session"].request(scope["method"], url, headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers], data=body) as response:
+            async with state["session"].request(
+                scope["method"],
+                url,
+                headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers],
+                data=body,
+            ) as response:
                 out = [(k, v) for k, v in response.raw_headers if k.lower() not in _DROP]
                 await send({"type": "http.response.start", "status": response.status, "headers": out})
                 async for chunk in response.content.iter_any():
@@ -529,8 +609,13 @@ def _serve(app: Any) -> None:
 
     sock = bind_tcp_socket("127.0.0.1", 0)
     print(f"listening on {_socket_url(sock)}", flush=True)
-    stack = {"http": os.environ.get("BENCH_UVICORN_HTTP", "auto"), "loop": os.environ.get("BENCH_UVICORN_LOOP", "auto")}
-    Server(uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False, **stack)).run(sockets=[sock])
+    stack = {
+        "http": os.environ.get("BENCH_UVICORN_HTTP", "auto"),
+        "loop": os.environ.get("BENCH_UVICORN_LOOP", "auto"),
+    }
+    Server(uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False, **stack)).run(
+        sockets=[sock]
+    )
 
 
 def _proxy(upstream: str, capture_dir: str | None, *, as_shipped: bool = False) -> int:
@@ -586,18 +671,38 @@ def _profiled(run: Any) -> Any:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("variant", choices=[
-        "bare", "spans", "capture", "capture-nosync", "gym", "server-span", "lean-server-span", "proxy",
-        "proxy-as-shipped",
-        "fwd-httpx", "fwd-httpx16", "fwd-httpcore", "fwd-aiohttp", "fwd-raw",
-    ])
+    parser.add_argument(
+        "variant",
+        choices=[
+            "bare",
+            "spans",
+            "capture",
+            "capture-nosync",
+            "gym",
+            "server-span",
+            "lean-server-span",
+            "proxy",
+            "proxy-as-shipped",
+            "fwd-httpx",
+            "fwd-httpx16",
+            "fwd-httpcore",
+            "fwd-aiohttp",
+            "fwd-raw",
+        ],
+    )
     parser.add_argument("--capture-dir")
     parser.add_argument("--upstream")
     parser.add_argument("--app", choices=["asgi", "starlette"], default="asgi")
-    parser.add_argument("--events", type=int, default=0, help="stream this many chunks (default: a JSON answer)")
+    parser.add_argument(
+        "--events", type=int, default=0, help="stream this many chunks (default: a JSON answer)"
+    )
     args = parser.parse_args()
     if args.variant in ("proxy", "proxy-as-shipped"):
-        return int(_profiled(lambda: _proxy(args.upstream, args.capture_dir, as_shipped=args.variant == "proxy-as-shipped")))
+        return int(
+            _profiled(
+                lambda: _proxy(args.upstream, args.capture_dir, as_shipped=args.variant == "proxy-as-shipped")
+            )
+        )
     if args.variant.startswith("fwd-"):
         app = forwarder_app(args.variant.removeprefix("fwd-"), args.upstream)
     else:

@@ -64,7 +64,9 @@ CONCURRENCY = 64
 ROLLOUTS = 32
 STREAM_EVENTS = 512
 STREAM_EVENTS_SHORT = 32  # the second length: per-event cost is the slope between the two
-STREAM_REQUEST_BODY = orjson.dumps({**orjson.loads(REQUEST_BODY), "stream": True, "stream_options": {"include_usage": True}})
+STREAM_REQUEST_BODY = orjson.dumps(
+    {**orjson.loads(REQUEST_BODY), "stream": True, "stream_options": {"include_usage": True}}
+)
 INSTRUMENT = str(Path(H.PYTHON).with_name("opentelemetry-instrument"))
 
 
@@ -96,8 +98,20 @@ def _zero_code_env(directory: Path | None) -> dict[str, str]:
 
 def _proxy_workers_argv(upstream_url: str, capture_dir: Path, workers: int) -> list[str]:
     code = "import sys; from otel_capture._cli.main import main; sys.exit(main())"
-    return [H.PYTHON, "-c", code, "proxy", "--upstream", upstream_url, "--port", "0",
-            "--workers", str(workers), "--capture-dir", str(capture_dir)]
+    return [
+        H.PYTHON,
+        "-c",
+        code,
+        "proxy",
+        "--upstream",
+        upstream_url,
+        "--port",
+        "0",
+        "--workers",
+        str(workers),
+        "--capture-dir",
+        str(capture_dir),
+    ]
 
 
 class Servers:
@@ -154,7 +168,12 @@ class Run:
 
 
 def measure(
-    servers: Servers, name: str, seconds: int, force_python: bool, *, body: bytes = REQUEST_BODY,
+    servers: Servers,
+    name: str,
+    seconds: int,
+    force_python: bool,
+    *,
+    body: bytes = REQUEST_BODY,
     upstream: str | None = None,
 ) -> Run:
     server = servers.running[name]
@@ -166,7 +185,11 @@ def measure(
     up0 = H.cpu_seconds(up.pid) if up else 0.0
     t0 = time.monotonic()
     load = H.run_load(
-        server.url, body=body, concurrency=CONCURRENCY, seconds=seconds, rollouts=ROLLOUTS if spec.prefixed else 0,
+        server.url,
+        body=body,
+        concurrency=CONCURRENCY,
+        seconds=seconds,
+        rollouts=ROLLOUTS if spec.prefixed else 0,
         force_python=force_python,
     )
     wall = time.monotonic() - t0
@@ -178,34 +201,57 @@ def measure(
     delta = {k: after[k] - before[k] for k in after} if before and after else {}
     n = load.requests
     return Run(
-        name, load.rps, n, load.p50_ms, load.p99_ms, load.errors,
+        name,
+        load.rps,
+        n,
+        load.p50_ms,
+        load.p99_ms,
+        load.errors,
         cpu_us=cpu / n * 1e6 if n else None,
         server_cores=cpu / wall,
         upstream_cpu_us=up_cpu / n * 1e6 if (up and n) else None,
         others_cores=max(0.0, (busy - cpu - up_cpu - load.loadgen_cpu - own) / wall),
         loadgen_cores=load.loadgen_cpu / wall,
-        records=delta.get("records", 0), fsyncs=delta.get("fsyncs", 0), batches=delta.get("batches", 0),
+        records=delta.get("records", 0),
+        fsyncs=delta.get("fsyncs", 0),
+        batches=delta.get("batches", 0),
         user_us=user / n * 1e6 if n else None,
     )
 
 
 def rounds_of(
-    servers: Servers, names: Sequence[str], rounds: int, seconds: int, force_python: bool, *,
-    body: bytes = REQUEST_BODY, upstreams: dict[str, str] | None = None,
+    servers: Servers,
+    names: Sequence[str],
+    rounds: int,
+    seconds: int,
+    force_python: bool,
+    *,
+    body: bytes = REQUEST_BODY,
+    upstreams: dict[str, str] | None = None,
 ) -> dict[str, Run]:
     """Warm each server up (1 s), then ``rounds`` rotated rounds; the best round of each by req/s."""
     upstreams = upstreams or {}
     for name in names:
         spec = servers.specs[name]
-        H.run_load(servers.running[name].url, body=body, concurrency=CONCURRENCY, seconds=1,
-                   rollouts=ROLLOUTS if spec.prefixed else 0, force_python=force_python)
-    for name in names:  # a capturing server that does not capture (say, the instrumentor failed to load) stops the run
+        H.run_load(
+            servers.running[name].url,
+            body=body,
+            concurrency=CONCURRENCY,
+            seconds=1,
+            rollouts=ROLLOUTS if spec.prefixed else 0,
+            force_python=force_python,
+        )
+    for name in (
+        names
+    ):  # a capturing server that does not capture (say, the instrumentor failed to load) stops the run
         spec = servers.specs[name]
         if spec.capture_dir is not None and spec.stats and not servers.running[name].stats()["records"]:
-            raise RuntimeError(f"{name} wrote no record during its warm-up; its log:\n{servers.running[name].log_tail()}")
+            raise RuntimeError(
+                f"{name} wrote no record during its warm-up; its log:\n{servers.running[name].log_tail()}"
+            )
     best: dict[str, Run] = {}
     for r in range(rounds):
-        order = list(names[r % len(names):]) + list(names[: r % len(names)])
+        order = list(names[r % len(names) :]) + list(names[: r % len(names)])
         for name in order:
             run = measure(servers, name, seconds, force_python, body=body, upstream=upstreams.get(name))
             if name not in best or run.rps > best[name].rps:
@@ -246,11 +292,16 @@ def ttft_rounds(urls: dict[str, tuple[str, bool]], calls: int, warmup: int) -> d
         sock = socket.create_connection((host, int(port)))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         socks[name] = sock
-        paths = [f"/ng-rollout/ttft-{i % ROLLOUTS}/v1/chat/completions" if prefixed else "/v1/chat/completions"
-                 for i in range(ROLLOUTS)]
+        paths = [
+            f"/ng-rollout/ttft-{i % ROLLOUTS}/v1/chat/completions" if prefixed else "/v1/chat/completions"
+            for i in range(ROLLOUTS)
+        ]
         requests[name] = [
-            (f"POST {p} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-             f"Content-Length: {len(STREAM_REQUEST_BODY)}\r\n\r\n").encode() + STREAM_REQUEST_BODY
+            (
+                f"POST {p} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(STREAM_REQUEST_BODY)}\r\n\r\n"
+            ).encode()
+            + STREAM_REQUEST_BODY
             for p in paths
         ]
     out: dict[str, list[float]] = {name: [] for name in urls}
@@ -314,33 +365,72 @@ def _fmt_value(value: float | None, unit: str) -> str:
 
 
 def run_table(title: str, runs: Sequence[tuple[str, Run, Run | None]], notes: Sequence[str] = ()) -> None:
-    header = ["server", "req/s", "vs", "ratio", "CPU us/call", "srv cores", "upstream us/call", "p50 ms",
-              "p99 ms", "fsyncs/rec", "recs/batch", "other cores", "errors"]
+    header = [
+        "server",
+        "req/s",
+        "vs",
+        "ratio",
+        "CPU us/call",
+        "srv cores",
+        "upstream us/call",
+        "p50 ms",
+        "p99 ms",
+        "fsyncs/rec",
+        "recs/batch",
+        "other cores",
+        "errors",
+    ]
     rows = []
     for label, run, base in runs:
-        rows.append([
-            label, run.rps, base.name if base else "-", H.ratio(run.rps, base.rps) if base else None,
-            run.cpu_us, run.server_cores, run.upstream_cpu_us, run.p50_ms, run.p99_ms,
-            run.fsyncs / run.records if run.records else None,
-            run.records / run.batches if run.batches else None,
-            run.others_cores, run.errors,
-        ])
+        rows.append(
+            [
+                label,
+                run.rps,
+                base.name if base else "-",
+                H.ratio(run.rps, base.rps) if base else None,
+                run.cpu_us,
+                run.server_cores,
+                run.upstream_cpu_us,
+                run.p50_ms,
+                run.p99_ms,
+                run.fsyncs / run.records if run.records else None,
+                run.records / run.batches if run.batches else None,
+                run.others_cores,
+                run.errors,
+            ]
+        )
     H.print_table(title, header, rows, notes)
 
 
 def goals_table(goals: Sequence[Goal]) -> None:
-    header = ["goal", "figure", "measured", "target", "this req/s", "this CPU us/call", "baseline",
-              "base req/s", "base CPU us/call", "verdict"]
+    header = [
+        "goal",
+        "figure",
+        "measured",
+        "target",
+        "this req/s",
+        "this CPU us/call",
+        "baseline",
+        "base req/s",
+        "base CPU us/call",
+        "verdict",
+    ]
     rows = []
     for g in goals:
-        rows.append([
-            g.number, g.what, _fmt_value(g.figure, g.unit),
-            ("at least " if g.higher_better else "at most ") + _fmt_value(g.target, g.unit).lstrip("+"),
-            g.this.rps if g.this else None, g.this.cpu_us if g.this else None,
-            g.base_label or (g.base.name if g.base else "-"),
-            g.base.rps if g.base else None, g.base.cpu_us if g.base else None,
-            g.verdict(),
-        ])
+        rows.append(
+            [
+                g.number,
+                g.what,
+                _fmt_value(g.figure, g.unit),
+                ("at least " if g.higher_better else "at most ") + _fmt_value(g.target, g.unit).lstrip("+"),
+                g.this.rps if g.this else None,
+                g.this.cpu_us if g.this else None,
+                g.base_label or (g.base.name if g.base else "-"),
+                g.base.rps if g.base else None,
+                g.base.cpu_us if g.base else None,
+                g.verdict(),
+            ]
+        )
     notes = [note for g in goals for note in g.notes]
     H.print_table(f"GOALS (issue #12), {CONCURRENCY} concurrent", header, rows, notes)
 
@@ -348,21 +438,42 @@ def goals_table(goals: Sequence[Goal]) -> None:
 # --- the goals --------------------------------------------------------------------------------------
 
 
-def goal_zero_code(data: Path, rounds: int, seconds: int, fp: bool, diagnostics: bool) -> tuple[list[Goal], dict[str, Run]]:
+def goal_zero_code(
+    data: Path, rounds: int, seconds: int, fp: bool, diagnostics: bool
+) -> tuple[list[Goal], dict[str, Run]]:
     specs = [
         Spec("starlette", H.server_argv("bare", "--app", "starlette"), prefixed=False),
-        Spec("zero-code", [INSTRUMENT, *H.server_argv("bare", "--app", "starlette")],
-             env=_zero_code_env(data / "zero-code"), capture_dir=data / "zero-code"),
-        Spec("gym-fsync", H.server_argv("gym", "--app", "starlette", "--capture-dir", str(data / "gym")),
-             capture_dir=data / "gym"),
+        Spec(
+            "zero-code",
+            [INSTRUMENT, *H.server_argv("bare", "--app", "starlette")],
+            env=_zero_code_env(data / "zero-code"),
+            capture_dir=data / "zero-code",
+        ),
+        Spec(
+            "gym-fsync",
+            H.server_argv("gym", "--app", "starlette", "--capture-dir", str(data / "gym")),
+            capture_dir=data / "gym",
+        ),
     ]
     if diagnostics:
         specs += [
-            Spec("server-span", [INSTRUMENT, *H.server_argv("server-span", "--app", "starlette")],
-                 env={**_zero_code_env(None), "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "otel_capture"}, prefixed=False),
-            Spec("lean-server-span", [INSTRUMENT, *H.server_argv("lean-server-span", "--app", "starlette")],
-                 env={**_zero_code_env(None), "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "otel_capture"}, prefixed=False),
-            Spec("zero-code-spans", [INSTRUMENT, *H.server_argv("bare", "--app", "starlette")], env=_zero_code_env(None)),
+            Spec(
+                "server-span",
+                [INSTRUMENT, *H.server_argv("server-span", "--app", "starlette")],
+                env={**_zero_code_env(None), "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "otel_capture"},
+                prefixed=False,
+            ),
+            Spec(
+                "lean-server-span",
+                [INSTRUMENT, *H.server_argv("lean-server-span", "--app", "starlette")],
+                env={**_zero_code_env(None), "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "otel_capture"},
+                prefixed=False,
+            ),
+            Spec(
+                "zero-code-spans",
+                [INSTRUMENT, *H.server_argv("bare", "--app", "starlette")],
+                env=_zero_code_env(None),
+            ),
         ]
     with Servers() as servers:
         for spec in specs:
@@ -370,36 +481,82 @@ def goal_zero_code(data: Path, rounds: int, seconds: int, fp: bool, diagnostics:
         runs = rounds_of(servers, [s.name for s in specs], rounds, seconds, fp)
         disk = _disk_check(servers, ["zero-code", "gym-fsync"])
     base, zc, gym = runs["starlette"], runs["zero-code"], runs["gym-fsync"]
-    rows = [("starlette app, uninstrumented", base, None),
-            ("zero-code durable capture", zc, base),
-            ("gym-fsync (NeMo Gym 0.7.0 design)", gym, base)]
+    rows = [
+        ("starlette app, uninstrumented", base, None),
+        ("zero-code durable capture", zc, base),
+        ("gym-fsync (NeMo Gym 0.7.0 design)", gym, base),
+    ]
     if diagnostics:
-        rows += [("diag: contrib HTTP server span alone (no capture)", runs["server-span"], base),
-                 ("diag: lean HTTP server span alone (zero-code's)", runs["lean-server-span"], base),
-                 ("diag: zero-code, spans only (no exporter)", runs["zero-code-spans"], base)]
+        rows += [
+            ("diag: contrib HTTP server span alone (no capture)", runs["server-span"], base),
+            ("diag: lean HTTP server span alone (zero-code's)", runs["lean-server-span"], base),
+            ("diag: zero-code, spans only (no exporter)", runs["zero-code-spans"], base),
+        ]
     if diagnostics:
-        disk.append(_ladder([("the app", base), ("+ lean server span", runs["lean-server-span"]),
-                             ("+ model-call span (zero-code, no exporter)", runs["zero-code-spans"]),
-                             ("+ record and writer (durable)", zc)]))
-    run_table("goal 1: zero-code (opentelemetry-instrument + distro) around a Starlette model app", rows, disk)
+        disk.append(
+            _ladder(
+                [
+                    ("the app", base),
+                    ("+ lean server span", runs["lean-server-span"]),
+                    ("+ model-call span (zero-code, no exporter)", runs["zero-code-spans"]),
+                    ("+ record and writer (durable)", zc),
+                ]
+            )
+        )
+    run_table(
+        "goal 1: zero-code (opentelemetry-instrument + distro) around a Starlette model app", rows, disk
+    )
     goals = [
-        Goal("1a", "zero-code capture / uninstrumented", zc.rps / base.rps, 0.4, True, "x", zc, base, "uninstrumented"),
-        Goal("1b", "zero-code capture / per-call-fsync (Gym)", zc.rps / gym.rps, 2.0, True, "x", zc, gym, "gym-fsync"),
+        Goal(
+            "1a",
+            "zero-code capture / uninstrumented",
+            zc.rps / base.rps,
+            0.4,
+            True,
+            "x",
+            zc,
+            base,
+            "uninstrumented",
+        ),
+        Goal(
+            "1b",
+            "zero-code capture / per-call-fsync (Gym)",
+            zc.rps / gym.rps,
+            2.0,
+            True,
+            "x",
+            zc,
+            gym,
+            "gym-fsync",
+        ),
     ]
     return goals, runs
 
 
-def goal_library(data: Path, rounds: int, seconds: int, fp: bool, diagnostics: bool) -> tuple[list[Goal], dict[str, Run]]:
+def goal_library(
+    data: Path, rounds: int, seconds: int, fp: bool, diagnostics: bool
+) -> tuple[list[Goal], dict[str, Run]]:
     specs = [
         Spec("bare", H.server_argv("bare")),
-        Spec("library", H.server_argv("capture", "--capture-dir", str(data / "library")), capture_dir=data / "library"),
+        Spec(
+            "library",
+            H.server_argv("capture", "--capture-dir", str(data / "library")),
+            capture_dir=data / "library",
+        ),
     ]
     if diagnostics:
         specs += [
             Spec("library-spans", H.server_argv("spans")),
-            Spec("library-nosync", H.server_argv("capture-nosync", "--capture-dir", str(data / "nosync")),
-                 capture_dir=data / "nosync"),
-            Spec("bare-h11", H.server_argv("bare"), env={"BENCH_UVICORN_HTTP": "h11", "BENCH_UVICORN_LOOP": "asyncio"}),
+            Spec(
+                "library-nosync",
+                H.server_argv("capture-nosync", "--capture-dir", str(data / "nosync")),
+                capture_dir=data / "nosync",
+            ),
+            Spec(
+                "bare-h11",
+                H.server_argv("bare"),
+                env={"BENCH_UVICORN_HTTP": "h11", "BENCH_UVICORN_LOOP": "asyncio"},
+            ),
         ]
     with Servers() as servers:
         for spec in specs:
@@ -409,65 +566,145 @@ def goal_library(data: Path, rounds: int, seconds: int, fp: bool, diagnostics: b
     base, lib = runs["bare"], runs["library"]
     rows = [("raw ASGI app alone", base, None), ("library mode, durable capture", lib, base)]
     if diagnostics:
-        rows += [("diag: library mode, spans only", runs["library-spans"], base),
-                 ("diag: library mode, fsync off", runs["library-nosync"], base),
-                 ("diag: raw ASGI app alone on h11 + asyncio", runs["bare-h11"], base)]
+        rows += [
+            ("diag: library mode, spans only", runs["library-spans"], base),
+            ("diag: library mode, fsync off", runs["library-nosync"], base),
+            ("diag: raw ASGI app alone on h11 + asyncio", runs["bare-h11"], base),
+        ]
     if diagnostics:
-        disk.append(_ladder([("the app", base), ("+ middleware and model-call span", runs["library-spans"]),
-                             ("+ record and writer, fsync off", runs["library-nosync"]), ("+ fsync (durable)", lib)]))
+        disk.append(
+            _ladder(
+                [
+                    ("the app", base),
+                    ("+ middleware and model-call span", runs["library-spans"]),
+                    ("+ record and writer, fsync off", runs["library-nosync"]),
+                    ("+ fsync (durable)", lib),
+                ]
+            )
+        )
     run_table("goal 2: library mode (middleware + exporter in code, no HTTP server span)", rows, disk)
     return [Goal("2", "library capture / bare", lib.rps / base.rps, 0.5, True, "x", lib, base, "bare")], runs
 
 
-def goal_proxy(data: Path, rounds: int, seconds: int, fp: bool, diagnostics: bool) -> tuple[list[Goal], dict[str, Run]]:
+def goal_proxy(
+    data: Path, rounds: int, seconds: int, fp: bool, diagnostics: bool
+) -> tuple[list[Goal], dict[str, Run]]:
     specs = [
         Spec("upstream", H.server_argv("bare")),
-        Spec("proxy", H.server_argv("proxy", "--upstream", "{upstream}", "--capture-dir", str(data / "proxy")),
-             capture_dir=data / "proxy", upstream="upstream"),
-        Spec("proxy-w2", _proxy_workers_argv("{upstream}", data / "proxy-w2", 2), capture_dir=data / "proxy-w2",
-             stats=False, upstream="upstream"),
+        Spec(
+            "proxy",
+            H.server_argv("proxy", "--upstream", "{upstream}", "--capture-dir", str(data / "proxy")),
+            capture_dir=data / "proxy",
+            upstream="upstream",
+        ),
+        Spec(
+            "proxy-w2",
+            _proxy_workers_argv("{upstream}", data / "proxy-w2", 2),
+            capture_dir=data / "proxy-w2",
+            stats=False,
+            upstream="upstream",
+        ),
     ]
     if diagnostics:
-        specs.append(Spec("proxy-off", H.server_argv("proxy", "--upstream", "{upstream}"), upstream="upstream"))
+        specs.append(
+            Spec("proxy-off", H.server_argv("proxy", "--upstream", "{upstream}"), upstream="upstream")
+        )
     names = [s.name for s in specs]
     with Servers() as servers:
         for spec in specs:
             servers.start(spec)
-        runs = rounds_of(servers, names, rounds, seconds, fp,
-                         upstreams={n: "upstream" for n in names if n != "upstream"})
+        runs = rounds_of(
+            servers, names, rounds, seconds, fp, upstreams={n: "upstream" for n in names if n != "upstream"}
+        )
         disk = _disk_check(servers, ["proxy"])
         lines_w2 = H.count_lines(data / "proxy-w2")
     base, proxy, w2 = runs["upstream"], runs["proxy"], runs["proxy-w2"]
-    rows = [("upstream called directly", base, None), ("proxy with capture, 1 worker", proxy, base),
-            ("proxy with capture, --workers 2", w2, base)]
+    rows = [
+        ("upstream called directly", base, None),
+        ("proxy with capture, 1 worker", proxy, base),
+        ("proxy with capture, --workers 2", w2, base),
+    ]
     if diagnostics:
         rows.append(("diag: proxy without --capture-dir", runs["proxy-off"], base))
     run_table(
-        "goal 3: otel-capture proxy in front of an upstream that answers at once", rows,
-        [*disk, f"proxy-w2: {lines_w2:,} lines on disk (its workers' counters are not reachable)",
-         "CPU us/call of a proxy row: the proxy's processes only; the upstream's is in its own column"],
+        "goal 3: otel-capture proxy in front of an upstream that answers at once",
+        rows,
+        [
+            *disk,
+            f"proxy-w2: {lines_w2:,} lines on disk (its workers' counters are not reachable)",
+            "CPU us/call of a proxy row: the proxy's processes only; the upstream's is in its own column",
+        ],
     )
     goals = [
-        Goal("3a", "proxy capture / upstream direct", proxy.rps / base.rps, 0.3, True, "x", proxy, base, "upstream direct"),
-        Goal("3b", "proxy CPU per call, 1 worker", proxy.cpu_us, 300.0, False, "us", proxy, base, "upstream direct", [
-            f"3b: the proxy's CPU per call is {(proxy.cpu_us or 0) / (base.cpu_us or 1):.1f}x the upstream's "
-            f"({base.cpu_us or 0:.0f} us in this run); keeping 0.3x of the upstream's throughput on other cores needs "
-            "about 3.3x at most, which is what 300 us was on the machine the goal was set on"]),
-        Goal("3c", "(shown) proxy --workers 2 / direct", w2.rps / base.rps, 0.3, True, "x", w2, base, "upstream direct"),
+        Goal(
+            "3a",
+            "proxy capture / upstream direct",
+            proxy.rps / base.rps,
+            0.3,
+            True,
+            "x",
+            proxy,
+            base,
+            "upstream direct",
+        ),
+        Goal(
+            "3b",
+            "proxy CPU per call, 1 worker",
+            proxy.cpu_us,
+            300.0,
+            False,
+            "us",
+            proxy,
+            base,
+            "upstream direct",
+            [
+                f"3b: the proxy's CPU per call is {(proxy.cpu_us or 0) / (base.cpu_us or 1):.1f}x the upstream's "
+                f"({base.cpu_us or 0:.0f} us in this run); keeping 0.3x of the upstream's throughput on other cores needs "
+                "about 3.3x at most, which is what 300 us was on the machine the goal was set on"
+            ],
+        ),
+        Goal(
+            "3c",
+            "(shown) proxy --workers 2 / direct",
+            w2.rps / base.rps,
+            0.3,
+            True,
+            "x",
+            w2,
+            base,
+            "upstream direct",
+        ),
     ]
     return goals, runs
 
 
-def goal_streaming(data: Path, rounds: int, seconds: int, fp: bool, ttft_calls: int) -> tuple[list[Goal], dict[str, Run]]:
+def goal_streaming(
+    data: Path, rounds: int, seconds: int, fp: bool, ttft_calls: int
+) -> tuple[list[Goal], dict[str, Run]]:
     goals: list[Goal] = []
     runs_out: dict[str, Run] = {}
     pairs = [
-        ("library", lambda n: Spec(f"off-{n}", H.server_argv("bare", "--events", str(n)), prefixed=False),
-         lambda n: Spec(f"on-{n}", H.server_argv("capture", "--events", str(n), "--capture-dir", str(data / f"lib-{n}")),
-                        capture_dir=data / f"lib-{n}")),
-        ("zero-code", lambda n: Spec(f"off-{n}", H.server_argv("bare", "--app", "starlette", "--events", str(n)), prefixed=False),
-         lambda n: Spec(f"on-{n}", [INSTRUMENT, *H.server_argv("bare", "--app", "starlette", "--events", str(n))],
-                        env=_zero_code_env(data / f"zc-{n}"), capture_dir=data / f"zc-{n}")),
+        (
+            "library",
+            lambda n: Spec(f"off-{n}", H.server_argv("bare", "--events", str(n)), prefixed=False),
+            lambda n: Spec(
+                f"on-{n}",
+                H.server_argv("capture", "--events", str(n), "--capture-dir", str(data / f"lib-{n}")),
+                capture_dir=data / f"lib-{n}",
+            ),
+        ),
+        (
+            "zero-code",
+            lambda n: Spec(
+                f"off-{n}", H.server_argv("bare", "--app", "starlette", "--events", str(n)), prefixed=False
+            ),
+            lambda n: Spec(
+                f"on-{n}",
+                [INSTRUMENT, *H.server_argv("bare", "--app", "starlette", "--events", str(n))],
+                env=_zero_code_env(data / f"zc-{n}"),
+                capture_dir=data / f"zc-{n}",
+            ),
+        ),
     ]
     expected = {n: sum(len(e) for e in chat_events(n)) for n in (STREAM_EVENTS, STREAM_EVENTS_SHORT)}
     for mode, off_spec, on_spec in pairs:
@@ -477,9 +714,12 @@ def goal_streaming(data: Path, rounds: int, seconds: int, fp: bool, ttft_calls: 
                 servers.start(spec)
             runs = rounds_of(servers, [s.name for s in specs], rounds, seconds, fp, body=STREAM_REQUEST_BODY)
             ttft = ttft_rounds(
-                {name: (servers.running[name].url, servers.specs[name].prefixed)
-                 for name in (f"off-{STREAM_EVENTS}", f"on-{STREAM_EVENTS}")},
-                ttft_calls, warmup=max(5, ttft_calls // 10),
+                {
+                    name: (servers.running[name].url, servers.specs[name].prefixed)
+                    for name in (f"off-{STREAM_EVENTS}", f"on-{STREAM_EVENTS}")
+                },
+                ttft_calls,
+                warmup=max(5, ttft_calls // 10),
             )
             disk = _disk_check(servers, [f"on-{STREAM_EVENTS}", f"on-{STREAM_EVENTS_SHORT}"])
         off, on = runs[f"off-{STREAM_EVENTS}"], runs[f"on-{STREAM_EVENTS}"]
@@ -494,9 +734,12 @@ def goal_streaming(data: Path, rounds: int, seconds: int, fp: bool, ttft_calls: 
         run_table(
             f"goal 4: streaming, {mode}: {STREAM_EVENTS}- and {STREAM_EVENTS_SHORT}-event streams "
             f"({expected[STREAM_EVENTS]:,} and {expected[STREAM_EVENTS_SHORT]:,} bytes), capture off vs on",
-            [(f"capture off, {STREAM_EVENTS} events", off, None), (f"capture on, {STREAM_EVENTS} events", on, off),
-             (f"capture off, {STREAM_EVENTS_SHORT} events", off_s, None),
-             (f"capture on, {STREAM_EVENTS_SHORT} events", on_s, off_s)],
+            [
+                (f"capture off, {STREAM_EVENTS} events", off, None),
+                (f"capture on, {STREAM_EVENTS} events", on, off),
+                (f"capture off, {STREAM_EVENTS_SHORT} events", off_s, None),
+                (f"capture on, {STREAM_EVENTS_SHORT} events", on_s, off_s),
+            ],
             [
                 *disk,
                 f"added CPU per call: {added:.0f} us at {STREAM_EVENTS} events, {added_short:.0f} us at "
@@ -511,15 +754,39 @@ def goal_streaming(data: Path, rounds: int, seconds: int, fp: bool, ttft_calls: 
             ],
         )
         key = "4L" if mode == "library" else "4Z"
-        goals.append(Goal(f"{key}a", f"streaming {mode}: added CPU per event (slope)", per_event_marginal, 3.0,
-                          False, "us", on, off, "capture off", [
-                              f"{key}a: the average over the stream (all added CPU / {STREAM_EVENTS}) is "
-                              f"{per_event_average:.2f} us per event; the uncaptured server itself spends "
-                              f"{(off.cpu_us or 0) / STREAM_EVENTS:.2f} us per event, so capture adds "
-                              f"{per_event_marginal / max((off.cpu_us or 0) / STREAM_EVENTS, 1e-9):.1f}x the "
-                              "server's own per-event cost"]))
-        goals.append(Goal(f"{key}b", f"streaming {mode}: TTFT median on - off", (t_on - t_off) * 1e3, 0.3, False, "ms",
-                          on, off, "capture off"))
+        goals.append(
+            Goal(
+                f"{key}a",
+                f"streaming {mode}: added CPU per event (slope)",
+                per_event_marginal,
+                3.0,
+                False,
+                "us",
+                on,
+                off,
+                "capture off",
+                [
+                    f"{key}a: the average over the stream (all added CPU / {STREAM_EVENTS}) is "
+                    f"{per_event_average:.2f} us per event; the uncaptured server itself spends "
+                    f"{(off.cpu_us or 0) / STREAM_EVENTS:.2f} us per event, so capture adds "
+                    f"{per_event_marginal / max((off.cpu_us or 0) / STREAM_EVENTS, 1e-9):.1f}x the "
+                    "server's own per-event cost"
+                ],
+            )
+        )
+        goals.append(
+            Goal(
+                f"{key}b",
+                f"streaming {mode}: TTFT median on - off",
+                (t_on - t_off) * 1e3,
+                0.3,
+                False,
+                "ms",
+                on,
+                off,
+                "capture off",
+            )
+        )
         runs_out.update({f"{mode}-{k}": v for k, v in runs.items()})
     return goals, runs_out
 
@@ -548,8 +815,10 @@ def _disk_check(servers: Servers, names: Sequence[str]) -> list[str]:
             time.sleep(0.3)
             previous, acknowledged = acknowledged, servers.running[name].stats()["records"]
         lines = H.count_lines(spec.capture_dir)
-        notes.append(f"{name}: {lines:,} lines on disk, {acknowledged:,} acknowledged by its writer"
-                     + ("" if lines == acknowledged else "  << MISMATCH"))
+        notes.append(
+            f"{name}: {lines:,} lines on disk, {acknowledged:,} acknowledged by its writer"
+            + ("" if lines == acknowledged else "  << MISMATCH")
+        )
     return notes
 
 
@@ -558,21 +827,41 @@ def fsync_goal(runs: dict[str, Run]) -> Goal:
     if not parts:
         return Goal("5", "fsyncs per record", None, 0.25, False, "")
     worst_name, worst = max(parts, key=lambda p: p[1].fsyncs / p[1].records)
-    note = "5: fsyncs per record: " + ", ".join(f"{n} {r.fsyncs / r.records:.3f} ({r.records:,} records)" for n, r in parts)
-    return Goal("5", f"fsyncs per record (worst: {worst_name})", worst.fsyncs / worst.records, 0.25, False, "",
-                worst, None, "-", [note])
+    note = "5: fsyncs per record: " + ", ".join(
+        f"{n} {r.fsyncs / r.records:.3f} ({r.records:,} records)" for n, r in parts
+    )
+    return Goal(
+        "5",
+        f"fsyncs per record (worst: {worst_name})",
+        worst.fsyncs / worst.records,
+        0.25,
+        False,
+        "",
+        worst,
+        None,
+        "-",
+        [note],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one round of 2 s, no diagnostic rows, fewer TTFT calls")
+    parser.add_argument(
+        "--quick", action="store_true", help="one round of 2 s, no diagnostic rows, fewer TTFT calls"
+    )
     parser.add_argument("--seconds", type=int, help="seconds per measured run (default 3; quick 2)")
     parser.add_argument("--rounds", type=int, help="rotated rounds per server (default 2; quick 1)")
-    parser.add_argument("--goals", default="1,2,3,4", help="which goals to measure (default 1,2,3,4; 5 comes with 1-3)")
+    parser.add_argument(
+        "--goals", default="1,2,3,4", help="which goals to measure (default 1,2,3,4; 5 comes with 1-3)"
+    )
     parser.add_argument("--no-diagnostics", action="store_true", help="only the goals' own servers")
-    parser.add_argument("--ttft-calls", type=int, help="streamed calls per server for time to first event (default 200)")
+    parser.add_argument(
+        "--ttft-calls", type=int, help="streamed calls per server for time to first event (default 200)"
+    )
     parser.add_argument("--dir", help="where capture files go (default: a new temporary directory)")
-    parser.add_argument("--python-loadgen", action="store_true", help="the Python fallback even if wrk is installed")
+    parser.add_argument(
+        "--python-loadgen", action="store_true", help="the Python fallback even if wrk is installed"
+    )
     args = parser.parse_args(argv)
     seconds = args.seconds or (2 if args.quick else 3)
     rounds = args.rounds or (1 if args.quick else 2)
@@ -581,19 +870,27 @@ def main(argv: list[str] | None = None) -> int:
     wanted = {g.strip() for g in args.goals.split(",")}
     fp = args.python_loadgen
     data = Path(tempfile.mkdtemp(prefix="otel-capture-goals-", dir=args.dir))
-    print(f"== bench_goals: issue #12's goals, {CONCURRENCY} concurrent, each against its baseline side by side ==")
+    print(
+        f"== bench_goals: issue #12's goals, {CONCURRENCY} concurrent, each against its baseline side by side =="
+    )
     print(H.machine_line(data))
     print(H.package_line())
     gauge_start = H.speed_gauge()
-    print(f"speed gauge: sum(range(1000)) takes {gauge_start:.1f} us on one core now (roughly 10 us on an idle "
-          "recent core): CPU-per-call figures of this run are inflated by that factor alike")
+    print(
+        f"speed gauge: sum(range(1000)) takes {gauge_start:.1f} us on one core now (roughly 10 us on an idle "
+        "recent core): CPU-per-call figures of this run are inflated by that factor alike"
+    )
     impl = H.uvicorn_impl()
     if "httptools" not in impl or "uvloop" not in impl:
-        print(f"NOTE: {impl}: install httptools and uvloop (uvicorn[standard]) to measure the stack that serves "
-              "the most calls per core")
+        print(
+            f"NOTE: {impl}: install httptools and uvloop (uvicorn[standard]) to measure the stack that serves "
+            "the most calls per core"
+        )
     print(f"load generator: {H.loadgen_name(fp)}, {CONCURRENCY} connections")
-    print(f"{rounds} round(s) x {seconds} s per server, rotated, best round kept; 1 s warm-up; "
-          f"request {len(REQUEST_BODY)} B (streamed: {len(STREAM_REQUEST_BODY)} B), {ROLLOUTS} rollouts")
+    print(
+        f"{rounds} round(s) x {seconds} s per server, rotated, best round kept; 1 s warm-up; "
+        f"request {len(REQUEST_BODY)} B (streamed: {len(STREAM_REQUEST_BODY)} B), {ROLLOUTS} rollouts"
+    )
     t0 = time.monotonic()
     goals: list[Goal] = []
     all_runs: dict[str, Run] = {}
@@ -620,9 +917,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError:
         load_end = ""
     print(f"speed gauge at the end: {H.speed_gauge():.1f} us (at the start: {gauge_start:.1f} us)")
-    print(f"machine: {load_end}other tenants used {statistics.median(others):.2f} cores at the median over the "
-          f"{len(others)} measured windows (max {max(others):.2f}) of {os.cpu_count()}; "
-          f"errors over all runs: {sum(r.errors for r in all_runs.values())}; took {time.monotonic() - t0:.0f} s")
+    print(
+        f"machine: {load_end}other tenants used {statistics.median(others):.2f} cores at the median over the "
+        f"{len(others)} measured windows (max {max(others):.2f}) of {os.cpu_count()}; "
+        f"errors over all runs: {sum(r.errors for r in all_runs.values())}; took {time.monotonic() - t0:.0f} s"
+    )
     return 0
 
 

@@ -64,7 +64,9 @@ def test_proxy_relays_a_stream_byte_for_byte_and_records_the_reassembled_respons
     with (
         start_proxy(upstream, settings=settings, tracer_provider=telemetry.provider) as proxy,
         httpx.stream(
-            "POST", f"{proxy.url}/ng-rollout/s-1/v1/chat/completions", json={"model": "gpt-4o", "stream": True}
+            "POST",
+            f"{proxy.url}/ng-rollout/s-1/v1/chat/completions",
+            json={"model": "gpt-4o", "stream": True},
         ) as response,
     ):
         received = b"".join(response.iter_raw())
