@@ -17,7 +17,7 @@ but forward the request and stream the answer back, with:
 and, for reference, ``otel-capture proxy`` itself without ``--capture-dir`` (its HTTP server span, its
 capture middleware passing spans only, its 16 httpx clients and disconnect watcher). 64 concurrent, wrk.
 Columns as in ``bench_goals.py``: req/s, the forwarder's CPU per call (its process), the upstream's, and
-how busy the rest of the machine was. DESIGN §5's table of the same hop is what this reproduces.
+how busy the rest of the machine was.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The in-memory reference backend of the capture lifecycle: the rules of DESIGN §6 and nothing else.
+"""The in-memory reference backend of the capture lifecycle: the rules of docs/lifecycle.md and nothing else.
 
 It is what :func:`otel_capture.conformance.run_conformance` compares other backends with, and a backend
 for tests. Not durable and not shared between processes; thread-safe within one.

@@ -1,4 +1,4 @@
-"""The capture lifecycle's vocabulary, shared by every backend (DESIGN §6).
+"""The capture lifecycle's vocabulary, shared by every backend (docs/lifecycle.md).
 
 Exceptions::
 

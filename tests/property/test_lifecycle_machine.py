@@ -1,5 +1,5 @@
 """Random sequences of lifecycle operations against the file store and the in-memory backend at once,
-each compared with a plain model of DESIGN §6 after every step."""
+each compared with a plain model of the lifecycle (docs/lifecycle.md) after every step."""
 
 from __future__ import annotations
 

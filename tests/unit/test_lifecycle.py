@@ -1,4 +1,4 @@
-"""The capture lifecycle (DESIGN §6): every transition and error of the state diagram, for both record
+"""The capture lifecycle (docs/lifecycle.md): every transition and error of the state diagram, for both record
 families (model-call records and token lines), through the file store and the in-memory backend; then
 what only the file store can get wrong (fsyncs, phase order, locks, damage)."""
 

@@ -1,4 +1,4 @@
-"""Configuration (DESIGN §8): constructor > our variable > standard OTEL_* variable > default; a bad value
+"""Configuration (README, Configuration): constructor > our variable > standard OTEL_* variable > default; a bad value
 is logged by name and replaced by the default. Environments are injected, never patched."""
 
 from __future__ import annotations
