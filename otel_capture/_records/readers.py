@@ -13,7 +13,7 @@ under ``flock(LOCK_SH)`` through :meth:`CaptureStore.read_lines`; see ``docs/dur
 from __future__ import annotations
 
 import logging
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +33,7 @@ __all__ = [
     "AvailableRecords",
     "CaptureReadError",
     "InvalidLine",
+    "iter_model_call_records",
     "parse_record_line",
     "read_available_model_call_records",
     "read_model_call_records",
@@ -149,20 +150,24 @@ def read_model_call_records(store: CaptureStore, rollout_id: str) -> list[ModelC
     Raises :class:`CaptureReadError` (a ``ValueError``) at the first damaged line or a torn final line,
     and ``ValueError`` for an invalid rollout id. Reads under ``flock(LOCK_SH)``.
     """
+    return list(iter_model_call_records(store, rollout_id))
+
+
+def iter_model_call_records(store: CaptureStore, rollout_id: str) -> Iterator[ModelCallRecord]:
+    """:func:`read_model_call_records` one record at a time, for callers that need not hold them all (the
+    aggregates). The file is read whole under the lock first; only the records are made one by one."""
     raw = store.read_lines(rollout_id)
     if raw is None:
-        return []
-    records: list[ModelCallRecord] = []
+        return
     with closing(_scan(raw.lines)) as scan:  # closed at once, so the collector resumes even on a raise
         for number, _, record in scan:
             if isinstance(record, _DamagedLine):
                 raise CaptureReadError(
                     store.data_path(rollout_id), number, record.reason
                 ) from record.__cause__
-            records.append(record)
+            yield record
     if raw.tail.strip():
         raise CaptureReadError(store.data_path(rollout_id), len(raw.lines) + 1, _TORN_REASON)
-    return records
 
 
 def read_available_model_call_records(store: CaptureStore, rollout_id: str) -> AvailableRecords:

@@ -126,6 +126,19 @@ def test_aggregate_equals_gyms_attachment(tmp_path: Path) -> None:
     assert metrics["latency_ttft_ms_mean"] == pytest.approx((45.09 + 2.38 + 5.02 + 1.64 + 9.64 + 0.91) / 6)
 
 
+def test_aggregate_takes_the_records_one_at_a_time(tmp_path: Path) -> None:
+    """The metrics are summed as the records are parsed (a 100k-call rollout is never held whole): a
+    one-pass iterator gives the same totals as the list, and a damaged line still raises."""
+    store = _gym_store(tmp_path)
+    records = read_model_call_records(store, "gym_server_0-0")
+    assert aggregate_model_call_records(iter(records)) == aggregate_model_call_records(records)
+    assert aggregate_model_call_metrics(store, "gym_server_0-0") == aggregate_model_call_records(records)
+    with store.data_path("gym_server_0-0").open("ab") as handle:
+        handle.write(b"not json\n")
+    with pytest.raises(CaptureReadError):
+        aggregate_model_call_metrics(store, "gym_server_0-0")
+
+
 def test_attached_calls_match_gyms_attachment(tmp_path: Path) -> None:
     calls = json.loads((FIXTURES / "merged_record_0-0.json").read_text())["ng_model_call_capture"]["calls"]
     records = read_model_call_records(_gym_store(tmp_path), "gym_server_0-0")
