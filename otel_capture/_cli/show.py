@@ -10,14 +10,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .._records import ModelCallRecord, read_model_call_records
+from .._records import ModelCallRecord
+from .._records.readers import iter_model_call_records
 
 if TYPE_CHECKING:
     from .._store.store import CaptureStore
 
 _logger = logging.getLogger(__name__)
 
-ReadRecords = Callable[["CaptureStore", str], Sequence[ModelCallRecord]]
+ReadRecords = Callable[["CaptureStore", str], Iterable[ModelCallRecord]]
 
 MISSING = "-"
 CALL_HEADERS = (
@@ -116,18 +117,17 @@ def format_calls_table(records: Iterable[ModelCallRecord], trace_url: str | None
 
 
 def summarize_rollout(
-    rollout_id: str, records: Sequence[ModelCallRecord], incomplete: bool
+    rollout_id: str, records: Iterable[ModelCallRecord], incomplete: bool
 ) -> RolloutSummary:
     """A rollout's calls, failed calls (:attr:`ModelCallRecord.failed`, as ``num_errors`` counts them) and
-    summed tokens."""
-    return RolloutSummary(
-        rollout_id=rollout_id,
-        calls=len(records),
-        errors=sum(1 for r in records if r.failed),
-        tokens_in=sum(r.tokens_in or 0 for r in records),
-        tokens_out=sum(r.tokens_out or 0 for r in records),
-        incomplete=incomplete,
-    )
+    summed tokens, in one pass: ``records`` may be an iterator, so a rollout is never held whole."""
+    calls = errors = tokens_in = tokens_out = 0
+    for record in records:
+        calls += 1
+        errors += record.failed
+        tokens_in += record.tokens_in or 0
+        tokens_out += record.tokens_out or 0
+    return RolloutSummary(rollout_id, calls, errors, tokens_in, tokens_out, incomplete)
 
 
 def format_rollout_summaries(summaries: Iterable[RolloutSummary]) -> str:
@@ -140,9 +140,9 @@ def _rollout_row(s: RolloutSummary) -> list[str]:
     return [s.rollout_id, *(str(n) for n in counts), "yes" if s.incomplete else "no"]
 
 
-def format_rollouts_table(store: CaptureStore, read_records: ReadRecords = read_model_call_records) -> str:
+def format_rollouts_table(store: CaptureStore, read_records: ReadRecords = iter_model_call_records) -> str:
     """One line per rollout in the store (:meth:`CaptureStore.rollout_ids`): calls, errors, summed tokens,
-    and whether a capture failed."""
+    and whether a capture failed. Each rollout's records are summed as they are parsed."""
     read = read_records
     summaries = [
         summarize_rollout(rollout_id, read(store, rollout_id), store.is_incomplete(rollout_id))
