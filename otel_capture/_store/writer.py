@@ -2,7 +2,7 @@
 
 Durability contract, written before the code (``docs/durability.md`` names the test of each clause):
 
-* ``submit(rollout_id, line)`` returns a future. It resolves with ``None`` only once the line is in
+* ``submit(rollout_id, line)`` returns a future (or, given a ``LoopWaiter``, resolves that alone). It resolves with ``None`` only once the line is in
   ``<dir>/<rollout_id>.capture.jsonl`` *and* ``fsync``-ed, and, when this batch created the file, once the
   directory entry is ``fsync``-ed too (a crash after the file's fsync but before the directory's could
   otherwise lose the whole file). It resolves with an exception when the line could not be made durable;
@@ -26,6 +26,11 @@ Durability contract, written before the code (``docs/durability.md`` names the t
   must be a regular file with one link (a planted link, hard link or FIFO fails that rollout's capture,
   marked incomplete with the reason; no open loops or blocks). A capture directory other users can write
   is refused (:class:`UnsafeDirectoryError`) unless ``allow_shared_directory``.
+* A call begun with ``begin`` is in this process's view of calls in flight at once. Its ``+`` marker file
+  (what a freeze in *another* process reads) is written once the call has been in flight ``marker_delay``
+  (20 ms), or at a ``flush``/``close``, whichever comes first; a call whose line is queued sooner is
+  admitted in its line's batch and costs no marker I/O. A freeze elsewhere within those 20 ms of a call's
+  start does not see it; its line is then dropped by the freeze's fence like any late line.
 * The event loop never touches the disk: callers await the future, or pass a ``LoopWaiter`` that the
   thread resolves with one ``call_soon_threadsafe`` per event loop per batch (one wake-up for the whole
   batch, instead of one per call as ``asyncio.wrap_future`` costs).
@@ -46,8 +51,10 @@ import logging
 import os
 import queue
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .._correlation import validate_rollout_id
@@ -87,8 +94,10 @@ class _Item:
     line: bytes
     model_call_id: str
     tokens_line: bytes | None = None
-    future: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
+    future: concurrent.futures.Future[None] | None = None
+    """None when a ``waiter`` is given (the middleware's route): the thread resolves the waiter alone."""
     waiter: LoopWaiter | None = None
+    resolved: bool = False
 
 
 @dataclass(slots=True)
@@ -102,6 +111,8 @@ class _Abandon:
 class _Begin:
     rollout_id: str
     model_call_id: str
+    at: float = 0.0
+    """``time.monotonic()`` when the call began: its ``+`` marker is due ``marker_delay`` later."""
 
 
 @dataclass(slots=True)
@@ -123,6 +134,10 @@ class _Barrier:
 
 
 _STOP = object()
+_TICK = object()  # wakes an idle thread so that it starts timing a begin's marker delay
+
+MARKER_DELAY = 0.02
+"""Seconds a begun call may go without its ``+`` marker file (see :meth:`JsonlWriter.begin`)."""
 
 
 class JsonlWriter:
@@ -142,6 +157,7 @@ class JsonlWriter:
         syncfs: Callable[[int], None] | None = LIBC_SYNCFS,
         file_mode: int = FILE_MODE,
         dir_mode: int = DIR_MODE,
+        marker_delay: float = MARKER_DELAY,
     ) -> None:
         self.root = Path(root)
         self._allow_shared = allow_shared_directory
@@ -156,6 +172,10 @@ class JsonlWriter:
         self._file_mode = file_mode
         self._dir_mode = dir_mode
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._marker_delay = marker_delay
+        self._begins: deque[_Begin] = deque()  # begun, not yet seen by the thread (no wake-up each)
+        self._deferred: dict[tuple[str, str], _Begin] = {}  # seen by the thread, no marker yet (thread only)
+        self._idle = False  # the thread is blocked with nothing to time: a begin must wake it
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="otel-capture-writer", daemon=True)
         self._thread.start()
@@ -163,13 +183,18 @@ class JsonlWriter:
     # -- API used by the exporter --------------------------------------------------------------------
 
     def begin(self, rollout_id: str, model_call_id: str) -> None:
-        """A call of ``rollout_id`` has started. Costs a dict insert and a queue put: the in-process view of
-        calls in flight is updated at once; the ``+`` marker other processes read is written by the thread."""
+        """A call of ``rollout_id`` has started. Costs a dict insert and a deque append: the in-process view
+        of calls in flight is updated at once; the ``+`` marker other processes read is written by the
+        thread, and only for a call still in flight ``marker_delay`` after it began (or at a ``flush``):
+        a call whose line comes sooner is admitted in its line's batch with no marker file I/O at all, and
+        a begin wakes the thread only when it is idle with nothing else to time."""
         rid = validate_rollout_id(rollout_id)
         if self._closed:
             return
         self._state.calls.begin(rid, model_call_id)
-        self._queue.put(_Begin(rid, model_call_id))
+        self._begins.append(_Begin(rid, model_call_id, time.monotonic()))
+        if self._idle:
+            self._queue.put(_TICK)
 
     def abandon(self, rollout_id: str, model_call_id: str, reason: str) -> None:
         """A begun call whose record could not even be built: count it, log it, and mark the rollout
@@ -184,10 +209,13 @@ class JsonlWriter:
         model_call_id: str,
         tokens_line: bytes | None = None,
         waiter: LoopWaiter | None = None,
-    ) -> concurrent.futures.Future[None]:
+    ) -> concurrent.futures.Future[None] | None:
         """Queue one line (ending in ``\\n``), and its token line if any; the future resolves when both
-        are durable, or with the error that kept them off disk."""
+        are durable, or with the error that kept them off disk. With a ``waiter`` the thread resolves the
+        waiter alone and ``None`` is returned (no ``concurrent.futures.Future`` is made for it)."""
         item = _Item(validate_rollout_id(rollout_id), line, model_call_id, tokens_line, waiter=waiter)
+        if waiter is None:
+            item.future = concurrent.futures.Future()
         if self._closed:
             self._resolve(item, RuntimeError("capture writer is closed"))
             self._flush_wakeups()
@@ -217,36 +245,79 @@ class JsonlWriter:
 
     # -- the writer thread ---------------------------------------------------------------------------
 
+    def _next(self) -> object:
+        """The next queued object; ``_TICK`` when the oldest deferred begin's marker falls due first."""
+        self._idle = True  # set before looking: a begin either is seen here or sees the flag and wakes us
+        try:
+            if self._deferred or self._begins:
+                oldest = next(iter(self._deferred.values()), None) or self._begins[0]
+                timeout = oldest.at + self._marker_delay - time.monotonic()
+                if timeout <= 0:
+                    return _TICK
+                try:
+                    return self._queue.get(timeout=timeout)
+                except queue.Empty:
+                    return _TICK
+            return self._queue.get()
+        finally:
+            self._idle = False
+
+    def _due_begins(self, batch: list[_Item], abandons: list[_Abandon], force: bool) -> list[_Begin]:
+        """The begins this batch handles: those whose line is in it (admitted with it, no marker) and those
+        in flight ``marker_delay`` or longer, or all at a flush or stop (their ``+`` marker is written).
+        The rest wait for their line; an abandoned call's begin is forgotten (it never got a marker)."""
+        deferred = self._deferred
+        while self._begins:
+            begin = self._begins.popleft()
+            deferred[(begin.rollout_id, begin.model_call_id)] = begin
+        for abandoned in abandons:
+            deferred.pop((abandoned.rollout_id, abandoned.model_call_id), None)
+        due: list[_Begin] = []
+        for item in batch:
+            paired = deferred.pop((item.rollout_id, item.model_call_id), None)
+            if paired is not None:
+                due.append(paired)
+        if force:
+            due.extend(deferred.values())
+            deferred.clear()
+            return due
+        cutoff = time.monotonic() - self._marker_delay
+        while deferred:
+            key, begin = next(iter(deferred.items()))  # begins are kept in the order they began
+            if begin.at > cutoff:
+                break
+            del deferred[key]
+            due.append(begin)
+        return due
+
     def _run(self) -> None:
         stop = False
         while not stop:
             batch: list[_Item] = []
-            begins: list[_Begin] = []
             abandons: list[_Abandon] = []
             barriers: list[_Barrier] = []
-            obj = self._queue.get()
+            obj = self._next()
             while True:
                 if obj is _STOP:
                     stop = True
                 elif isinstance(obj, _Barrier):
                     barriers.append(obj)
-                elif isinstance(obj, _Begin):
-                    begins.append(obj)
                 elif isinstance(obj, _Abandon):
                     abandons.append(obj)
-                else:
-                    batch.append(obj)  # type: ignore[arg-type]  # only _Item, _Begin, _Barrier, _STOP are queued
+                elif obj is not _TICK:
+                    batch.append(obj)  # type: ignore[arg-type]  # only _Item, _Abandon, _Barrier, _TICK, _STOP are queued
                 try:
                     obj = self._queue.get_nowait()
                 except queue.Empty:
                     break
+            begins = self._due_begins(batch, abandons, force=stop or bool(barriers))
             if batch or begins:
                 try:
                     self._write_batch(batch, begins)
                 except Exception as exc:  # a bug here must fail the calls, never leave them waiting forever
                     _logger.exception("capture writer failed on a batch of %d call(s)", len(batch))
                     for item in batch:
-                        if not item.future.done():
+                        if not item.resolved:
                             self._resolve(item, exc)
             for abandoned in abandons:
                 self._abandon(abandoned)
@@ -331,7 +402,10 @@ class JsonlWriter:
             self._sync_dir()
 
     def _resolve(self, item: _Item, error: BaseException | None = None) -> None:
-        if error is None:
+        item.resolved = True
+        if item.future is None:
+            pass
+        elif error is None:
             item.future.set_result(None)
         else:
             item.future.set_exception(error)

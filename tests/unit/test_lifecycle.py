@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,9 @@ from otel_capture import (
     CaptureStore,
     InvalidRolloutIdError,
 )
+from otel_capture._sink import LoopWaiter
 from otel_capture._store.dirstate import STATE_DIR, dir_state
+from otel_capture._store.inflight import InflightMarkers
 from otel_capture._store.journal import FenceJournal
 from otel_capture._store.writer import JsonlWriter
 from otel_capture.conformance import InMemoryCaptureBackend
@@ -646,6 +649,94 @@ def test_in_flight_markers_go_once_their_calls_are_recorded(tmp_path: Path) -> N
     store.mark_incomplete("s", "c1", "the upstream died")
     assert os.listdir(inflight) == []
     assert store.list_rollouts() == {**{f"r{i}": "live" for i in range(20)}, "s": "live"}
+
+
+def _count_marker_opens(root: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    markers = dir_state(root).markers
+    opened: list[str] = []
+    real_open = markers.open
+
+    def counting_open(dirs: Any, rollout_id: str, *, create: bool) -> int | None:
+        opened.append(rollout_id)
+        return real_open(dirs, rollout_id, create=create)
+
+    monkeypatch.setattr(markers, "open", counting_open)
+    return opened
+
+
+def test_a_call_recorded_within_the_marker_delay_costs_no_marker_file_io(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "calls"
+    writer = JsonlWriter(root, marker_delay=60)
+    opened = _count_marker_opens(root, monkeypatch)
+    try:
+        for i in range(20):
+            writer.begin(f"r{i % 4}", f"c{i}")
+            writer.submit(f"r{i % 4}", b'{"model_call_id":"c%d"}\n' % i, f"c{i}")
+        assert writer.flush(60)
+        assert writer.stats.records_written == 20
+    finally:
+        writer.close()
+    assert opened == []
+    inflight = root / STATE_DIR / "inflight"
+    assert not inflight.exists() or os.listdir(inflight) == []
+    assert all(not dir_state(root).calls.pending(f"r{i}") for i in range(4))
+
+
+def test_a_call_in_flight_longer_than_the_marker_delay_gets_its_marker_without_a_flush(
+    tmp_path: Path,
+) -> None:
+    """What a freeze in another process reads: the ``+`` marker of a call still in flight after the delay."""
+    store = CaptureStore(tmp_path / "calls")
+    writer = JsonlWriter(store.root, marker_delay=0.05)
+    other = InflightMarkers()
+    try:
+        writer.begin("r", "slow")
+        deadline = time.monotonic() + 30
+        while not other.pending(store.root, "r") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert other.pending(store.root, "r") == {"slow"}
+        writer.submit("r", b'{"model_call_id":"slow"}\n', "slow")
+        assert writer.flush(60)
+        assert other.pending(store.root, "r") == set()
+        assert os.listdir(store.root / STATE_DIR / "inflight") == []
+    finally:
+        writer.close()
+
+
+def test_an_abandoned_call_within_the_marker_delay_leaves_no_marker(tmp_path: Path) -> None:
+    store = CaptureStore(tmp_path / "calls")
+    writer = JsonlWriter(store.root, marker_delay=60)
+    try:
+        writer.begin("r", "lost")
+        writer.abandon("r", "lost", "the record could not be built")
+        assert writer.flush(60)
+    finally:
+        writer.close()
+    assert InflightMarkers.pending(store.root, "r") == set()
+    snap = store.freeze_now("r")
+    assert [c.model_call_id for c in snap.incomplete_calls] == ["lost"]
+
+
+def test_a_waiter_is_resolved_without_a_concurrent_future(tmp_path: Path) -> None:
+    writer = JsonlWriter(tmp_path / "calls")
+
+    async def call() -> object:
+        loop = asyncio.get_running_loop()
+        waiter = LoopWaiter(loop, loop.create_future())
+        writer.begin("r", "c1")
+        returned = writer.submit("r", b'{"model_call_id":"c1"}\n', "c1", waiter=waiter)
+        await asyncio.wait_for(waiter.future, 60)
+        return returned
+
+    try:
+        assert asyncio.run(call()) is None
+        assert writer.submit("r", b'{"model_call_id":"c2"}\n', "c2") is not None  # sync callers keep theirs
+        assert writer.flush(60)
+    finally:
+        writer.close()
+    assert (tmp_path / "calls" / "r.capture.jsonl").read_bytes().count(b"\n") == 2
 
 
 def test_the_store_has_one_listing_of_rollouts(tmp_path: Path) -> None:
