@@ -186,17 +186,20 @@ def make_root(root: Path, fsync: Fsync, mode: int = DIR_MODE) -> None:
     fsync_dir(root.parent, fsync)
 
 
-def check_directory(root: Path, *, allow_shared: bool) -> None:
+def check_directory(root: Path, *, allow_shared: bool) -> bool:
     """Refuse a capture directory that other users can write: they could plant the links, FIFOs and hard
-    links the store refuses, and make every capture fail. A missing directory passes (it is created 0700)."""
+    links the store refuses, and make every capture fail. A missing directory passes (it is created 0700).
+
+    True when ``root`` was checked and is an existing directory (the caller need not ``stat`` it again to
+    create it)."""
     if allow_shared:
-        return
+        return False
     try:
         st = os.stat(root)
     except (FileNotFoundError, NotADirectoryError):
-        return
+        return False
     if not stat.S_ISDIR(st.st_mode):
-        return
+        return False
     reasons = []
     if st.st_mode & stat.S_IWOTH:
         reasons.append(f"world-writable (mode {stat.S_IMODE(st.st_mode):04o})")
@@ -208,6 +211,7 @@ def check_directory(root: Path, *, allow_shared: bool) -> None:
             "links or files in it; use a directory only you can write, or opt in with "
             "allow_shared_directory=True (OTEL_CAPTURE_ALLOW_SHARED_DIR=1)"
         )
+    return True
 
 
 class DirFds:
@@ -241,9 +245,15 @@ class DirFds:
     def root_fd(self) -> int:
         fd = self._fds.get("")
         if fd is None:
-            if self._create:
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+            try:
+                fd = os.open(self.root, flags)  # no stat first: the directory is there nearly always
+            except FileNotFoundError:
+                if not self._create:
+                    raise
                 make_root(self.root, self._fsync)
-            fd = self._fds[""] = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                fd = os.open(self.root, flags)
+            self._fds[""] = fd
         return fd
 
     def state_fd(self, sub: str | None = None) -> int:

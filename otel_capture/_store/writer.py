@@ -421,8 +421,8 @@ class JsonlWriter:
     def _ensure_dir(self) -> None:
         """Checked each batch (one ``stat``): a directory made world-writable under a running writer stops
         capture. Created 0700 (records are training data); its parent is synced so it survives a crash."""
-        check_directory(self.root, allow_shared=self._allow_shared)
-        make_root(self.root, self._fsync, self._dir_mode)
+        if not check_directory(self.root, allow_shared=self._allow_shared):
+            make_root(self.root, self._fsync, self._dir_mode)
 
     def _drop_late(self, item: _Item, error: CaptureFrozenError) -> None:
         # Quietly: a late call of a frozen or retired rollout is the lifecycle working, not a failure.
