@@ -296,10 +296,6 @@ def _lifecycle(args: argparse.Namespace) -> int:
     return EXIT_ERROR if result["failed"] else EXIT_OK
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _run_demo() -> Callable[..., int]:
     """The demo's entry point, imported by name: ``otel_capture.demo`` is installed from ``examples/demo``
     (the build's package-dir mapping), which a type checker reading the source tree cannot follow."""
@@ -307,3 +303,7 @@ def _run_demo() -> Callable[..., int]:
 
     run_demo: Callable[..., int] = importlib.import_module("otel_capture.demo.run").run_demo
     return run_demo
+
+
+if __name__ == "__main__":
+    sys.exit(main())
