@@ -9,13 +9,14 @@ but forward the request and stream the answer back, with:
 * ``aiohttp``: one ``aiohttp.ClientSession`` (``TCPConnector(limit=0)``);
 * ``httpcore``: one ``httpcore.AsyncConnectionPool`` (httpx's transport, without httpx);
 * ``httpx``: one ``httpx.AsyncClient``;
-* ``httpx x16``: 16 ``httpx.AsyncClient``s round-robin, the pool sharding ``otel-capture proxy`` uses;
+* ``httpx x16``: 16 ``httpx.AsyncClient``s round-robin, the pool sharding ``otel-capture proxy`` used
+  before it moved to one ``aiohttp.ClientSession``;
 * ``raw``: no client library: an asyncio protocol with httptools' response parser (the parser uvicorn
   serves with) and a stack of idle kept-alive connections, written for this benchmark only: the floor a
   forwarding client can reach on this stack;
 
 and, for reference, ``otel-capture proxy`` itself without ``--capture-dir`` (its HTTP server span, its
-capture middleware passing spans only, its 16 httpx clients and disconnect watcher). 64 concurrent, wrk.
+capture middleware passing spans only, its aiohttp session and disconnect watcher). 64 concurrent, wrk.
 Columns as in ``bench_goals.py``: req/s, the forwarder's CPU per call (its process), the upstream's, and
 how busy the rest of the machine was.
 """
@@ -37,7 +38,7 @@ FORWARDERS = [
     ("fwd-aiohttp", "forwarder: one aiohttp.ClientSession"),
     ("fwd-httpcore", "forwarder: one httpcore.AsyncConnectionPool"),
     ("fwd-httpx", "forwarder: one httpx.AsyncClient"),
-    ("fwd-httpx16", "forwarder: 16 httpx.AsyncClients (the proxy's shards)"),
+    ("fwd-httpx16", "forwarder: 16 httpx.AsyncClients (the proxy's former shards)"),
     ("fwd-raw", "forwarder: asyncio protocol + httptools parser (bench-only floor)"),
 ]
 

@@ -44,7 +44,7 @@ from opentelemetry.util.http import get_excluded_urls
 from ._asgi import ASGIApp, Message, Receive, Scope, Send
 from ._middleware import ModelCallCaptureMiddleware, server_span_details
 from ._server_span import LeanServerSpanMiddleware
-from ._settings import CaptureSettings
+from ._settings import CaptureSettings, HeaderCaptureSettings
 
 _logger = logging.getLogger(__name__)
 
@@ -176,12 +176,16 @@ def _instrument_stack(app: Any, stack: ASGIApp, options: dict[str, Any]) -> ASGI
     if getattr(app, "_is_instrumented_by_opentelemetry", False):
         return stack  # the FastAPI/Starlette instrumentation wraps this in its own HTTP server span
     is_fastapi = any(c.__module__.startswith("fastapi") for c in type(app).__mro__)
+    headers = HeaderCaptureSettings.from_environ()  # OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_*
     server = LeanServerSpanMiddleware(
         stack,
         tracer_provider=options["tracer_provider"],
         meter_provider=options["meter_provider"],
         excluded_urls=get_excluded_urls("FASTAPI" if is_fastapi else "STARLETTE"),
         default_span_details=server_span_details,  # named without the rollout prefix
+        capture_request_headers=headers.capture_request_headers,
+        capture_response_headers=headers.capture_response_headers,
+        sanitize_headers=headers.sanitize_headers,
     )
     if is_fastapi:
         _without_fastapi_server_telemetry(app)

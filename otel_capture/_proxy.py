@@ -1,9 +1,9 @@
 """The capture proxy: the capture middleware in front of any OpenAI/Anthropic-compatible server.
 
-``UpstreamProxy`` is a pure ASGI app that forwards each request to the upstream with httpx, streaming
-both ways without buffering. ``build_proxy_app`` wraps it in the capture middleware and, outside that,
-the request-size limit and ``opentelemetry-instrumentation-asgi``'s HTTP server span (without its
-per-chunk send/receive spans), which is shown query values and secret headers redacted.
+``UpstreamProxy`` is a pure ASGI app that forwards each request to the upstream with one
+``aiohttp.ClientSession``, streaming both ways without buffering. ``build_proxy_app`` wraps it in the
+capture middleware and, outside that, the request-size limit and the lean HTTP server span
+(``LeanServerSpanMiddleware``), which redacts query values and credential headers itself.
 
 A call ends when it is over, whatever the other side does: the upstream gets ``upstream_timeout`` seconds
 for each byte; a client that leaves is noticed while the upstream thinks, not only while it streams; a
@@ -14,23 +14,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import socket
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 import uvicorn
+from multidict import CIMultiDict
 from opentelemetry import propagate
-from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind
 from opentelemetry.util.http import remove_url_credentials
+from yarl import URL
 
 from ._asgi import ASGIApp, Message, Receive, Scope, Send
 from ._middleware import (
@@ -39,16 +39,17 @@ from ._middleware import (
     server_span_details,
     unprefixed_raw_path,
 )
-from ._proxy_guards import SCOPE_QUERY_STRING, QueryRedaction, RequestSizeLimit
+from ._proxy_guards import RequestSizeLimit
+from ._server_span import LeanServerSpanMiddleware
 from ._settings import CaptureSettings, ProxySettings, WriterSettings, upstream_from_environ
 from ._telemetry import build_tracer_provider
 
 _logger = logging.getLogger(__name__)
 
-# Hop-by-hop headers (RFC 9110 §7.6.1) are never forwarded; content-length is recomputed by httpx and
-# host names the upstream. accept-encoding is dropped, and the proxy's clients ask for identity, so the
-# upstream answers uncompressed (the client then receives it uncompressed too); an upstream that compresses
-# anyway reaches the client as sent and is decoded for the record only.
+# Hop-by-hop headers (RFC 9110 §7.6.1) are never forwarded; content-length is recomputed by the client and
+# host names the upstream. accept-encoding is replaced by ``identity``, so the upstream answers
+# uncompressed (the client then receives it uncompressed too); an upstream that compresses anyway reaches
+# the client as sent (the session never decodes) and is decoded for the record only.
 _REQUEST_DROP = {
     b"host",
     b"connection",
@@ -62,17 +63,20 @@ _REQUEST_DROP = {
     b"accept-encoding",
 }
 _RESPONSE_DROP = {b"connection", b"keep-alive", b"te", b"trailer", b"transfer-encoding", b"upgrade"}
+# Headers aiohttp would add on its own: the upstream sees the client's (and identity, above) instead.
+_NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 
-
-_SHARDS = 16
-_KEEPALIVE_PER_SHARD = 16
+_CONNECTIONS = 256  # open upstream connections at most (calls beyond wait for one): 64+ concurrent calls
 _CONNECT_TIMEOUT = 30.0
 _DRAIN_BOUND = 10.0  # seconds a shutdown waits for cancelled calls to hand over their records
-# Sending failed this way on a reused keep-alive connection, before any byte of the answer: the upstream
-# closed it while idle just as the request went out. Safe to send again, once, on a fresh connection.
-_STALE_CONNECTION = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
-_T = TypeVar("_T")
+
+def _stale(exc: BaseException) -> bool:
+    """The upstream closed the connection before any byte of the answer (aiohttp's error for a kept-alive
+    connection the upstream closed while idle, just as the request went out); not a refused connect."""
+    return isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)) and not isinstance(
+        exc, aiohttp.ClientConnectorError
+    )
 
 
 class UpstreamProxy:
@@ -83,18 +87,18 @@ class UpstreamProxy:
         upstream: str,
         *,
         on_shutdown: list[Callable[[], None]] | None = None,
-        timeout: httpx.Timeout | None = None,
         settings: ProxySettings | None = None,
     ) -> None:
-        self.upstream = httpx.URL(upstream.rstrip("/"))
+        base = URL(upstream.rstrip("/"))
+        self._origin = str(base.origin())
+        self._base_path = base.raw_path.rstrip("/")
         self.shown_upstream = display_url(upstream.rstrip("/"))  # for messages: never its password
-        if timeout is None:
-            limit = (settings or ProxySettings()).upstream_timeout
-            timeout = httpx.Timeout(limit, connect=min(_CONNECT_TIMEOUT, limit), pool=None)
-        self._timeout = timeout
-        self._clients: list[httpx.AsyncClient] = []
-        self._fresh: httpx.AsyncClient | None = None  # no keep-alive: the retry of a stale connection
-        self._turn = itertools.count()
+        # credentials in the URL go as Basic auth, unless the client sends its own authorization
+        self._auth = aiohttp.BasicAuth(base.user, base.password or "").encode() if base.user else None
+        self.timeout = (settings or ProxySettings()).upstream_timeout
+        self._session: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None  # no keep-alive: the retry of a stale connection
+        self._closed = False  # after the lifespan's shutdown no session is opened again (none left unclosed)
         self._on_shutdown = on_shutdown or []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -118,123 +122,167 @@ class UpstreamProxy:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    def _next_client(self) -> httpx.AsyncClient:
-        """Round-robin over a few clients. httpcore's pool checks every pooled connection on every request
-        (a readability syscall each), so one pool of N connections costs O(N) per request: at 64
-        concurrent calls the proxy spent most of its time there. Shards keep each pool small."""
-        if not self._clients:
-            self._clients = [self._client(_KEEPALIVE_PER_SHARD) for _ in range(_SHARDS)]
-        return self._clients[next(self._turn) % _SHARDS]
-
-    def _client(self, keepalive: int) -> httpx.AsyncClient:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=keepalive)
-        headers = {"accept-encoding": "identity"}  # httpx would ask for gzip: see _REQUEST_DROP
-        return httpx.AsyncClient(timeout=self._timeout, limits=limits, headers=headers, trust_env=False)
+    def _new_session(self, keep_alive: bool) -> aiohttp.ClientSession:
+        """A session on the serving loop: one pool of kept-alive connections (aiohttp looks up an idle one
+        in O(1), unlike httpcore's pool, which polls every pooled connection per request)."""
+        connector = aiohttp.TCPConnector(
+            limit=_CONNECTIONS, limit_per_host=0, force_close=not keep_alive, ttl_dns_cache=None
+        )
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=min(_CONNECT_TIMEOUT, self.timeout), sock_read=self.timeout
+        )
+        return aiohttp.ClientSession(
+            connector=connector,
+            timeout=timeout,
+            auto_decompress=False,  # the client gets the upstream's bytes; the record decodes its copy
+            skip_auto_headers=_NO_AUTO_HEADERS,
+            trust_env=False,
+            cookie_jar=aiohttp.DummyCookieJar(),  # the upstream's cookies are the client's business
+            requote_redirect_url=False,
+        )
 
     async def aclose(self) -> None:
-        clients, self._clients = self._clients, []
-        if self._fresh is not None:
-            clients.append(self._fresh)
-            self._fresh = None
-        for client in clients:
-            await client.aclose()
+        self._closed = True
+        sessions = [s for s in (self._session, self._fresh) if s is not None]
+        self._session = self._fresh = None
+        for session in sessions:
+            await session.close()
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await _read_body(receive)
         if body is None:
             return  # the client left before sending its request
-        path = self.upstream.raw_path.rstrip(b"/") + unprefixed_raw_path(scope)
-        query = scope.get(SCOPE_QUERY_STRING) or scope.get("query_string")
+        path = self._base_path + unprefixed_raw_path(scope).decode("latin-1")
+        query: bytes = scope.get("query_string", b"")
         if query:
-            path += b"?" + query
-        url = self.upstream.copy_with(raw_path=path)
+            path += "?" + query.decode("latin-1")
+        url = URL(self._origin + path, encoded=True)
         trace_headers: dict[str, str] = {}
         propagate.inject(trace_headers)  # this proxy's span is the upstream's parent (baggage passes as sent)
         trace_headers.pop("baggage", None)
-        drop = _REQUEST_DROP | {k.encode() for k in trace_headers}
-        headers = [(k, v) for k, v in scope.get("headers", ()) if k.lower() not in drop]
-        headers += [(k.encode(), v.encode()) for k, v in trace_headers.items()]
-        client = self._next_client()
-        request = client.build_request(scope["method"], url, headers=headers, content=body)
-        # The client may leave at any time, also while the upstream has not answered yet.
-        disconnected = asyncio.Event()
-        watcher = asyncio.create_task(_watch_disconnect(receive, disconnected))
+        drop = _REQUEST_DROP | {k.encode() for k in trace_headers} if trace_headers else _REQUEST_DROP
+        headers: CIMultiDict[str] = CIMultiDict(
+            (k.decode("latin-1"), v.decode("latin-1"))
+            for k, v in scope.get("headers", ())
+            if k.lower() not in drop
+        )
+        headers.extend(trace_headers)
+        headers["accept-encoding"] = "identity"
+        if self._auth is not None and "authorization" not in headers:
+            headers["authorization"] = self._auth
+        # The client may leave at any time, also while the upstream has not answered yet: one watcher per
+        # call cancels this task then (no per-chunk wait on two futures).
+        task = asyncio.current_task()
+        assert task is not None
+        watch = _ClientWatch(task)
+        watcher = asyncio.get_running_loop().create_task(watch.run(receive))
         try:
-            response = await self._answer(client, request, disconnected, send)
-            if response is None:
-                return  # answered with an error, or the client left: the call is over
-            try:
-                await self._relay(scope, response, disconnected, send)
-            finally:
-                await response.aclose()
+            await self._exchange(scope, url, headers, body, send)
+        except asyncio.CancelledError:
+            if not watch.left:
+                raise  # cancelled from outside (a shutdown past its bound)
+            uncancel = getattr(task, "uncancel", None)  # Python 3.11+: cancellations still requested
+            if uncancel is not None and uncancel() > 0:
+                raise  # cancelled from outside as well
+            # the client left: the upstream's connection is closed; the capture saw the disconnect
         finally:
+            watch.active = False
             watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
 
-    async def _answer(
-        self, client: httpx.AsyncClient, request: httpx.Request, disconnected: asyncio.Event, send: Send
-    ) -> httpx.Response | None:
-        """The upstream's response (headers read, body not yet), or None once the client has left or has
-        been answered 504/502 (the message names the upstream without its credentials)."""
+    async def _exchange(
+        self, scope: Scope, url: URL, headers: CIMultiDict[str], body: bytes, send: Send
+    ) -> None:
         try:
-            return await _unless(self._send(client, request), disconnected)
-        except httpx.TimeoutException as exc:
-            message = (
-                f"upstream {self.shown_upstream} timed out: {exc!r} (upstream timeout {self._timeout.read} s)"
-            )
+            response = await self._request(scope["method"], url, headers, body)
+        except asyncio.TimeoutError as exc:
+            message = f"upstream {self.shown_upstream} timed out: {exc!r} (upstream timeout {self.timeout} s)"
             await _send_error(send, 504, "upstream_timeout", message)
-        except httpx.HTTPError as exc:
+            return
+        except aiohttp.ClientError as exc:
             await _send_error(
                 send, 502, "upstream_unreachable", f"upstream {self.shown_upstream} failed: {exc!r}"
             )
-        return None
-
-    async def _send(self, client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
-        """Send; a request that failed on a reused keep-alive connection before any byte of the answer
-        arrived (the upstream closed it while idle, just as the request went out) goes once more on a fresh
-        connection, as HTTP clients do. The body is in memory, so sending it again is safe."""
-        connection = _ConnectionWatch()
-        request.extensions["trace"] = connection.trace
+            return
+        complete = False
         try:
-            return await client.send(request, stream=True)
-        except _STALE_CONNECTION as exc:
-            if connection.opened:
-                raise  # a fresh connection failed: the upstream's own failure
-            _logger.debug(
-                "upstream %s closed a kept-alive connection (%r); sending again", self.shown_upstream, exc
-            )
-        if self._fresh is None:
-            self._fresh = self._client(0)
-        return await self._fresh.send(request, stream=True)
+            await self._relay(scope, response, send)
+            complete = True
+        finally:
+            if complete and response.content.is_eof():
+                response.release()  # read to its end: the connection goes back to the pool
+            else:
+                response.close()  # stopped early, failed or cancelled: the connection is not reused
 
-    async def _relay(
-        self, scope: Scope, response: httpx.Response, disconnected: asyncio.Event, send: Send
-    ) -> None:
-        headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _RESPONSE_DROP]
-        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    async def _request(
+        self, method: str, url: URL, headers: CIMultiDict[str], body: bytes
+    ) -> aiohttp.ClientResponse:
+        """Send; a request the upstream dropped before any byte of the answer (it closed the kept-alive
+        connection while idle, just as the request went out) goes once more on a fresh connection, as HTTP
+        clients do. The body is in memory, so sending it again is safe."""
+        if self._closed:
+            raise aiohttp.ClientConnectionError("the proxy is shutting down")
+        if self._session is None:
+            self._session = self._new_session(keep_alive=True)
+        data = body or None
+        try:
+            return await self._session.request(
+                method, url, headers=headers, data=data, allow_redirects=False, compress=None
+            )
+        except aiohttp.ClientError as exc:
+            if not _stale(exc):
+                raise
+            _logger.debug("upstream %s dropped a request (%r); sending again", self.shown_upstream, exc)
+        if self._closed:
+            raise aiohttp.ClientConnectionError("the proxy is shutting down")
+        if self._fresh is None:
+            self._fresh = self._new_session(keep_alive=False)
+        return await self._fresh.request(
+            method, url, headers=headers, data=data, allow_redirects=False, compress=None
+        )
+
+    async def _relay(self, scope: Scope, response: aiohttp.ClientResponse, send: Send) -> None:
+        headers = [(k, v) for k, v in response.raw_headers if k.lower() not in _RESPONSE_DROP]
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
         # A compressed body goes on past its last event (the encoding's own end): relay it whole.
         may_stop = response.headers.get("content-encoding", "identity").strip().lower() == "identity"
-        async with contextlib.aclosing(_until(response.aiter_raw(), disconnected)) as chunks:
-            async for chunk in chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                if may_stop and scope.get(SCOPE_RESPONSE_COMPLETE):
-                    break  # the capture saw the stream's last event: the call is over, whatever the upstream does
-        if not disconnected.is_set():
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        chunks = response.content.iter_any()
+        while True:
+            try:
+                chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                break
+            except asyncio.TimeoutError as exc:  # recorded under a name of its own, whatever the client
+                raise ReadTimeout(f"no byte from the upstream for {self.timeout} s") from exc
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if may_stop and scope.get(SCOPE_RESPONSE_COMPLETE):
+                break  # the capture saw the stream's last event: the call is over, whatever the upstream does
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-class _ConnectionWatch:
-    """An httpcore ``trace`` extension that notes whether a request opened its own connection."""
+class ReadTimeout(TimeoutError):
+    """The upstream sent no byte of its body for the upstream timeout: the stream is cut (the record's
+    ``failure.exception`` names this class)."""
 
-    __slots__ = ("opened",)
 
-    def __init__(self) -> None:
-        self.opened = False
+class _ClientWatch:
+    """Waits for the client's ``http.disconnect`` and then cancels the call's task, once, while the call
+    still forwards."""
 
-    async def trace(self, event: str, info: dict[str, Any]) -> None:
-        if ".connect_" in event:  # connection.connect_tcp / connect_unix_socket
-            self.opened = True
+    __slots__ = ("active", "left", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.active = True
+        self.left = False
+
+    async def run(self, receive: Receive) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+        if self.active:
+            self.left = True
+            self.task.cancel()
 
 
 async def _read_body(receive: Receive) -> bytes | None:
@@ -246,54 +294,6 @@ async def _read_body(receive: Receive) -> bytes | None:
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return b"".join(chunks)
-
-
-async def _watch_disconnect(receive: Receive, disconnected: asyncio.Event) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            disconnected.set()
-            return
-
-
-async def _unless(awaitable: Awaitable[_T], stop: asyncio.Event) -> _T | None:
-    """What ``awaitable`` returns, or None if ``stop`` is set first (it is then cancelled)."""
-    task = asyncio.ensure_future(awaitable)
-    stop_wait = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()  # this call is cancelled itself (a shutdown past its bound)
-        raise
-    finally:
-        stop_wait.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
-        await task
-    return None
-
-
-async def _until(chunks: AsyncIterator[bytes], stop: asyncio.Event) -> AsyncGenerator[bytes, None]:
-    """Yield upstream chunks until the client disconnects (then the upstream stream is abandoned)."""
-    iterator = chunks.__aiter__()
-    stop_wait = asyncio.ensure_future(stop.wait())
-    try:
-        while True:
-            next_chunk = asyncio.ensure_future(iterator.__anext__())
-            done, _ = await asyncio.wait({next_chunk, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-            if next_chunk not in done:
-                next_chunk.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                    await next_chunk
-                return
-            try:
-                yield next_chunk.result()
-            except StopAsyncIteration:
-                return
-    finally:
-        stop_wait.cancel()
 
 
 async def _send_error(send: Send, status: int, kind: str, message: str) -> None:
@@ -351,8 +351,8 @@ def build_proxy_app(
     tracer_provider: TracerProvider | None = None,
     proxy: ProxySettings | None = None,
 ) -> ASGIApp:
-    """The proxy app: query redaction → HTTP server span → request-size limit → capture middleware →
-    upstream forwarding.
+    """The proxy app: HTTP server span (query values and credential headers redacted) → request-size
+    limit → capture middleware → upstream forwarding.
 
     Without ``tracer_provider`` one is built from ``writer`` (records when it names a directory) and the
     SDK's ``OTEL_*`` configuration (OTLP when ``OTEL_TRACES_EXPORTER`` asks for it), and shut down, so
@@ -373,15 +373,14 @@ def build_proxy_app(
     )
     limited = RequestSizeLimit(capture, proxy.max_request_bytes)
     return _FinishCallsFirst(
-        QueryRedaction(
-            OpenTelemetryMiddleware(
-                limited,
-                tracer_provider=tracer_provider,
-                exclude_spans=["receive", "send"],
-                default_span_details=server_span_details,  # named without the rollout prefix
-                # whatever OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST/_RESPONSE ask for
-                http_capture_headers_sanitize_fields=list(proxy.sanitize_headers),
-            )
+        LeanServerSpanMiddleware(
+            limited,
+            tracer_provider=tracer_provider,
+            default_span_details=server_span_details,  # named without the rollout prefix
+            # url.query values are redacted by the span itself; credential headers always are
+            capture_request_headers=proxy.capture_request_headers,
+            capture_response_headers=proxy.capture_response_headers,
+            sanitize_headers=proxy.sanitize_headers,
         )
     )
 

@@ -48,6 +48,8 @@ ENV_GENAI_CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 ENV_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT = "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT"
 ENV_ATTRIBUTE_VALUE_LENGTH_LIMIT = "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"
 ENV_SANITIZE_HEADERS = "OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SANITIZE_FIELDS"
+ENV_CAPTURE_REQUEST_HEADERS = "OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST"
+ENV_CAPTURE_RESPONSE_HEADERS = "OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_RESPONSE"
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_CONTENT_MAX_LENGTH = 16 * 1024
@@ -237,6 +239,12 @@ class ProxySettings:
     sanitize_headers: tuple[str, ...] = SECRET_HEADERS
     """Header name patterns whose values the HTTP server span shows as ``[REDACTED]``: always
     :data:`SECRET_HEADERS`, plus ``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SANITIZE_FIELDS``."""
+    capture_request_headers: tuple[str, ...] = ()
+    """Request header name patterns (full match, any case) put on the HTTP server span:
+    ``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST``."""
+    capture_response_headers: tuple[str, ...] = ()
+    """Response header name patterns put on the HTTP server span:
+    ``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_RESPONSE``."""
 
     @classmethod
     def from_environ(
@@ -248,7 +256,7 @@ class ProxySettings:
         shutdown_timeout: int | None = None,
     ) -> ProxySettings:
         env = os.environ if environ is None else environ
-        extra = [f.strip() for f in env.get(ENV_SANITIZE_HEADERS, "").split(",") if f.strip()]
+        headers = HeaderCaptureSettings.from_environ(env)
         return cls(
             upstream_timeout=_pick(
                 upstream_timeout, env, (ENV_UPSTREAM_TIMEOUT,), _positive_float, DEFAULT_UPSTREAM_TIMEOUT
@@ -259,8 +267,36 @@ class ProxySettings:
             shutdown_timeout=_pick(
                 shutdown_timeout, env, (ENV_SHUTDOWN_TIMEOUT,), _positive_int, DEFAULT_SHUTDOWN_TIMEOUT
             ),
+            sanitize_headers=headers.sanitize_headers,
+            capture_request_headers=headers.capture_request_headers,
+            capture_response_headers=headers.capture_response_headers,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderCaptureSettings:
+    """The headers an HTTP server span shows (zero-code's; the proxy's come in :class:`ProxySettings`), as
+    the instrumentation's ``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_*`` variables ask; credential
+    headers (:data:`SECRET_HEADERS`) always read ``[REDACTED]``."""
+
+    capture_request_headers: tuple[str, ...] = ()
+    capture_response_headers: tuple[str, ...] = ()
+    sanitize_headers: tuple[str, ...] = SECRET_HEADERS
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> HeaderCaptureSettings:
+        env = os.environ if environ is None else environ
+        extra = _names(env.get(ENV_SANITIZE_HEADERS, ""))
+        return cls(
+            capture_request_headers=_names(env.get(ENV_CAPTURE_REQUEST_HEADERS, "")),
+            capture_response_headers=_names(env.get(ENV_CAPTURE_RESPONSE_HEADERS, "")),
             sanitize_headers=SECRET_HEADERS + tuple(f for f in extra if f.lower() not in SECRET_HEADERS),
         )
+
+
+def _names(value: str) -> tuple[str, ...]:
+    """A comma-separated list of header names or patterns, blanks dropped."""
+    return tuple(f.strip() for f in value.split(",") if f.strip())
 
 
 def upstream_from_environ(environ: Mapping[str, str] | None = None) -> str:

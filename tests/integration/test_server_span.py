@@ -219,6 +219,28 @@ def test_headers_only_when_asked_and_credentials_always_redacted(telemetry: Tele
     assert not any("sk-leak-check" in str(value) for value in with_headers.values())
 
 
+def test_zero_code_captures_the_headers_the_variables_ask_for_credentials_redacted(
+    instrumented: None, telemetry: Telemetry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST", "x-note,authorization")
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_RESPONSE", "content-type")
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SANITIZE_FIELDS", "x-note")
+    app = Starlette(routes=[Route("/v1/chat/completions", _chat, methods=["POST"])])
+    with serve(app) as url:  # the stack (and the variables) are read at the first request
+        response = httpx.post(
+            f"{url}/ng-rollout/h-1/v1/chat/completions",
+            json={"model": "gpt-4o", "messages": []},
+            headers={"authorization": "Bearer sk-leak-check-1", "x-note": "sk-leak-check-2", "x-other": "o"},
+        )
+    assert response.status_code == 200
+    attributes = dict(_server_span(telemetry).attributes)
+    assert attributes["http.request.header.authorization"] == ("[REDACTED]",)
+    assert attributes["http.request.header.x-note"] == ("[REDACTED]",)
+    assert attributes["http.response.header.content-type"] == ("application/json",)
+    assert "http.request.header.x-other" not in attributes  # only what the variable names
+    assert not any("sk-leak-check" in str(value) for value in attributes.values())
+
+
 def test_a_configured_response_propagator_tells_the_client_its_trace(
     replay_server: ReplayModelServer, telemetry: Telemetry
 ) -> None:
