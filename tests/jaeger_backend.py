@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from support import free_port
 
-from otel_capture._proxy import bind_socket
 from otel_capture._settings import cache_dir
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "jaeger"
@@ -71,13 +71,6 @@ def jaeger_binary() -> Path:
     return binary
 
 
-def _free_port() -> int:
-    sock = bind_socket("127.0.0.1", 0)
-    port: int = sock.getsockname()[1]
-    sock.close()
-    return port
-
-
 @dataclass
 class Jaeger:
     query_url: str  # the UI and its HTTP API
@@ -117,7 +110,7 @@ class Jaeger:
 
 
 def _start(binary: Path, working_dir: Path, attempt: int) -> tuple[subprocess.Popen[bytes], Jaeger, Path]:
-    grpc, http, query, query_grpc = (_free_port() for _ in range(4))
+    grpc, http, query, query_grpc = (free_port() for _ in range(4))
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "JAEGER_"))},
         "JAEGER_OTLP_GRPC_ENDPOINT": f"127.0.0.1:{grpc}",

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from support import free_port
 
-from otel_capture._proxy import bind_socket
 from otel_capture._settings import cache_dir
 
 PHOENIX_VERSION = "20.26.1"
@@ -58,13 +58,6 @@ def phoenix_venv() -> Path:
     return venv
 
 
-def _free_port() -> int:
-    sock = bind_socket("127.0.0.1", 0)
-    port: int = sock.getsockname()[1]
-    sock.close()
-    return port
-
-
 @dataclass
 class Phoenix:
     url: str
@@ -90,7 +83,7 @@ class Phoenix:
 @contextlib.contextmanager
 def running_phoenix(working_dir: Path) -> Iterator[Phoenix]:
     venv = phoenix_venv()
-    port, grpc_port = _free_port(), _free_port()  # Phoenix binds by number; a port race here is unlikely
+    port, grpc_port = free_port(), free_port()  # Phoenix binds by number; a port race here is unlikely
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PHOENIX_"))},
         "PHOENIX_HOST": "127.0.0.1",

@@ -203,10 +203,12 @@ async def _wait_for_disconnect(receive: Any) -> None:
 
 
 @contextlib.contextmanager
-def serve(app: Any) -> Iterator[str]:
-    """Serve ``app`` with a real uvicorn on 127.0.0.1, a free port; yields its base URL."""
+def serve(app: Any, **config: Any) -> Iterator[str]:
+    """Serve ``app`` with a real uvicorn on 127.0.0.1, a free port; yields its base URL. ``config`` goes to
+    ``uvicorn.Config`` (e.g. ``timeout_keep_alive``)."""
     sock = bind_socket("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="auto", log_level="warning", access_log=False))
+    options: dict[str, Any] = {"lifespan": "auto", "log_level": "warning", "access_log": False, **config}
+    server = uvicorn.Server(uvicorn.Config(app, **options))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     started = threading.Event()
@@ -219,6 +221,14 @@ def serve(app: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now, for a server that must be told its port (Jaeger, Phoenix)."""
+    sock = bind_socket("127.0.0.1", 0)
+    port: int = sock.getsockname()[1]
+    sock.close()
+    return port
 
 
 def recorded_streams() -> list[tuple[str, str, bytes]]:

@@ -23,7 +23,6 @@ from typing import Any
 import brotli
 import httpx
 import pytest
-import uvicorn
 from support import (
     RECORDED,
     Gate,
@@ -43,7 +42,6 @@ from otel_capture import (
     read_model_call_records,
     start_proxy,
 )
-from otel_capture._proxy import bind_socket, socket_url
 
 PATHS = {"chat": "chat/completions", "responses": "responses", "messages": "messages"}
 STREAMS = {
@@ -508,26 +506,6 @@ def test_a_request_on_a_connection_the_upstream_closed_while_idle_goes_again_on_
     assert [r.error_category for r in records] == [None] * calls
 
 
-@contextlib.contextmanager
-def _serve_with_keep_alive(app: Any, seconds: int) -> Iterator[str]:
-    sock = bind_socket("127.0.0.1", 0)
-    config = uvicorn.Config(
-        app, lifespan="auto", log_level="warning", access_log=False, timeout_keep_alive=seconds
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError("test server failed to start")
-        time.sleep(0.005)
-    try:
-        yield socket_url(sock)
-    finally:
-        server.should_exit = True
-        thread.join(BOUND)
-
-
 def test_paced_calls_to_an_upstream_with_a_one_second_keep_alive_get_no_502(
     telemetry: Telemetry, replay_server: ReplayModelServer
 ) -> None:
@@ -549,7 +527,7 @@ def test_paced_calls_to_an_upstream_with_a_one_second_keep_alive_get_no_502(
         return statuses
 
     with (
-        _serve_with_keep_alive(replay_server, 1) as upstream,
+        serve(replay_server, timeout_keep_alive=1) as upstream,
         start_proxy(upstream, settings=CaptureSettings(), tracer_provider=telemetry.provider) as proxy,
     ):
         statuses = asyncio.run(rounds(proxy.url))
