@@ -1,5 +1,5 @@
-"""Two small ASGI layers the capture proxy puts around its stack: the request-size limit, and the query
-string the HTTP server span is shown (every value ``REDACTED``, so ``?api_key=...`` never reaches a span).
+"""The capture proxy's request-size limit, and :func:`redact_query`, the query string the HTTP server span
+is shown (every value ``REDACTED``, so ``?api_key=...`` never reaches a span).
 """
 
 from __future__ import annotations
@@ -11,23 +11,6 @@ import orjson
 from ._asgi import ASGIApp, Message, Receive, Scope, Send
 
 _logger = logging.getLogger(__name__)
-
-SCOPE_QUERY_STRING = "otel_capture.query_string"  # the request's own query string, hidden from the span
-
-
-class QueryRedaction:
-    """Gives the app below a scope whose query values read ``REDACTED`` (names kept, as the HTTP semantic
-    conventions redact ``url.query``/``url.full``), and the original under :data:`SCOPE_QUERY_STRING`."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        query: bytes = scope.get("query_string", b"") if scope["type"] == "http" else b""
-        if query:
-            scope = dict(scope, query_string=redact_query(query))
-            scope[SCOPE_QUERY_STRING] = query
-        await self.app(scope, receive, send)
 
 
 def redact_query(query: bytes) -> bytes:
