@@ -93,7 +93,7 @@ def _variants() -> dict[str, Any]:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
 
-    from otel_capture._middleware import server_span_details
+    from otel_capture._routing import server_span_details
     from otel_capture._server_span import LeanServerSpanMiddleware
 
     tracer, meter = TracerProvider(), MeterProvider()  # no processor; no reader (OTEL_METRICS_EXPORTER=none)

@@ -42,7 +42,8 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type:
 from opentelemetry.util.http import get_excluded_urls
 
 from ._asgi import ASGIApp, Message, Receive, Scope, Send
-from ._middleware import ModelCallCaptureMiddleware, server_span_details
+from ._middleware import ModelCallCaptureMiddleware
+from ._routing import server_span_details
 from ._server_span import LeanServerSpanMiddleware
 from ._settings import CaptureSettings, HeaderCaptureSettings
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from typing import Any
 
@@ -36,6 +35,7 @@ from opentelemetry import metrics, propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from . import _attributes as A
+from . import _routing as R
 from ._asgi import ASGIApp, Message, Receive, Scope, Send
 from ._call import InFlightCall
 from ._correlation import (
@@ -43,15 +43,10 @@ from ._correlation import (
     CAPTURED_HEADER,
     CAPTURED_VALUE,
     ROLLOUT_ID_HEADER,
-    ROLLOUT_ID_RULE,
-    ROLLOUT_PATH_PREFIX,
     is_valid_rollout_id,
     rollout_id_from_baggage,
-    rollout_id_from_header,
-    rollout_path_prefix,
-    split_rollout_prefix,
 )
-from ._dialects import DIALECT_PATHS, Dialect
+from ._dialects import Dialect
 from ._dialects.tokens import tokens_line
 from ._metrics import ServerMetrics
 from ._settings import CaptureSettings
@@ -61,14 +56,8 @@ from ._version import __version__
 _logger = logging.getLogger(__name__)
 
 SCOPE_CAPTURED = "otel_capture.captured"
-SCOPE_ROLLOUT_ID = "otel_capture.rollout_id"  # from a URL prefix stripped by an outer capture middleware
-SCOPE_ROLLOUT_SOURCE = "otel_capture.rollout_source"  # where that id came from: "url_prefix" or "header"
-# The raw path without the /ng-rollout/<id> part (the path and raw_path keep it, as the ASGI spec wants with
-# the prefix in root_path): what a forwarding app (the proxy) sends on.
-SCOPE_UNPREFIXED_RAW_PATH = "otel_capture.unprefixed_raw_path"
 _CAPTURED_MARK = (CAPTURED_HEADER.encode(), CAPTURED_VALUE.encode())
 _UNCORRELATED_NOTICE_INTERVAL_S = 60.0
-_PREFIX_IN_TEXT = re.compile("/" + ROLLOUT_PATH_PREFIX + "/[^/\\s]*")  # in a span name or a decoded path
 # Set in the app's scope once a captured stream's last event has gone to `send`: an app still relaying
 # (the proxy) may stop reading its source and end the body, so the client's end of stream never waits for
 # an upstream that holds its response open.
@@ -102,18 +91,18 @@ class ModelCallCaptureMiddleware:
         if scope["type"] != "http" or scope.get(SCOPE_CAPTURED):
             await self.app(scope, receive, send)
             return
-        correlated = _correlate(scope)
+        correlated = R.correlate(scope)
         if isinstance(correlated, dict):  # an id that breaks the grammar: refused, naming the rule
             await _send_json(send, 400, correlated)
             return
         scope, rollout_id, source, prefixed = correlated
-        dialect = _dialect_of(scope)
+        dialect = R.dialect_of(scope)
         if prefixed:
-            _name_server_span(scope, dialect)
+            R.name_server_span(scope, dialect)
         if dialect is None:
             await self.app(scope, receive, send)
             return
-        headers = _headers(scope)
+        headers = R.headers_by_name(scope)
         if CAPTURED_VALUE in (v.decode("latin-1").strip() for v in headers.get(CAPTURED_HEADER, [])):
             # A capture layer in front of this one records the call: pass it through (one call, one record).
             await self.app(scope, receive, send)
@@ -167,7 +156,7 @@ class ModelCallCaptureMiddleware:
         baggage_id: str | None,
         headers: dict[str, list[bytes]],
     ) -> None:
-        call = InFlightCall(dialect, rollout_id, self.settings, session_id=_session_id(headers))
+        call = InFlightCall(dialect, rollout_id, self.settings, session_id=R.session_id(headers))
         start = _CallStart(self.sink, rollout_id, call.model_call_id)
         body_messages, disconnected = await _read_request(receive)
         call.set_request(b"".join(m.get("body", b"") for m in body_messages))
@@ -202,10 +191,10 @@ class ModelCallCaptureMiddleware:
                 headers = message.get("headers", ())
                 call.on_response_start(
                     message["status"],
-                    _header(headers, b"content-type"),
-                    _header(headers, b"content-encoding"),
+                    R.first_header(headers, b"content-type"),
+                    R.first_header(headers, b"content-encoding"),
                 )
-                state.content_length = _content_length(headers)
+                state.content_length = R.content_length(headers)
             elif kind == "http.response.body":
                 body = message.get("body", b"")
                 state.sent += len(body)
@@ -262,7 +251,7 @@ class ModelCallCaptureMiddleware:
         attributes[A.MODEL_CALL_ROLLOUT_SOURCE] = source
         if baggage_id is not None and baggage_id != call.rollout_id:
             attributes[A.ROLLOUT_ID_BAGGAGE] = baggage_id
-        attributes.update(_server_attributes(scope, headers))
+        attributes.update(R.server_attributes(scope, headers))
         name = f"{A.OPERATION_CHAT} {call.request_model}" if call.request_model else A.OPERATION_CHAT
         span = self._tracer.start_span(
             name, context=parent, kind=self._span_kind, attributes=attributes, start_time=call.start_time_ns
@@ -409,178 +398,6 @@ async def _read_request(receive: Receive) -> tuple[list[Message], bool]:
         messages.append(message)
         if not message.get("more_body", False):
             return messages, False
-
-
-def _correlate(scope: Scope) -> tuple[Scope, str | None, str, bool] | dict[str, Any]:
-    """Read the rollout id a request carries in its URL prefix or ``x-rollout-id`` header (baggage is read
-    later, for model calls only) and hide both from the app: ``(scope, id, source, prefixed)``, or the
-    ``400`` error payload for an id that breaks the grammar.
-
-    The prefix moves into ``root_path`` (``path`` keeps the full path, as the ASGI spec and Starlette want),
-    so the app routes the rest and the URLs it builds (redirects, ``url_for``) keep the prefix.
-    """
-    rollout_id: str | None = scope.get(SCOPE_ROLLOUT_ID)
-    source: str = scope.get(SCOPE_ROLLOUT_SOURCE, "url_prefix")
-    changes: dict[str, Any] = {}
-    root_path: str = scope.get("root_path", "")
-    # Split on the raw path: in the decoded one, /ng-rollout/a%2Fb/... would look like id "a".
-    raw_root, raw_route = _split_root(scope, root_path)
-    split = split_rollout_prefix(raw_route)
-    if split is not None:
-        prefix_id, raw_rest = split
-        if not is_valid_rollout_id(prefix_id):
-            return _invalid_id_error(prefix_id, "/ng-rollout/<id>/")
-        changes["root_path"] = root_path + rollout_path_prefix(prefix_id)
-        changes[SCOPE_UNPREFIXED_RAW_PATH] = (raw_root + raw_rest).encode("latin-1")
-        rollout_id, source = prefix_id, "url_prefix"
-    header_values = [v for k, v in scope.get("headers", ()) if k.lower() == ROLLOUT_ID_HEADER.encode()]
-    header_id = rollout_id_from_header(header_values)
-    if header_id is not None:
-        if not is_valid_rollout_id(header_id):
-            return _invalid_id_error(header_id, f"the {ROLLOUT_ID_HEADER} header")
-        changes["headers"] = [(k, v) for k, v in scope["headers"] if k.lower() != ROLLOUT_ID_HEADER.encode()]
-        if rollout_id is None:
-            rollout_id, source = header_id, "header"
-    if not changes:
-        return scope, rollout_id, source, False
-    scope = dict(scope, **changes)
-    if rollout_id is not None:  # for a capture middleware below this one (a mounted sub-app)
-        scope[SCOPE_ROLLOUT_ID], scope[SCOPE_ROLLOUT_SOURCE] = rollout_id, source
-    return scope, rollout_id, source, split is not None
-
-
-def _split_root(scope: Scope, root_path: str) -> tuple[str, str]:
-    """The raw path cut into the part ``root_path`` stands for and the rest (the raw route path)."""
-    raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
-    path: str = scope["path"]
-    if (
-        not root_path
-        or not path.startswith(root_path)
-        or path[len(root_path) : len(root_path) + 1] not in ("", "/")
-    ):
-        return "", raw_path
-    cut = 0
-    for _ in range(root_path.rstrip("/").count("/")):  # one raw segment per decoded one
-        cut = raw_path.find("/", cut + 1)
-        if cut < 0:
-            return raw_path, ""
-    return raw_path[:cut], raw_path[cut:]
-
-
-def unprefixed_raw_path(scope: Scope) -> bytes:
-    """The raw path to forward: without the ``/ng-rollout/<id>`` part the capture middleware read."""
-    raw: bytes = scope.get(SCOPE_UNPREFIXED_RAW_PATH) or scope.get("raw_path") or scope["path"].encode()
-    return raw
-
-
-def _route_path(scope: Scope) -> str:
-    """The path the app routes: ``path`` without ``root_path`` (Starlette's ``get_route_path``)."""
-    path: str = scope["path"]
-    root_path: str = scope.get("root_path", "")
-    if root_path and path.startswith(root_path + "/"):
-        path = path[len(root_path) :]  # a mounted app's route path, as Starlette routes it
-    return path
-
-
-def _dialect_of(scope: Scope) -> Dialect | None:
-    if scope.get("method") != "POST":
-        return None
-    path = _route_path(scope)
-    if len(path) > 1 and path.endswith("/"):
-        path = path[:-1]
-    if not path.startswith("/v1/"):
-        path = "/v1" + path  # servers (llama.cpp) and gateways serve /chat/completions etc. without /v1 too
-    return DIALECT_PATHS.get(path)
-
-
-def server_span_details(scope: Scope) -> tuple[str, dict[str, Any]]:
-    """The HTTP server span's name and attributes for ``OpenTelemetryMiddleware(default_span_details=...)``:
-    ``METHOD path`` without the ``/ng-rollout/<id>`` part (one name per route, not one per rollout), and
-    ``http.route`` for a model call's path (``url.path`` keeps the real path)."""
-    method = str(scope.get("method", "")).strip() or "HTTP"
-    path: str = scope.get("path", "")
-    if scope.get("type") != "http":
-        return path or method, {}
-    route = _PREFIX_IN_TEXT.sub("", path, count=1) or "/"
-    attributes: dict[str, Any] = {}
-    if _dialect_of({**scope, "path": route, "root_path": ""}) is not None:
-        attributes[A.HTTP_ROUTE] = route
-    return f"{method} {route}", attributes
-
-
-def _name_server_span(scope: Scope, dialect: Dialect | None) -> None:
-    """Take the rollout id out of the current HTTP server span's name (an outer instrumentation named it by
-    the prefixed path, or only by its method because no route matched it)."""
-    span = trace.get_current_span()
-    name = getattr(span, "name", None)
-    if not span.is_recording() or getattr(span, "kind", None) != SpanKind.SERVER or not isinstance(name, str):
-        return
-    method = str(scope.get("method", ""))
-    route = _route_path(scope)
-    if _PREFIX_IN_TEXT.search(name):
-        span.update_name(_PREFIX_IN_TEXT.sub("", name, count=1))
-    elif dialect is not None and name == method:
-        span.update_name(f"{method} {route}")
-        span.set_attribute(A.HTTP_ROUTE, route)
-
-
-def _headers(scope: Scope) -> dict[str, list[bytes]]:
-    headers: dict[str, list[bytes]] = {}
-    for key, value in scope.get("headers", ()):
-        headers.setdefault(key.decode("latin-1").lower(), []).append(value)
-    return headers
-
-
-def _server_attributes(scope: Scope, headers: dict[str, list[bytes]]) -> dict[str, Any]:
-    """``server.address``/``server.port`` as the client addressed the server (its ``Host`` header, as the
-    HTTP semconv does), else the socket the server listens on."""
-    host = headers.get("host")
-    if host:
-        name, sep, port = host[0].decode("latin-1").strip().rpartition(":")
-        if not sep or "]" in port:  # no port, or a bare IPv6 literal
-            name, port = host[0].decode("latin-1").strip(), ""
-        name = name.strip("[]")
-        if name:
-            attributes: dict[str, Any] = {A.SERVER_ADDRESS: name}
-            if port.isdigit():
-                attributes[A.SERVER_PORT] = int(port)
-            elif scope.get("scheme") in ("http", "https"):
-                attributes[A.SERVER_PORT] = 443 if scope["scheme"] == "https" else 80
-            return attributes
-    server = scope.get("server")
-    if server and server[0]:
-        attributes = {A.SERVER_ADDRESS: server[0]}
-        if server[1] is not None:
-            attributes[A.SERVER_PORT] = server[1]
-        return attributes
-    return {}
-
-
-def _session_id(headers: dict[str, list[bytes]]) -> str | None:
-    values = {v.decode("latin-1").strip() for v in headers.get("x-session-id", [])} - {""}
-    return values.pop() if len(values) == 1 else None
-
-
-def _header(headers: Any, name: bytes) -> str:
-    for key, value in headers:
-        if key.lower() == name:
-            return bytes(value).decode("latin-1")
-    return ""
-
-
-def _content_length(headers: Any) -> int | None:
-    value = _header(headers, b"content-length").strip()
-    return int(value) if value.isdigit() else None
-
-
-def _invalid_id_error(rollout_id: str, where: str) -> dict[str, Any]:
-    return {
-        "error": {
-            "type": "invalid_rollout_id",
-            "message": f"invalid rollout id {rollout_id[:256]!r} in {where}: {ROLLOUT_ID_RULE}",
-            "rule": ROLLOUT_ID_RULE,
-        }
-    }
 
 
 async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:

@@ -33,13 +33,9 @@ from opentelemetry.util.http import remove_url_credentials
 from yarl import URL
 
 from ._asgi import ASGIApp, Message, Receive, Scope, Send
-from ._middleware import (
-    SCOPE_RESPONSE_COMPLETE,
-    ModelCallCaptureMiddleware,
-    server_span_details,
-    unprefixed_raw_path,
-)
+from ._middleware import SCOPE_RESPONSE_COMPLETE, ModelCallCaptureMiddleware
 from ._proxy_guards import RequestSizeLimit
+from ._routing import server_span_details, unprefixed_raw_path
 from ._server_span import LeanServerSpanMiddleware
 from ._settings import CaptureSettings, ProxySettings, WriterSettings, upstream_from_environ
 from ._telemetry import build_tracer_provider

@@ -36,8 +36,8 @@ from opentelemetry.util.http import ExcludeList, parse_excluded_urls
 
 from . import _attributes as A
 from ._asgi import ASGIApp, Message, Receive, Scope, Send
-from ._middleware import server_span_details
 from ._proxy_guards import redact_query
+from ._routing import server_span_details
 from ._settings import SECRET_HEADERS
 from ._version import __version__
 

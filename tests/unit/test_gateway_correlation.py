@@ -9,7 +9,9 @@ import pytest
 
 from otel_capture import InvalidRolloutIdError, rollout_context, rollout_headers
 from otel_capture._correlation import rollout_id_from_header
-from otel_capture._middleware import _correlate, _RateLimitedNotice, server_span_details, unprefixed_raw_path
+from otel_capture._middleware import _RateLimitedNotice
+from otel_capture._routing import correlate as _correlate
+from otel_capture._routing import server_span_details, unprefixed_raw_path
 
 
 def _scope(
