@@ -7,9 +7,13 @@ instead of one fence file (and one fsync) per rollout. ``journal.lock`` serialis
 
 Readers keep an in-memory view and refresh it with one ``lstat``: unchanged size and inode means nothing
 to read; a larger size means read only the new tail; a new inode (compaction) means reload. Once more
-than a third of the lines are superseded (a drop's freeze line, a deleted rollout's events), the next
-append rewrites the journal with only the fences in force: amortised O(1) per event, and at most 1.5
-lines per fence in force. See ``docs/lifecycle.md``.
+than a third of the lines are superseded (a drop's freeze line, a deleted rollout's earlier events, a
+delete older than :data:`DELETE_RETENTION_S`), the next append rewrites the journal with only the fences
+in force and the recent deletes: amortised O(1) per event, and at most 1.5 lines per line in force.
+
+A delete line is kept for :data:`DELETE_RETENTION_S` (it carries its wall-clock time ``at``): it is what
+makes a call admitted before the delete late in every process, and a compaction that dropped it at once
+would let such a call write into the reused id. See ``docs/lifecycle.md``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import logging
 import os
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -36,6 +41,9 @@ JOURNAL_NAME = "fences.journal"
 LOCK_NAME = "journal.lock"
 COMPACT_MIN_LINES = 4096
 CHUNK_BYTES = 1 << 20  # lines are encoded and written (and read back) a chunk at a time, whatever the batch
+# How long a compaction keeps a delete line: longer than any call can stay in flight (a call admitted before
+# a delete and written after the delete's line is gone would land in the reused id).
+DELETE_RETENTION_S = 24 * 3600.0
 
 FenceKind = Literal["frozen", "retired"]
 Hook = Callable[[str], None]
@@ -77,7 +85,8 @@ class FenceJournal:
         self._lines = 0
         self.max_seq = 0
         self._fences: dict[str, Fence] = {}  # in seq order: compaction writes them as they are
-        self._deleted_seq: dict[str, int] = {}  # last seq of rollouts whose last event is a delete
+        # Rollouts whose last event is a delete: (seq, wall-clock time), in the order they were deleted.
+        self._deleted: dict[str, tuple[int, float]] = {}
         self._corrupt: dict[str, str] = {}
         self._raw_corrupt: list[bytes] = []
 
@@ -148,10 +157,11 @@ class FenceJournal:
         assert isinstance(rid, str)
         self._corrupt.pop(rid, None)
         self._fences.pop(rid, None)  # re-inserted last: the dict stays in seq order
+        self._deleted.pop(rid, None)  # re-inserted last: the dict stays in the order of deletion
         if op == "delete":
-            self._deleted_seq[rid] = seq
+            at = event.get("at")
+            self._deleted[rid] = (seq, float(at) if isinstance(at, (int, float)) else 0.0)
             return
-        self._deleted_seq.pop(rid, None)
         self._fences[rid] = Fence(
             kind="frozen" if op == "freeze" else "retired",
             seq=seq,
@@ -172,7 +182,10 @@ class FenceJournal:
         """The seq of the rollout's last event (its epoch); 0 when it has none."""
         with self._view_lock:
             fence = self._fences.get(rollout_id)
-            return fence.seq if fence is not None else self._deleted_seq.get(rollout_id, 0)
+            if fence is not None:
+                return fence.seq
+            deleted = self._deleted.get(rollout_id)
+            return deleted[0] if deleted is not None else 0
 
     def fences(self) -> dict[str, Fence]:
         with self._view_lock:
@@ -243,7 +256,10 @@ class FenceJournal:
                 chunk += b"\n"  # terminate a line torn by a crashed appender
         wrote = bool(chunk)
         count = 0
+        now = round(time.time(), 3)
         for count, event in enumerate(events, 1):
+            if event.get("op") == "delete":
+                event = {**event, "at": now}
             chunk += _dumps({"seq": self.max_seq + count, **event})
             if len(chunk) >= CHUNK_BYTES:
                 write_all(fd, chunk)
@@ -256,8 +272,23 @@ class FenceJournal:
 
     def _mostly_superseded(self) -> bool:
         with self._view_lock:
-            live = len(self._fences) + len(self._raw_corrupt) + 1
-            return self._lines > COMPACT_MIN_LINES and 2 * (self._lines - live) > live
+            if self._lines <= COMPACT_MIN_LINES:
+                return False
+            live = (
+                len(self._fences) + len(self._deleted) - self._expired_deletes() + len(self._raw_corrupt) + 1
+            )
+            return 2 * (self._lines - live) > live
+
+    def _expired_deletes(self) -> int:
+        """Delete lines a compaction would drop (older than the retention), counted from the oldest: the
+        view keeps deletes in the order they happened, so this stops at the first recent one."""
+        cutoff = time.time() - DELETE_RETENTION_S
+        expired = 0
+        for _, at in self._deleted.values():
+            if at >= cutoff:
+                break
+            expired += 1
+        return expired
 
     def _compact(self, dirs: DirFds, fsync: Fsync) -> None:
         """Rewrite the journal with only the fences still in force (under the journal lock): written to a
@@ -302,6 +333,13 @@ class FenceJournal:
             if len(chunk) >= CHUNK_BYTES:
                 yield bytes(chunk)
                 chunk.clear()
+        cutoff = time.time() - DELETE_RETENTION_S
+        for rid, (seq, at) in self._deleted.items():
+            if at >= cutoff:
+                chunk += _dumps({"seq": seq, "op": "delete", "id": rid, "at": at})
+                if len(chunk) >= CHUNK_BYTES:
+                    yield bytes(chunk)
+                    chunk.clear()
         for line in self._raw_corrupt:
             chunk += line + b"\n"
         yield bytes(chunk)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -589,6 +591,86 @@ def test_the_writer_drops_a_call_that_began_before_a_retire_and_delete(
     writer.submit("r", b'{"model_call_id":"new"}\n', "new").result()
     snap = store.freeze_now("r")
     assert [r.model_call_id for r in snap.records] == ["new"] and not snap.incomplete
+
+
+def _churn_until_compacted(root: Path, store: CaptureStore) -> None:
+    """Retire and delete other ids until the fence journal has been rewritten (a new inode)."""
+    journal = root / STATE_DIR / "fences.journal"
+    before = journal.stat().st_ino
+    for i in range(200):
+        store.retire_now([f"x{i}"])
+        store.delete_now([f"x{i}"])
+        if journal.stat().st_ino != before:
+            return
+    raise AssertionError("the journal was never compacted")
+
+
+def test_a_call_admitted_before_a_delete_stays_late_after_the_journal_is_compacted(
+    tmp_path: Path, writer: JsonlWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compaction keeps recent delete lines: without them the deleted id's epoch fell back to 0 and the
+    old call was written into the reused id as if it belonged there."""
+    monkeypatch.setattr("otel_capture._store.journal.COMPACT_MIN_LINES", 50)
+    writer.begin("r", "old")
+    writer.flush()  # admitted now, at the rollout's epoch 0
+    store = CaptureStore(tmp_path / "calls")
+    store.delete_now(["r"])
+    _churn_until_compacted(store.root, store)
+    late = writer.submit("r", b'{"model_call_id":"old"}\n', "old")
+    writer.flush()
+    assert isinstance(late.exception(), CaptureRetiredError)
+    assert store.rollout_state("r") == "absent" and not store.data_path("r").exists()
+
+
+_OTHER_PROCESS_DELETES = """
+import sys
+import otel_capture._store.journal as journal
+from otel_capture import CaptureStore
+journal.COMPACT_MIN_LINES = 50
+store = CaptureStore(sys.argv[1])
+store.delete_now(["r"])
+inode = (store.root / ".otel-capture" / "fences.journal").stat().st_ino
+for i in range(200):
+    store.retire_now([f"x{i}"])
+    store.delete_now([f"x{i}"])
+    if (store.root / ".otel-capture" / "fences.journal").stat().st_ino != inode:
+        break
+else:
+    sys.exit("never compacted")
+"""
+
+
+def test_a_delete_and_a_compaction_in_another_process_still_make_the_call_late(
+    tmp_path: Path, writer: JsonlWriter
+) -> None:
+    """The trainer deletes (and its appends compact the journal) while this process has the call in
+    flight: this process never saw the delete's line in the old journal, only the compacted one."""
+    writer.begin("r", "old")
+    writer.flush()
+    subprocess.run([sys.executable, "-c", _OTHER_PROCESS_DELETES, str(tmp_path / "calls")], check=True)
+    late = writer.submit("r", b'{"model_call_id":"old"}\n', "old")
+    writer.flush()
+    assert isinstance(late.exception(), CaptureRetiredError)
+    assert CaptureStore(tmp_path / "calls").rollout_state("r") == "absent"
+    writer.begin("r", "new")  # the id is reusable: a call begun after the delete is recorded
+    writer.submit("r", b'{"model_call_id":"new"}\n', "new").result()
+    assert CaptureStore(tmp_path / "calls").rollout_state("r") == "live"
+
+
+def test_deletes_older_than_the_retention_are_compacted_away(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delete-only workload keeps the journal bounded: once no call can still be in flight from before
+    a delete (the retention), its line goes at the next compaction."""
+    monkeypatch.setattr("otel_capture._store.journal.COMPACT_MIN_LINES", 50)
+    monkeypatch.setattr("otel_capture._store.journal.DELETE_RETENTION_S", 0.0)
+    store = CaptureStore(tmp_path / "calls")
+    store.retire_now(["keep"])
+    for i in range(300):
+        store.delete_now([f"d{i}"])
+    lines = (store.root / STATE_DIR / "fences.journal").read_bytes().splitlines()
+    assert len(lines) < 100
+    assert CaptureStore(tmp_path / "calls").list_rollouts() == {"keep": "retired"}
 
 
 def test_a_failed_write_of_a_retired_rollout_leaves_no_marker(tmp_path: Path) -> None:
