@@ -1,22 +1,81 @@
 """A response's ``Content-Encoding`` undone for the record only: the client gets the bytes as sent.
 
 Some upstreams compress whatever ``Accept-Encoding`` says. The record keeps what the model produced, so a
-gzip, deflate, br (or zstd, when ``zstandard`` is installed) body is decoded chunk by chunk with httpx's
-own decoders, the ones the OpenAI and Anthropic SDKs decode the same bytes with.
+gzip, deflate or br body is decoded chunk by chunk with the standard library's ``zlib`` and the ``brotli``
+package (a core dependency): the same streaming decompressors httpx and aiohttp wrap. Any other encoding is
+recorded as sent, with one warning per encoding.
 """
 
 from __future__ import annotations
 
 import logging
+import zlib
+from collections.abc import Callable
+from typing import Protocol
 
-import httpx
-
-# httpx's decoder classes are the library's own (what ``Response.iter_bytes`` uses); they are reached by
-# their module because httpx exports only the error type.
-from httpx._decoders import SUPPORTED_DECODERS, ContentDecoder, MultiDecoder
+import brotli  # type: ignore[import-untyped]
 
 _logger = logging.getLogger(__name__)
 _warned: set[str] = set()  # encodings already logged as undecodable (once each, not once per call)
+
+
+class _Decoder(Protocol):
+    def decode(self, chunk: bytes) -> bytes: ...
+
+
+class _Zlib:
+    """gzip (``wbits`` 16 + 15), or deflate: zlib-wrapped as RFC 9110 says, or raw as some servers send it,
+    told apart by the zlib header's check bits (RFC 1950) once two bytes have come."""
+
+    __slots__ = ("_decompressor", "_head")
+
+    def __init__(self, gzip: bool) -> None:
+        self._head: bytes | None = None if gzip else b""
+        self._decompressor = zlib.decompressobj(zlib.MAX_WBITS | 16) if gzip else None
+
+    def decode(self, chunk: bytes) -> bytes:
+        if self._head is not None:  # deflate, its kind not known yet
+            chunk = self._head + chunk
+            if len(chunk) < 2:
+                self._head = chunk
+                return b""
+            self._head = None
+            wrapped = chunk[0] & 0x0F == 8 and (chunk[0] << 8 | chunk[1]) % 31 == 0
+            self._decompressor = zlib.decompressobj(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
+        assert self._decompressor is not None
+        return self._decompressor.decompress(chunk)
+
+
+class _Brotli:
+    __slots__ = ("_decompressor",)
+
+    def __init__(self) -> None:
+        self._decompressor = brotli.Decompressor()
+
+    def decode(self, chunk: bytes) -> bytes:
+        return bytes(self._decompressor.process(chunk)) if chunk else b""
+
+
+class _Chain:
+    """Several encodings, undone last-applied first."""
+
+    __slots__ = ("_decoders",)
+
+    def __init__(self, decoders: list[_Decoder]) -> None:
+        self._decoders = decoders[::-1]
+
+    def decode(self, chunk: bytes) -> bytes:
+        for decoder in self._decoders:
+            chunk = decoder.decode(chunk)
+        return chunk
+
+
+_DECODERS: dict[str, Callable[[], _Decoder]] = {
+    "gzip": lambda: _Zlib(gzip=True),
+    "x-gzip": lambda: _Zlib(gzip=True),
+    "deflate": lambda: _Zlib(gzip=False),
+    "br": _Brotli,
+}
 
 
 class ResponseDecoding:
@@ -25,7 +84,7 @@ class ResponseDecoding:
 
     __slots__ = ("_decoder", "encoding", "failed")
 
-    def __init__(self, encoding: str, decoder: ContentDecoder) -> None:
+    def __init__(self, encoding: str, decoder: _Decoder) -> None:
         self.encoding = encoding
         self._decoder = decoder
         self.failed = False
@@ -35,7 +94,7 @@ class ResponseDecoding:
             return chunk
         try:
             return self._decoder.decode(chunk)
-        except httpx.DecodingError as exc:
+        except (zlib.error, brotli.error) as exc:
             self.failed = True
             _logger.warning(
                 "a %s response body did not decode (%s); its record keeps it as sent", self.encoding, exc
@@ -50,7 +109,7 @@ def decoding_for(content_encoding: str) -> ResponseDecoding | None:
     names = [name for name in names if name and name != "identity"]
     if not names:
         return None
-    unknown = [name for name in names if name not in SUPPORTED_DECODERS]
+    unknown = [name for name in names if name not in _DECODERS]
     if unknown:
         if content_encoding not in _warned:
             _warned.add(content_encoding)
@@ -58,6 +117,5 @@ def decoding_for(content_encoding: str) -> ResponseDecoding | None:
                 "responses with content-encoding %r are recorded as sent: no decoder here", content_encoding
             )
         return None
-    decoders = [SUPPORTED_DECODERS[name]() for name in names]
-    decoder = decoders[0] if len(decoders) == 1 else MultiDecoder(decoders)
-    return ResponseDecoding(content_encoding.strip(), decoder)
+    decoders: list[_Decoder] = [_DECODERS[name]() for name in names]
+    return ResponseDecoding(content_encoding.strip(), decoders[0] if len(decoders) == 1 else _Chain(decoders))
