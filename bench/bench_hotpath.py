@@ -58,6 +58,9 @@ class MemorySink:
     def abandon_call(self, rollout_id: str, model_call_id: str, reason: str) -> None:
         pass
 
+    def discard_call(self, rollout_id: str, model_call_id: str) -> None:
+        pass
+
     def write_call(self, call: FinishedCall) -> None:
         call.waiter.future.set_result(None)
 

@@ -94,6 +94,12 @@ class ModelCallJsonlExporter(SpanExporter):
         if self._writer is not None and not self._shutdown:
             self._writer.abandon(rollout_id, model_call_id, reason)
 
+    def discard_call(self, rollout_id: str, model_call_id: str) -> None:
+        """A begun call that was not a model call (a redirect): it ends with no line and no incomplete
+        mark, and a freeze no longer reports it in flight."""
+        if self._writer is not None and not self._shutdown:
+            self._writer.discard(rollout_id, model_call_id)
+
     # -- SpanExporter -------------------------------------------------------------------------------------
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:

@@ -7,7 +7,9 @@ exporter of its tracer provider (:func:`find_sink`), and every call takes the sa
 
 1. ``begin_call`` when the call starts (a freeze meanwhile reports the rollout incomplete);
 2. ``write_call`` with the finished line after the span ends, whatever the span processor, the sampler or
-   the export delay; ``abandon_call`` instead when the line could not be built;
+   the export delay; ``abandon_call`` instead when the line could not be built; ``discard_call`` instead
+   when the answer was a redirect (``3xx``): not the model call, so no line and no incomplete mark, only
+   the call's end (the call the client makes next is the model call);
 3. the middleware awaits the call's :class:`LoopWaiter`, which the writer resolves with the rest of its
    batch (one event-loop wake-up per batch), before it releases the terminal chunk.
 
@@ -53,6 +55,8 @@ class CallSink(Protocol):
     def begin_call(self, rollout_id: str, model_call_id: str) -> None: ...
 
     def abandon_call(self, rollout_id: str, model_call_id: str, reason: str) -> None: ...
+
+    def discard_call(self, rollout_id: str, model_call_id: str) -> None: ...
 
     def write_call(self, call: FinishedCall) -> None: ...
 

@@ -31,6 +31,8 @@ Durability contract, written before the code (``docs/durability.md`` names the t
   (20 ms), or at a ``flush``/``close``, whichever comes first; a call whose line is queued sooner is
   admitted in its line's batch and costs no marker I/O. A freeze elsewhere within those 20 ms of a call's
   start does not see it; its line is then dropped by the freeze's fence like any late line.
+* A call ended with ``discard`` (a redirect: not a model call) leaves no line and no incomplete mark: its
+  ``-`` marker is written if its ``+`` was, and nothing at all if its ``+`` was not written yet.
 * The event loop never touches the disk: callers await the future, or pass a ``LoopWaiter`` that the
   thread resolves with one ``call_soon_threadsafe`` per event loop per batch (one wake-up for the whole
   batch, instead of one per call as ``asyncio.wrap_future`` costs).
@@ -105,6 +107,14 @@ class _Abandon:
     rollout_id: str
     model_call_id: str
     reason: str
+
+
+@dataclass(slots=True)
+class _Discard:
+    rollout_id: str
+    model_call_id: str
+    marked: bool = True
+    """False when the call's ``+`` marker was never written (nothing to end on disk)."""
 
 
 @dataclass(slots=True)
@@ -202,6 +212,12 @@ class JsonlWriter:
         if not self._closed:
             self._queue.put(_Abandon(validate_rollout_id(rollout_id), model_call_id, reason))
 
+    def discard(self, rollout_id: str, model_call_id: str) -> None:
+        """A begun call that turned out not to be a model call (the upstream redirected it): it ends
+        without a line or an incomplete mark; its ``-`` marker is written only if its ``+`` was."""
+        if not self._closed:
+            self._queue.put(_Discard(validate_rollout_id(rollout_id), model_call_id))
+
     def submit(
         self,
         rollout_id: str,
@@ -262,16 +278,21 @@ class JsonlWriter:
         finally:
             self._idle = False
 
-    def _due_begins(self, batch: list[_Item], abandons: list[_Abandon], force: bool) -> list[_Begin]:
+    def _due_begins(
+        self, batch: list[_Item], abandons: list[_Abandon], discards: list[_Discard], force: bool
+    ) -> list[_Begin]:
         """The begins this batch handles: those whose line is in it (admitted with it, no marker) and those
         in flight ``marker_delay`` or longer, or all at a flush or stop (their ``+`` marker is written).
-        The rest wait for their line; an abandoned call's begin is forgotten (it never got a marker)."""
+        The rest wait for their line; an abandoned or discarded call's begin is forgotten (it never got a
+        marker)."""
         deferred = self._deferred
         while self._begins:
             begin = self._begins.popleft()
             deferred[(begin.rollout_id, begin.model_call_id)] = begin
         for abandoned in abandons:
             deferred.pop((abandoned.rollout_id, abandoned.model_call_id), None)
+        for discarded in discards:  # one still deferred never got its marker: nothing to end on disk
+            discarded.marked = deferred.pop((discarded.rollout_id, discarded.model_call_id), None) is None
         due: list[_Begin] = []
         for item in batch:
             paired = deferred.pop((item.rollout_id, item.model_call_id), None)
@@ -295,6 +316,7 @@ class JsonlWriter:
         while not stop:
             batch: list[_Item] = []
             abandons: list[_Abandon] = []
+            discards: list[_Discard] = []
             barriers: list[_Barrier] = []
             obj = self._next()
             while True:
@@ -304,13 +326,15 @@ class JsonlWriter:
                     barriers.append(obj)
                 elif isinstance(obj, _Abandon):
                     abandons.append(obj)
+                elif isinstance(obj, _Discard):
+                    discards.append(obj)
                 elif obj is not _TICK:
                     batch.append(obj)  # type: ignore[arg-type]  # only _Item, _Abandon, _Barrier, _TICK, _STOP are queued
                 try:
                     obj = self._queue.get_nowait()
                 except queue.Empty:
                     break
-            begins = self._due_begins(batch, abandons, force=stop or bool(barriers))
+            begins = self._due_begins(batch, abandons, discards, force=stop or bool(barriers))
             if batch or begins:
                 try:
                     self._write_batch(batch, begins)
@@ -321,6 +345,8 @@ class JsonlWriter:
                             self._resolve(item, exc)
             for abandoned in abandons:
                 self._abandon(abandoned)
+            for discarded in discards:
+                self._discard(discarded)
             self._flush_wakeups()
             for barrier in barriers:
                 barrier.future.set_result(None)
@@ -478,6 +504,17 @@ class JsonlWriter:
         self.stats.failures += 1
         self.stats.last_failure = abandoned.reason  # logged by the middleware, with its traceback
         self._mark_incomplete(abandoned.rollout_id, [abandoned.model_call_id], abandoned.reason)
+
+    def _discard(self, discarded: _Discard) -> None:
+        rid, mcid = discarded.rollout_id, discarded.model_call_id
+        try:
+            if discarded.marked:  # its "+" is on disk: a freeze elsewhere must not take it for in flight
+                with self._state.dirs() as dirs, self._state.locks.hold_ids(dirs, [rid]):
+                    self._state.markers.write(dirs, rid, [], [mcid])
+        except OSError as exc:
+            _logger.error("could not end the in-flight marker of rollout %s, call %s: %s", rid, mcid, exc)
+        finally:
+            self._state.calls.end(rid, [mcid])
 
     def _mark_incomplete(self, rollout_id: str, model_call_ids: list[str], reason: str) -> None:
         try:

@@ -801,6 +801,51 @@ def test_an_abandoned_call_within_the_marker_delay_leaves_no_marker(tmp_path: Pa
     assert [c.model_call_id for c in snap.incomplete_calls] == ["lost"]
 
 
+def test_a_discarded_call_within_the_marker_delay_leaves_nothing_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A redirect (not a model call) answered before its ``+`` marker was due: no marker file I/O at all,
+    no line, no incomplete mark, and this process no longer counts it in flight."""
+    store = CaptureStore(tmp_path / "calls")
+    writer = JsonlWriter(store.root, marker_delay=60)
+    opened = _count_marker_opens(store.root, monkeypatch)
+    try:
+        writer.begin("r", "redirected")
+        writer.discard("r", "redirected")
+        assert writer.flush(60)  # a flush writes every due marker: this one is no longer due
+    finally:
+        writer.close()
+    assert opened == []
+    assert dir_state(store.root).calls.pending("r") == {}
+    assert store.list_rollouts() == {}
+    snap = store.freeze_now("r")
+    assert snap.records == () and not snap.incomplete
+    assert writer.stats.failures == 0
+
+
+def test_a_discarded_call_whose_marker_was_written_gets_its_end_marker(tmp_path: Path) -> None:
+    """What a freeze in another process reads: the discarded call's ``+`` is ended by a ``-``, the calls
+    still in flight stay, and the marker file goes once none is left."""
+    store = CaptureStore(tmp_path / "calls")
+    writer = JsonlWriter(store.root, marker_delay=60)
+    try:
+        writer.begin("r", "redirected")
+        writer.begin("r", "real")
+        assert writer.flush(60)  # both "+" markers written
+        assert InflightMarkers.pending(store.root, "r") == {"redirected", "real"}
+        writer.discard("r", "redirected")
+        assert writer.flush(60)
+        assert InflightMarkers.pending(store.root, "r") == {"real"}
+        writer.submit("r", b'{"model_call_id":"real"}\n', "real")
+        assert writer.flush(60)
+    finally:
+        writer.close()
+    assert os.listdir(store.root / STATE_DIR / "inflight") == []
+    snap = store.freeze_now("r")
+    assert [r.model_call_id for r in snap.records] == ["real"] and not snap.incomplete
+    assert not (store.root / "r.capture.incomplete").exists()
+
+
 def test_a_waiter_is_resolved_without_a_concurrent_future(tmp_path: Path) -> None:
     writer = JsonlWriter(tmp_path / "calls")
 
