@@ -10,8 +10,9 @@ Per request (``docs/gateways.md`` has the whole story):
    a trailing slash tolerated) with a rollout id is captured; everything else goes to the app untouched.
    A model call without a rollout id is logged (the first time, then once a minute) and counted.
 3. Response chunks are forwarded as they come; only the terminal chunk (the final SSE event, or the last
-   body message of a JSON response) and what follows it wait until the record is durable. A redirect the
-   app answers without reading the request (a trailing-slash redirect) is not a model call: no record.
+   body message of a JSON response) and what follows it wait until the record is durable. A redirect
+   (``3xx``: a trailing-slash redirect by routing, or an upstream's behind the proxy) is not the model call
+   (the call the client makes next is): no record, and a call already begun is discarded, not left in flight.
 4. The span (GenAI semconv v1.41.1, ``_semconv``) is a child of the HTTP server span when one is current,
    else of the caller's ``traceparent``; the ``gen_ai.server.*`` metrics are recorded when it ends.
 
@@ -183,9 +184,9 @@ class ModelCallCaptureMiddleware:
                 return
             kind = message["type"]
             if kind == "http.response.start":
-                # 3xx before the app read the request: routing redirected it (a trailing slash); the call
-                # the client makes next is the model call, not this one
-                state.redirected = not start.begun and 300 <= message["status"] < 400
+                # 3xx: routing redirected it (a trailing slash; then the call never began), or the app or
+                # the upstream did after reading it; the call the client makes next is the model call
+                state.redirected = 300 <= message["status"] < 400
                 if not state.redirected:
                     start.now()
                 headers = message.get("headers", ())
@@ -224,7 +225,12 @@ class ModelCallCaptureMiddleware:
         finally:
             otel_context.detach(token)
             if state.redirected:
-                span.end()  # traced, not recorded and not counted as a model call
+                # traced (with its status), not recorded and not counted as a model call
+                if call.status_code is not None:
+                    span.set_attribute(A.HTTP_RESPONSE_STATUS_CODE, call.status_code)
+                span.end()
+                if start.begun and self.sink is not None:
+                    self.sink.discard_call(rollout_id, call.model_call_id)
             else:
                 start.now()
                 # A disconnect after the app produced the whole response is not a cancelled call.
@@ -326,7 +332,8 @@ class ModelCallCaptureMiddleware:
 
 class _CallStart:
     """Tells the sink, once, that a call has begun (a freeze from then on reports it in flight): when the
-    app takes the request, by reading it or answering it. A redirect answered by routing alone never begins."""
+    app takes the request, by reading it or answering it. A redirect answered by routing alone never begins;
+    one answered after the app read the request is discarded (``CallSink.discard_call``)."""
 
     __slots__ = ("_model_call_id", "_rollout_id", "_sink", "begun")
 

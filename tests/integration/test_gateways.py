@@ -4,6 +4,7 @@ two capture layers writing to one directory. See ``docs/gateways.md``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Iterator
@@ -37,6 +38,7 @@ from otel_capture import (
 from otel_capture import _attributes as A
 from otel_capture._correlation import ROLLOUT_ID_RULE
 from otel_capture._metrics import UNCORRELATED_CALLS
+from otel_capture._store.inflight import InflightMarkers
 
 SERVER, CLIENT = 2, 3  # OTLP Span.SpanKind SPAN_KIND_SERVER, SPAN_KIND_CLIENT
 CHAT_ID = json.loads(recorded_json("chat"))["id"]
@@ -134,6 +136,47 @@ def test_a_slash_redirect_keeps_the_rollout_prefix_and_only_the_call_that_follow
     # the HTTP server spans are named by the route, never by the rollout
     servers = [s.name for s in telemetry.spans.get_finished_spans() if s.kind == SpanKind.SERVER]
     assert servers == ["POST /v1/chat/completions/", "POST /v1/chat/completions", "GET /v1/links"]
+
+
+def test_a_redirect_from_an_endpoint_that_read_the_request_is_not_recorded_and_not_left_in_flight(
+    telemetry: Telemetry,
+) -> None:
+    """In-process: an endpoint that reads the body and then redirects (a gateway sending the call on) has
+    begun the call; the redirect is traced, not recorded, and the call ends, so a freeze never reports it."""
+    app = fastapi.FastAPI()
+    in_flight: list[set[str]] = []
+
+    @app.post("/chat/completions")  # a model path: the call is captured, and begins when the body is read
+    async def moved(request: fastapi.Request) -> fastapi.responses.RedirectResponse:
+        await request.body()
+        await asyncio.sleep(0.2)  # past the writer's marker delay: its "+" marker is on disk
+        in_flight.append(InflightMarkers.pending(telemetry.store.root, "moved-1"))
+        return fastapi.responses.RedirectResponse(request.url_for("v1 chat"), status_code=307)
+
+    @app.post("/v1/chat/completions", name="v1 chat")
+    async def chat(request: fastapi.Request) -> fastapi.Response:
+        await request.body()
+        return fastapi.Response(recorded_json("chat"), media_type="application/json")
+
+    with (
+        serve(ModelCallCaptureMiddleware(app, tracer_provider=telemetry.provider)) as url,
+        httpx.Client(follow_redirects=True) as client,
+    ):
+        response = client.post(f"{url}/ng-rollout/moved-1/chat/completions", json={"model": "gpt-4o"})
+    assert [r.status_code for r in response.history] == [307]
+    assert response.status_code == 200 and response.json()["id"] == CHAT_ID
+    assert telemetry.jsonl.force_flush()
+    assert len(in_flight) == 1 and len(in_flight[0]) == 1  # the call had begun, its marker written
+    assert InflightMarkers.pending(telemetry.store.root, "moved-1") == set()
+    snapshot = telemetry.store.freeze_now("moved-1")
+    (record,) = snapshot.records
+    assert record.status_code == 200 and not snapshot.incomplete
+    statuses = [
+        s.attributes.get(A.HTTP_RESPONSE_STATUS_CODE)
+        for s in telemetry.spans.get_finished_spans()
+        if s.name == "chat gpt-4o"
+    ]
+    assert statuses == [307, 200]  # the redirect is still traced, with its status
 
 
 # -- 2. model paths without /v1 ------------------------------------------------------------------------
