@@ -35,6 +35,7 @@ from yarl import URL
 from ._asgi import ASGIApp, Message, Receive, Scope, Send
 from ._middleware import SCOPE_RESPONSE_COMPLETE, ModelCallCaptureMiddleware
 from ._proxy_guards import RequestSizeLimit
+from ._proxy_redirects import relocate
 from ._routing import server_span_details, unprefixed_raw_path
 from ._server_span import LeanServerSpanMiddleware
 from ._settings import CaptureSettings, ProxySettings, WriterSettings, upstream_from_environ
@@ -86,6 +87,7 @@ class UpstreamProxy:
         settings: ProxySettings | None = None,
     ) -> None:
         base = URL(upstream.rstrip("/"))
+        self._upstream = base
         self._origin = str(base.origin())
         self._base_path = base.raw_path.rstrip("/")
         self.shown_upstream = display_url(upstream.rstrip("/"))  # for messages: never its password
@@ -238,6 +240,8 @@ class UpstreamProxy:
 
     async def _relay(self, scope: Scope, response: aiohttp.ClientResponse, send: Send) -> None:
         headers = [(k, v) for k, v in response.raw_headers if k.lower() not in _RESPONSE_DROP]
+        if 300 <= response.status < 400:  # a redirect leads back through the proxy, with the rollout
+            headers = relocate(headers, scope, response.url, self._upstream)
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         # A compressed body goes on past its last event (the encoding's own end): relay it whole.
         may_stop = response.headers.get("content-encoding", "identity").strip().lower() == "identity"

@@ -17,6 +17,10 @@ import fastapi
 import httpx
 import openai
 import pytest
+import starlette.applications
+import starlette.requests
+import starlette.responses
+import starlette.routing
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.trace import SpanKind
@@ -136,6 +140,78 @@ def test_a_slash_redirect_keeps_the_rollout_prefix_and_only_the_call_that_follow
     # the HTTP server spans are named by the route, never by the rollout
     servers = [s.name for s in telemetry.spans.get_finished_spans() if s.kind == SpanKind.SERVER]
     assert servers == ["POST /v1/chat/completions/", "POST /v1/chat/completions", "GET /v1/links"]
+
+
+def _slash_redirecting_upstream(
+    base_path: str, capture_dir: Path, rollout_id: str
+) -> tuple[Any, list[tuple[str, dict[str, str]]], list[set[str]]]:
+    """A Starlette model server (mounted at ``base_path``) whose router redirects slashes, as Starlette and
+    FastAPI do by default; it keeps every request that reached it, and takes 200 ms to redirect, long past
+    the writer's marker delay, noting meanwhile which calls of ``rollout_id`` the capture has in flight."""
+
+    async def chat(request: starlette.requests.Request) -> starlette.responses.Response:
+        await request.body()
+        return starlette.responses.Response(recorded_json("chat"), media_type="application/json")
+
+    inner = starlette.applications.Starlette(
+        routes=[starlette.routing.Route("/v1/chat/completions", chat, methods=["POST"])]
+    )
+    app = inner
+    if base_path:
+        app = starlette.applications.Starlette(routes=[starlette.routing.Mount(base_path, app=inner)])
+    seen: list[tuple[str, dict[str, str]]] = []
+    in_flight: list[set[str]] = []
+
+    async def upstream(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            seen.append((scope["path"], {k.decode(): v.decode() for k, v in scope["headers"]}))
+            if scope["path"].endswith("/"):
+                await asyncio.sleep(0.2)
+                in_flight.append(InflightMarkers.pending(capture_dir, rollout_id))
+        await app(scope, receive, send)
+
+    return upstream, seen, in_flight
+
+
+@pytest.mark.parametrize("base_path", ["", "/base"])
+def test_behind_the_proxy_an_upstream_slash_redirect_comes_back_through_it_and_only_the_real_call_is_recorded(
+    tmp_path: Path, base_path: str
+) -> None:
+    """agent (following redirects) → ``otel-capture proxy`` → Starlette app that redirects slashes: the
+    ``307`` leads back to the proxy with the rollout prefix, the redirect is not the model call (the call it
+    began is ended, no record, no incomplete mark), and the call that follows is recorded."""
+    capture_dir = tmp_path / "calls"
+    upstream_app, seen, in_flight = _slash_redirecting_upstream(base_path, capture_dir, "redir-p")
+    request = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
+    with serve(upstream_app) as upstream:
+        process, proxy_url = start_cli_proxy(upstream + base_path, "--capture-dir", str(capture_dir))
+        try:
+            with httpx.Client(follow_redirects=True) as client:
+                response = client.post(f"{proxy_url}/ng-rollout/redir-p/v1/chat/completions/", json=request)
+            store = CaptureStore(capture_dir)
+            inflight_file = capture_dir / ".otel-capture" / "inflight" / "redir-p.calls"
+            left_in_flight = inflight_file.exists()
+            snapshot = store.freeze_now("redir-p")  # while the proxy still runs
+        finally:
+            process.terminate()
+            process.communicate(timeout=30)
+    (redirect,) = response.history
+    assert redirect.status_code == 307
+    assert redirect.headers["location"] == f"{proxy_url}/ng-rollout/redir-p/v1/chat/completions"
+    assert response.status_code == 200 and response.json()["id"] == CHAT_ID
+    # both requests reached the upstream from the proxy (which marks what it records), none from the client
+    assert [path for path, _ in seen] == [
+        f"{base_path}/v1/chat/completions/",
+        f"{base_path}/v1/chat/completions",
+    ]
+    assert [h.get("x-otel-capture") for _, h in seen] == ["captured"] * 2
+    assert len(in_flight) == 1 and len(in_flight[0]) == 1  # the redirect's call had begun, marker written
+    (record,) = snapshot.records
+    assert record.status_code == 200 and record.request == request
+    assert record.response == json.loads(recorded_json("chat"))
+    assert not snapshot.incomplete and snapshot.incomplete_calls == ()  # freeze: nothing in flight
+    assert not left_in_flight and not (capture_dir / "redir-p.capture.incomplete").exists()
+    assert process.returncode == 0
 
 
 def test_a_redirect_from_an_endpoint_that_read_the_request_is_not_recorded_and_not_left_in_flight(
