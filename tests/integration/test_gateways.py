@@ -173,21 +173,23 @@ def _slash_redirecting_upstream(
     return upstream, seen, in_flight
 
 
-@pytest.mark.parametrize("base_path", ["", "/base"])
+@pytest.mark.parametrize(("base_path", "by_header"), [("", False), ("/base", False), ("", True)])
 def test_behind_the_proxy_an_upstream_slash_redirect_comes_back_through_it_and_only_the_real_call_is_recorded(
-    tmp_path: Path, base_path: str
+    tmp_path: Path, base_path: str, by_header: bool
 ) -> None:
     """agent (following redirects) → ``otel-capture proxy`` → Starlette app that redirects slashes: the
-    ``307`` leads back to the proxy with the rollout prefix, the redirect is not the model call (the call it
-    began is ended, no record, no incomplete mark), and the call that follows is recorded."""
+    ``307`` leads back to the proxy with the rollout prefix (or, correlated by the ``x-rollout-id`` header,
+    without one: the client sends the header again), the redirect is not the model call (the call it began
+    is ended, no record, no incomplete mark), and the call that follows is recorded."""
     capture_dir = tmp_path / "calls"
     upstream_app, seen, in_flight = _slash_redirecting_upstream(base_path, capture_dir, "redir-p")
     request = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
     with serve(upstream_app) as upstream:
         process, proxy_url = start_cli_proxy(upstream + base_path, "--capture-dir", str(capture_dir))
         try:
-            with httpx.Client(follow_redirects=True) as client:
-                response = client.post(f"{proxy_url}/ng-rollout/redir-p/v1/chat/completions/", json=request)
+            prefix, headers = ("", rollout_headers("redir-p")) if by_header else ("/ng-rollout/redir-p", {})
+            with httpx.Client(follow_redirects=True, headers=headers) as client:
+                response = client.post(f"{proxy_url}{prefix}/v1/chat/completions/", json=request)
             store = CaptureStore(capture_dir)
             inflight_file = capture_dir / ".otel-capture" / "inflight" / "redir-p.calls"
             left_in_flight = inflight_file.exists()
@@ -197,7 +199,7 @@ def test_behind_the_proxy_an_upstream_slash_redirect_comes_back_through_it_and_o
             process.communicate(timeout=30)
     (redirect,) = response.history
     assert redirect.status_code == 307
-    assert redirect.headers["location"] == f"{proxy_url}/ng-rollout/redir-p/v1/chat/completions"
+    assert redirect.headers["location"] == f"{proxy_url}{prefix}/v1/chat/completions"
     assert response.status_code == 200 and response.json()["id"] == CHAT_ID
     # both requests reached the upstream from the proxy (which marks what it records), none from the client
     assert [path for path, _ in seen] == [
@@ -205,6 +207,7 @@ def test_behind_the_proxy_an_upstream_slash_redirect_comes_back_through_it_and_o
         f"{base_path}/v1/chat/completions",
     ]
     assert [h.get("x-otel-capture") for _, h in seen] == ["captured"] * 2
+    assert not [h for _, h in seen if "x-rollout-id" in h]
     assert len(in_flight) == 1 and len(in_flight[0]) == 1  # the redirect's call had begun, marker written
     (record,) = snapshot.records
     assert record.status_code == 200 and record.request == request
