@@ -273,8 +273,8 @@ class FileLifecycle:
         calls += [IncompleteCall("", reason) for reason in damage]
         return CaptureSnapshot(
             rollout_id=rid,
-            records=tuple(contents.records),
-            tokens=tuple(contents.tokens),
+            records=contents.records,
+            tokens=contents.tokens,
             incomplete=contents.marker_exists or bool(calls),
             snapshot_id=fence.snapshot_id or "",
             version=contents.version,

@@ -10,6 +10,7 @@ import gc
 import logging
 import os
 import time
+from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from .._records import ModelCallRecord, parse_record_line
 from .dirstate import DirState
 from .fs import FILE_MODE, DirFds, Fsync, open_append, read_locked, write_all
 from .journal import Fence
+from .lazy import LazyLines, LineParser, empty_lines, spans_of
 from .types import CaptureFrozenError, CaptureRetiredError, DamagedEntryError, IncompleteCall
 
 _logger = logging.getLogger(__name__)
@@ -264,14 +266,18 @@ def gc_paused() -> Iterator[None]:
 
 @dataclass
 class Contents:
-    records: list[ModelCallRecord] = field(default_factory=list)
-    tokens: list[dict[str, Any]] = field(default_factory=list)
+    """A rollout's files as a freeze reads them: records and token lines are kept as the files' bytes and
+    parsed on access (:class:`.lazy.LazyLines`), so a snapshot costs about the files' size."""
+
+    records: LazyLines[ModelCallRecord] = field(default_factory=lambda: empty_lines(parse_record_line))
+    tokens: LazyLines[dict[str, Any]] = field(default_factory=lambda: empty_lines(_json_object))
     incomplete: list[IncompleteCall] = field(default_factory=list)
     marker_exists: bool = False
     version: int = 0
+    record_ids: set[str] = field(default_factory=set)
 
     def call_ids(self) -> set[str]:
-        ids = {r.model_call_id for r in self.records} | {c.model_call_id for c in self.incomplete}
+        ids = self.record_ids | {c.model_call_id for c in self.incomplete}
         return {i for i in ids if isinstance(i, str)}
 
 
@@ -304,24 +310,37 @@ def _json_object(line: bytes, _index: int) -> dict[str, Any] | None:
 def _parse_lines(
     dirs: DirFds,
     name: str,
-    into: list[Any],
     contents: Contents,
     fsync: Fsync | None,
-    parse: Callable[[bytes, int], Any] = _json_object,
-) -> None:
-    """Append each non-blank line, parsed by ``parse(line, index)``, to ``into``; ``None`` is damage."""
+    parse: LineParser = _json_object,
+    seen: Callable[[Any], None] | None = None,
+) -> LazyLines[Any] | None:
+    """The file's non-blank lines that ``parse(line, index)`` accepts, kept as bytes (``None`` from
+    ``parse`` is damage, reported in ``contents``); each parsed value is handed to ``seen`` and dropped."""
     data = _read(dirs, name, contents, fsync)
     if data is None:
-        return
-    for number, line in enumerate(_lines(data), 1):
+        return None
+    spans = array("q")
+    for number, (start, end) in enumerate(spans_of(data), 1):
         contents.version += 1
-        value = parse(line, number - 1)
+        value = parse(data[start:end], number - 1)
         if value is not None:
-            into.append(value)
+            spans.extend((start, end, number - 1))
+            if seen is not None:
+                seen(value)
         else:
             contents.incomplete.append(IncompleteCall("", f"{name}: damaged line {number}"))
     if data[data.rfind(b"\n") + 1 :].strip():
         contents.incomplete.append(IncompleteCall("", f"{name}: torn final line (a write was cut short)"))
+    return LazyLines(data, spans, parse)
+
+
+def _record_id(contents: Contents) -> Callable[[ModelCallRecord], None]:
+    def seen(record: ModelCallRecord) -> None:
+        if isinstance(record.model_call_id, str):
+            contents.record_ids.add(record.model_call_id)
+
+    return seen
 
 
 def read_contents(dirs: DirFds, rollout_id: str, *, fsync: Fsync | None = None) -> Contents:
@@ -331,9 +350,15 @@ def read_contents(dirs: DirFds, rollout_id: str, *, fsync: Fsync | None = None) 
     not a regular file is not read: it makes the rollout incomplete, with the reason."""
     contents = Contents()
     with gc_paused():
-        # parsed as the readers parse it: the same records, call_index counting damaged lines too
-        _parse_lines(dirs, rollout_id + CAPTURE_SUFFIX, contents.records, contents, fsync, parse_record_line)
-        _parse_lines(dirs, rollout_id + TOKENS_SUFFIX, contents.tokens, contents, fsync)
+        # validated as the readers parse it (the same records, call_index counting damaged lines too),
+        # then kept as bytes: each record is parsed again when the snapshot's user asks for it
+        name = rollout_id + CAPTURE_SUFFIX
+        records = _parse_lines(dirs, name, contents, fsync, parse_record_line, _record_id(contents))
+        if records is not None:
+            contents.records = records
+        tokens = _parse_lines(dirs, rollout_id + TOKENS_SUFFIX, contents, fsync)
+        if tokens is not None:
+            contents.tokens = tokens
         data = _read(dirs, rollout_id + INCOMPLETE_SUFFIX, contents, fsync)
     if data is None:
         return contents

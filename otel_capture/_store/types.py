@@ -19,7 +19,7 @@ every "this rollout takes no more writes" refusal, and both subclass ``RuntimeEr
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
@@ -91,15 +91,18 @@ class CaptureSnapshot:
     """A frozen rollout, as the consumer sees it.
 
     ``records`` are the model-call lines (``<id>.capture.jsonl``) read as the readers read them, and
-    ``tokens`` the token lines (``<id>.tokens.jsonl``), parsed, in append order. ``version`` counts every
+    ``tokens`` the token lines (``<id>.tokens.jsonl``), parsed, in append order. A file store's snapshot
+    keeps them as the files' bytes and parses each one when it is asked for: read-only sequences that
+    compare equal to a tuple of the values, costing about the files' size (``docs/lifecycle.md``,
+    "Memory"). ``version`` counts every
     durable line of the rollout (records, token lines, incomplete marks); ``drop`` succeeds only with this
     exact ``snapshot_id`` and ``version``, so a mark after the freeze (which changes ``version``) makes a
     stale drop fail.
     """
 
     rollout_id: str
-    records: tuple[ModelCallRecord, ...]
-    tokens: tuple[dict[str, Any], ...]
+    records: Sequence[ModelCallRecord]
+    tokens: Sequence[dict[str, Any]]
     incomplete: bool
     snapshot_id: str
     version: int
