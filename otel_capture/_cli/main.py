@@ -252,9 +252,10 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from .._records import read_available_model_call_records
+    from .._records import InvalidLine, ModelCallRecord
+    from .._records.readers import scan_available_model_call_records
     from .._store.store import CaptureStore
-    from .show import format_calls_table, format_rollouts_table
+    from .show import format_rollouts_table, iter_calls_table
 
     store = CaptureStore(args.dir)
     if not store.root.is_dir():
@@ -263,11 +264,23 @@ def _show(args: argparse.Namespace) -> int:
     if args.rollout_id is None:
         print(format_rollouts_table(store))
         return EXIT_OK
-    available = read_available_model_call_records(store, args.rollout_id)
-    print(format_calls_table(available.records, trace_url=args.trace_url))
-    if available.invalid:
-        print(f"{len(available.invalid)} damaged line(s):", file=sys.stderr)
-        for number, reason, _raw in available.invalid:
+    invalid: list[tuple[int, str]] = []  # damaged lines are reported after the table, as before
+
+    count, items = scan_available_model_call_records(store, args.rollout_id)
+
+    def records() -> Iterator[ModelCallRecord]:
+        for item in items:
+            if isinstance(item, InvalidLine):
+                invalid.append((item.line_number, item.reason))
+            else:
+                yield item
+
+    # Printed as read: a rollout of any length holds one record and the column-sizing sample at a time.
+    for line in iter_calls_table(records(), trace_url=args.trace_url, last_index=count - 1):
+        print(line)
+    if invalid:
+        print(f"{len(invalid)} damaged line(s):", file=sys.stderr)
+        for number, reason in invalid:
             print(f"  line {number}: {reason}", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK

@@ -1,12 +1,13 @@
 """Plain-text tables of captured calls, for ``otel-capture show`` and ``otel-capture demo``.
 
-Pure formatting: records in, aligned text out. The only I/O is ``format_rollouts_table`` reading the store.
+Pure formatting: records in, aligned text out (one line at a time for a rollout's calls). The only I/O is ``format_rollouts_table`` reading the store.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -67,10 +68,27 @@ def _cell(value: object, digits: int = 1) -> str:
     return str(value)
 
 
-def format_table(headers: Sequence[str], rows: Iterable[Sequence[str]], right: frozenset[int]) -> str:
-    """Columns padded to their widest cell; columns in ``right`` (numbers) aligned right."""
-    all_rows = [list(headers), *(list(row) for row in rows)]
-    widths = [max(len(row[i]) for row in all_rows) for i in range(len(headers))]
+SAMPLE_ROWS = 1000
+"""``otel-capture show DIR ID`` prints each call's line as it is read; its columns are as wide as the
+widest cell of the header and the first ``SAMPLE_ROWS`` calls (the ``#`` column: the last line's index).
+A wider cell further down overflows its column on that line only; up to that many calls the output is
+what sizing from every row gives."""
+
+
+def iter_table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[str]],
+    right: frozenset[int],
+    sample: int | None = None,
+    min_widths: Sequence[int] = (),
+) -> Iterator[str]:
+    """The lines of :func:`format_table`, one at a time: columns sized from the header and the first
+    ``sample`` rows (all rows when ``None``), which are the only rows held, and at least ``min_widths``;
+    the rest are formatted as they come."""
+    rows = iter(rows)
+    held = [list(headers), *(list(row) for row in itertools.islice(rows, sample))]
+    widths = [max(len(row[i]) for row in held) for i in range(len(headers))]
+    widths = [max(w, m) for w, m in itertools.zip_longest(widths, min_widths[: len(widths)], fillvalue=0)]
 
     def line(row: Sequence[str]) -> str:
         cells = (
@@ -79,7 +97,16 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[str]], right: f
         )
         return "  ".join(cells).rstrip()
 
-    return "\n".join(line(row) for row in all_rows)
+    for sampled in held:
+        yield line(sampled)
+    del held
+    for row in rows:
+        yield line(row)
+
+
+def format_table(headers: Sequence[str], rows: Iterable[Sequence[str]], right: frozenset[int]) -> str:
+    """Columns padded to their widest cell; columns in ``right`` (numbers) aligned right."""
+    return "\n".join(iter_table(headers, rows, right))
 
 
 def _call_row(record: ModelCallRecord) -> list[str]:
@@ -110,10 +137,24 @@ def trace_link(trace_url: str, trace_id: str | None) -> str:
 def format_calls_table(records: Iterable[ModelCallRecord], trace_url: str | None = None) -> str:
     """One line per call: index, dialect, model, status, tokens in/out, latency, TTFT, error category, and
     with ``trace_url`` (a tracing UI's base URL) the link to the call's trace (:func:`trace_link`)."""
+    return "\n".join(iter_calls_table(records, trace_url, sample=None))
+
+
+def iter_calls_table(
+    records: Iterable[ModelCallRecord],
+    trace_url: str | None = None,
+    *,
+    sample: int | None = SAMPLE_ROWS,
+    last_index: int = 0,
+) -> Iterator[str]:
+    """:func:`format_calls_table` line by line, columns sized from the first ``sample`` calls: a rollout of
+    any length is printed holding only those rows (``otel-capture show``). The ``#`` column is as wide as
+    ``last_index`` (the rollout's last line), so it stays aligned past the sample."""
+    widths = (len(str(last_index)),)
     if trace_url is None:
-        return format_table(CALL_HEADERS, (_call_row(r) for r in records), CALL_RIGHT)
+        return iter_table(CALL_HEADERS, (_call_row(r) for r in records), CALL_RIGHT, sample, widths)
     rows = ([*_call_row(r), trace_link(trace_url, r.trace_id)] for r in records)
-    return format_table((*CALL_HEADERS, "trace"), rows, CALL_RIGHT)
+    return iter_table((*CALL_HEADERS, "trace"), rows, CALL_RIGHT, sample, widths)
 
 
 def summarize_rollout(

@@ -37,6 +37,7 @@ __all__ = [
     "parse_record_line",
     "read_available_model_call_records",
     "read_model_call_records",
+    "scan_available_model_call_records",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -197,3 +198,27 @@ def read_available_model_call_records(store: CaptureStore, rollout_id: str) -> A
         incomplete=incomplete,
         torn_tail_line=torn_line,
     )
+
+
+def scan_available_model_call_records(
+    store: CaptureStore, rollout_id: str
+) -> tuple[int, Iterator[ModelCallRecord | InvalidLine]]:
+    """:func:`read_available_model_call_records` one line at a time, for callers that print as they read
+    (``otel-capture show``): the number of non-blank complete lines (so ``call_index`` stays below it), and
+    each valid record or the :class:`InvalidLine` of a damaged one, in file order. The torn tail is not
+    reported here. The file is read whole under the lock at once (about its size in memory); the records
+    are made one at a time, as the iterator is consumed. ``(0, empty)`` when there is no data file."""
+    raw = store.read_lines(rollout_id)
+    if raw is None:
+        return 0, iter(())
+    count = sum(1 for line in raw.lines if line.strip())
+
+    def items() -> Iterator[ModelCallRecord | InvalidLine]:
+        with closing(_scan(raw.lines)) as scan:
+            for number, stripped, record in scan:
+                if isinstance(record, _DamagedLine):
+                    yield InvalidLine(number, record.reason, _preview(stripped))
+                else:
+                    yield record
+
+    return count, items()

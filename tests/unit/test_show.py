@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import json
+import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
-from otel_capture import ModelCallRecord, aggregate_model_call_metrics
+import pytest
+
+from otel_capture import ModelCallRecord, aggregate_model_call_metrics, read_available_model_call_records
+from otel_capture._cli.main import main
 from otel_capture._cli.show import format_calls_table, format_rollouts_table, short_model
+from otel_capture._records import readers
 from otel_capture._store.store import CaptureStore
 
 
@@ -118,3 +125,71 @@ def test_show_counts_as_errors_exactly_the_calls_num_errors_counts(tmp_path: Pat
     errors = format_rollouts_table(store).splitlines()[1].split()[2]
     assert errors == "4"
     assert aggregate_model_call_metrics(store, "r-0")["num_errors"] == 4
+
+
+# --- otel-capture show DIR ID prints as it reads (issue 15, item 10) -----------------------------------
+
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "nemo_gym" / "gym_server_0-0.capture.jsonl"
+FIXTURE_TABLE = """\
+#  dialect    model        status  tokens in  tokens out  latency ms  ttft ms  error
+0  responses  fake-model      200         20          12        45.2     45.1  -
+1  responses  fake-model      200         20          12         4.0      2.4  -
+2  chat       fake-model      200         30           7         5.1      5.0  -
+3  chat       fake-model      200         30           7         3.7      1.6  -
+4  messages   claude-fake     200         20          12        12.9      9.6  -
+5  responses  -               422          -           -         1.0      0.9  client_error
+"""
+
+
+def _show(capsys: Any, *argv: str) -> tuple[int, str, str]:
+    code = main(["show", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_show_prints_nemo_gyms_fixture_exactly_as_before(tmp_path: Path, capsys: Any) -> None:
+    (tmp_path / "gym.capture.jsonl").write_bytes(FIXTURE.read_bytes())
+    assert _show(capsys, str(tmp_path), "gym") == (0, FIXTURE_TABLE, "")
+    code, out, _ = _show(capsys, str(tmp_path), "gym", "--trace-url", "http://j:16686")
+    assert code == 0 and out.splitlines()[0] == FIXTURE_TABLE.splitlines()[0] + "         trace"
+
+
+def test_show_of_a_long_rollout_is_what_sizing_from_every_row_gives(tmp_path: Path, capsys: Any) -> None:
+    lines = [line for line in FIXTURE.read_bytes().splitlines() if line.strip()]
+    body = [lines[i % len(lines)] for i in range(2500)]  # past the 1,000-row sample
+    body.insert(700, b"not json")  # reported after the table, as before
+    body.insert(900, b"")  # blank: no call_index
+    (tmp_path / "long.capture.jsonl").write_bytes(b"\n".join(body) + b"\n")
+    store = CaptureStore(tmp_path)
+    every_row = format_calls_table(read_available_model_call_records(store, "long").records)
+    code, out, err = _show(capsys, str(tmp_path), "long")
+    assert code == 1 and out == every_row + "\n"
+    assert out.splitlines()[-1].startswith("2500  ")  # the '#' column is sized from the last line
+    assert err.startswith("1 damaged line(s):\n  line 701: invalid JSON: ") and err.count("\n") == 2
+
+
+def test_show_holds_one_record_at_a_time_not_the_rollout(
+    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = [line for line in FIXTURE.read_bytes().splitlines() if line.strip()]
+    (tmp_path / "r.capture.jsonl").write_bytes(b"".join(lines[i % len(lines)] + b"\n" for i in range(60)))
+    made: list[weakref.ref[ModelCallRecord]] = []
+    build = readers.build_model_call_record
+
+    def tracked(*args: Any, **kwargs: Any) -> ModelCallRecord:
+        record = build(*args, **kwargs)
+        made.append(weakref.ref(record))
+        return record
+
+    alive: list[int] = []
+
+    class Counting(io.StringIO):
+        def write(self, text: str) -> int:
+            alive.append(sum(ref() is not None for ref in made))
+            return super().write(text)
+
+    monkeypatch.setattr(readers, "build_model_call_record", tracked)
+    monkeypatch.setattr(sys, "stdout", Counting())
+    assert main(["show", str(tmp_path), "r"]) == 0
+    assert len(sys.stdout.getvalue().splitlines()) == 61  # type: ignore[attr-defined]  # our Counting
+    assert len(made) == 60 and max(alive) <= 1  # the whole table at once held all 60
