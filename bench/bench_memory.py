@@ -1,6 +1,7 @@
 """Memory of the lifecycle at scale: bounded by the work in hand, not by history (issue 15, item 10).
 
     python bench/bench_memory.py [--quick] [--rollouts N] [--lines N] [--baseline REV] [--dir DIR]
+                                 [--only GROUP,...]   (batch, freeze, read, show, journal, markers)
 
 Each figure is measured in a fresh child process (peak RSS from ``VmHWM``, reset through
 ``/proc/self/clear_refs`` just before the operation, minus the RSS at that moment):
@@ -13,6 +14,8 @@ Each figure is measured in a fresh child process (peak RSS from ``VmHWM``, reset
   (``gc.callbacks``);
 * **read**: ``read_model_call_records`` of the same file, in another process (the readers: not the
   lifecycle's code; shown for scale);
+* **show**: ``otel-capture show DIR big`` of the same file (its table to ``/dev/null``): peak RSS per line
+  and against the file's size;
 * **journal**: the fence journal's lines and bytes after ``--rollouts`` retires (batches of 100), after as
   many freeze + drop pairs, and after as many retire + delete pairs; and what a fresh process holds once it
   has loaded the first of those journals (peak RSS per fence);
@@ -106,6 +109,21 @@ def child_read(root: Path) -> dict[str, Any]:
     return {"read_peak": peak, "read_s": seconds, "read_records": records}
 
 
+def child_show(root: Path) -> dict[str, Any]:
+    import contextlib
+
+    from otel_capture._cli.main import main as cli
+
+    def show() -> int:
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+            return cli(["show", str(root), "big"])
+
+    cli(["show", str(root), "absent"])  # the imports, before the measured run
+    peak, seconds, code = _measure(show)
+    assert code == 0, code
+    return {"show_peak": peak, "show_s": seconds}
+
+
 def child_freeze(root: Path) -> dict[str, Any]:
     import gc
 
@@ -181,6 +199,7 @@ CHILDREN: dict[str, Callable[..., dict[str, Any]]] = {
     "bigfile": child_bigfile,
     "read": child_read,
     "freeze": child_freeze,
+    "show": child_show,
     "journal": child_journal,
     "load": child_load,
     "markers": child_markers,
@@ -205,39 +224,75 @@ def _run(source: Path, name: str, *args: Any) -> dict[str, Any]:
     return result
 
 
-def measure(source: Path, work: Path, rollouts: int, lines: int) -> dict[str, Any]:
+GROUPS = ("batch", "freeze", "read", "show", "journal", "markers")
+
+
+def measure(
+    source: Path, work: Path, rollouts: int, lines: int, groups: tuple[str, ...] = GROUPS
+) -> dict[str, Any]:
     figures: dict[str, Any] = {}
-    figures.update(_run(source, "batch", work / "batch", rollouts))
-    figures.update(_run(source, "bigfile", work / "freeze", lines))
-    figures.update(_run(source, "read", work / "freeze"))  # each in its own process: no reuse of freed memory
-    figures.update(_run(source, "freeze", work / "freeze"))
-    assert figures["read_records"] == figures["frozen"] == lines
-    for workload in ("retire", "drop", "delete"):
-        journal = _run(source, "journal", work / f"journal-{workload}", rollouts, workload)
-        figures[f"journal_{workload}_lines"] = journal["lines"]
-        figures[f"journal_{workload}_bytes"] = journal["bytes"]
-    figures.update(_run(source, "load", work / "journal-retire"))
-    figures.update(_run(source, "markers", work / "markers", rollouts))
+    if "batch" in groups:
+        figures.update(_run(source, "batch", work / "batch", rollouts))
+    if {"freeze", "read", "show"} & set(groups):
+        figures.update(_run(source, "bigfile", work / "freeze", lines))
+    # each in its own process: no reuse of freed memory
+    if "read" in groups:
+        figures.update(_run(source, "read", work / "freeze"))
+        assert figures["read_records"] == lines
+    if "show" in groups:
+        figures.update(_run(source, "show", work / "freeze"))
+    if "freeze" in groups:
+        figures.update(_run(source, "freeze", work / "freeze"))
+        assert figures["frozen"] == lines
+    if "journal" in groups:
+        for workload in ("retire", "drop", "delete"):
+            journal = _run(source, "journal", work / f"journal-{workload}", rollouts, workload)
+            figures[f"journal_{workload}_lines"] = journal["lines"]
+            figures[f"journal_{workload}_bytes"] = journal["bytes"]
+        figures.update(_run(source, "load", work / "journal-retire"))
+    if "markers" in groups:
+        figures.update(_run(source, "markers", work / "markers", rollouts))
     return figures
 
 
 def _rows(f: dict[str, Any], rollouts: int, lines: int) -> list[tuple[str, float, str]]:
     mib = 1024 * 1024
-    return [
-        ("retire batch: peak RSS per rollout", f["retire_peak"] / rollouts, "B"),
-        ("delete batch: peak RSS per rollout", f["delete_peak"] / rollouts, "B"),
-        ("freeze: peak RSS per line", f["freeze_peak"] / lines, "B"),
-        ("freeze: peak RSS / file size", f["freeze_peak"] / f["size"], "x"),
-        ("freeze: wall time", f["freeze_s"], "s"),
-        ("freeze: share in the garbage collector", 100 * f["freeze_gc_s"] / f["freeze_s"], "%"),
-        ("read_model_call_records: peak RSS per line", f["read_peak"] / lines, "B"),
-        ("journal after retires: lines per rollout", f["journal_retire_lines"] / rollouts, ""),
-        ("journal after freeze+drop: lines per rollout", f["journal_drop_lines"] / rollouts, ""),
-        ("journal after retire+delete: lines per rollout", f["journal_delete_lines"] / rollouts, ""),
-        ("journal after retires: MiB", f["journal_retire_bytes"] / mib, "MiB"),
-        ("loading that journal: peak RSS per fence", f["load_peak"] / max(f["fences"], 1), "B"),
-        ("in-flight marker files left per rollout", f["marker_files"] / rollouts, ""),
-    ]
+    rows: list[tuple[str, float, str]] = []
+    if "retire_peak" in f:
+        rows += [
+            ("retire batch: peak RSS per rollout", f["retire_peak"] / rollouts, "B"),
+            ("delete batch: peak RSS per rollout", f["delete_peak"] / rollouts, "B"),
+        ]
+    if "size" in f:
+        rows.append(("the rollout's file: MiB", f["size"] / mib, "MiB"))
+    if "freeze_peak" in f:
+        rows += [
+            ("freeze: peak RSS, MiB", f["freeze_peak"] / mib, "MiB"),
+            ("freeze: peak RSS per line", f["freeze_peak"] / lines, "B"),
+            ("freeze: peak RSS / file size", f["freeze_peak"] / f["size"], "x"),
+            ("freeze: wall time", f["freeze_s"], "s"),
+            ("freeze: share in the garbage collector", 100 * f["freeze_gc_s"] / f["freeze_s"], "%"),
+        ]
+    if "read_peak" in f:
+        rows.append(("read_model_call_records: peak RSS per line", f["read_peak"] / lines, "B"))
+    if "show_peak" in f:
+        rows += [
+            ("otel-capture show DIR ID: peak RSS, MiB", f["show_peak"] / mib, "MiB"),
+            ("otel-capture show DIR ID: peak RSS per line", f["show_peak"] / lines, "B"),
+            ("otel-capture show DIR ID: peak RSS / file size", f["show_peak"] / f["size"], "x"),
+            ("otel-capture show DIR ID: wall time", f["show_s"], "s"),
+        ]
+    if "journal_retire_lines" in f:
+        rows += [
+            ("journal after retires: lines per rollout", f["journal_retire_lines"] / rollouts, ""),
+            ("journal after freeze+drop: lines per rollout", f["journal_drop_lines"] / rollouts, ""),
+            ("journal after retire+delete: lines per rollout", f["journal_delete_lines"] / rollouts, ""),
+            ("journal after retires: MiB", f["journal_retire_bytes"] / mib, "MiB"),
+            ("loading that journal: peak RSS per fence", f["load_peak"] / max(f["fences"], 1), "B"),
+        ]
+    if "marker_files" in f:
+        rows.append(("in-flight marker files left per rollout", f["marker_files"] / rollouts, ""))
+    return rows
 
 
 def main() -> int:
@@ -247,6 +302,9 @@ def main() -> int:
     parser.add_argument("--lines", type=int)
     parser.add_argument("--baseline", help="a git revision to measure side by side")
     parser.add_argument("--dir", help="where the temporary files go (default: the system's temp dir)")
+    parser.add_argument(
+        "--only", help=f"comma-separated groups to measure (default: all of {','.join(GROUPS)})"
+    )
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -256,9 +314,13 @@ def main() -> int:
         return 0
     rollouts = args.rollouts or (5_000 if args.quick else 20_000)
     lines = args.lines or (20_000 if args.quick else 100_000)
+    groups = tuple(args.only.split(",")) if args.only else GROUPS
+    unknown = set(groups) - set(GROUPS)
+    if unknown:
+        parser.error(f"unknown groups {sorted(unknown)}; choose from {','.join(GROUPS)}")
     print(f"{rollouts} rollouts per batch and workload, a {lines}-line rollout frozen\n")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        current = measure(REPO, Path(tmp) / "current", rollouts, lines)
+        current = measure(REPO, Path(tmp) / "current", rollouts, lines, groups)
         baseline = None
         if args.baseline:
             source = Path(tmp) / "baseline-src"
@@ -267,7 +329,7 @@ def main() -> int:
                 ["git", "archive", args.baseline], cwd=REPO, capture_output=True, check=True
             )
             subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
-            baseline = measure(source, Path(tmp) / "baseline", rollouts, lines)
+            baseline = measure(source, Path(tmp) / "baseline", rollouts, lines, groups)
     header = f"{'figure':50} {'current':>12}"
     print(header + (f" {'baseline ' + args.baseline:>22} {'ratio':>8}" if baseline else ""))
     old_rows = _rows(baseline, rollouts, lines) if baseline else None
