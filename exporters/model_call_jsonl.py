@@ -61,6 +61,7 @@ class ModelCallJsonlExporter(SpanExporter):
             fsync=fsync,
             syncfs=syncfs if settings.sync == "auto" else None,
             allow_shared_directory=settings.allow_shared_directory,
+            lock_timeout_s=settings.lock_timeout_s,
         )
 
     @property

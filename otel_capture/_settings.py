@@ -41,6 +41,7 @@ ENV_ALLOW_SHARED_DIR = "OTEL_CAPTURE_ALLOW_SHARED_DIR"
 ENV_UPSTREAM_TIMEOUT = "OTEL_CAPTURE_UPSTREAM_TIMEOUT"
 ENV_MAX_REQUEST_BYTES = "OTEL_CAPTURE_MAX_REQUEST_BYTES"
 ENV_SHUTDOWN_TIMEOUT = "OTEL_CAPTURE_SHUTDOWN_TIMEOUT"
+ENV_LOCK_TIMEOUT = "OTEL_CAPTURE_LOCK_TIMEOUT_S"
 # standard
 ENV_SERVICE_NAME = "OTEL_SERVICE_NAME"
 ENV_RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
@@ -57,6 +58,7 @@ DEFAULT_DURABLE_TIMEOUT_S = 120.0  # a sync that takes longer is a hung disk: an
 DEFAULT_UPSTREAM_TIMEOUT = 600.0  # seconds without a byte from the upstream: model calls are long
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024  # long contexts with several images fit
 DEFAULT_SHUTDOWN_TIMEOUT = 25  # inside the 30 s an orchestrator (Kubernetes) waits before SIGKILL
+DEFAULT_LOCK_TIMEOUT_S = 30.0  # a data file's flock is held for one append: longer is a stuck process
 # Headers that carry credentials: the proxy never puts their values on spans, whatever
 # OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST/_RESPONSE ask for (patterns, matched anywhere
 # in the name, case-insensitively, as the instrumentation matches its sanitize list).
@@ -170,6 +172,10 @@ class WriterSettings:
     allow_shared_directory: bool = False
     """Write into a world-writable directory, or one owned by another user (refused by default: others
     could plant links or FIFOs in it). ``OTEL_CAPTURE_ALLOW_SHARED_DIR``."""
+    lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
+    """Longest wait for a file lock (a data file's ``flock``, which NeMo Gym's writers also take, or a
+    rollout's stripe lock): a process that holds one longer fails that rollout's batch (marked incomplete
+    with the reason), never the writer. ``OTEL_CAPTURE_LOCK_TIMEOUT_S``."""
 
     @classmethod
     def from_environ(
@@ -179,6 +185,7 @@ class WriterSettings:
         directory: str | os.PathLike[str] | None = None,
         sync: SyncMode | None = None,
         allow_shared_directory: bool | None = None,
+        lock_timeout_s: float | None = None,
     ) -> WriterSettings:
         env = os.environ if environ is None else environ
         given = _to_path(os.fspath(directory)) if directory is not None else None
@@ -186,12 +193,21 @@ class WriterSettings:
             directory=_pick(given, env, (ENV_CAPTURE_DIR,), _path, None),
             sync=_pick(sync, env, (ENV_SYNC,), _sync_mode, "auto"),
             allow_shared_directory=_pick(allow_shared_directory, env, (ENV_ALLOW_SHARED_DIR,), _bool, False),
+            lock_timeout_s=_pick(
+                lock_timeout_s, env, (ENV_LOCK_TIMEOUT,), _positive_float, DEFAULT_LOCK_TIMEOUT_S
+            ),
         )
 
 
 def allow_shared_dir_from_environ(environ: Mapping[str, str] | None = None) -> bool:
     """``OTEL_CAPTURE_ALLOW_SHARED_DIR``: the default of ``CaptureStore(allow_shared_directory=)``."""
     return _pick(None, os.environ if environ is None else environ, (ENV_ALLOW_SHARED_DIR,), _bool, False)
+
+
+def lock_timeout_from_environ(environ: Mapping[str, str] | None = None) -> float:
+    """``OTEL_CAPTURE_LOCK_TIMEOUT_S``: the default of ``CaptureStore(lock_timeout_s=)``."""
+    env = os.environ if environ is None else environ
+    return _pick(None, env, (ENV_LOCK_TIMEOUT,), _positive_float, DEFAULT_LOCK_TIMEOUT_S)
 
 
 @dataclass(frozen=True, slots=True)

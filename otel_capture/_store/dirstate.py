@@ -17,6 +17,7 @@ import os
 import threading
 from pathlib import Path
 
+from .._settings import DEFAULT_LOCK_TIMEOUT_S
 from .fs import STATE_DIR, DirFds, Fsync
 from .inflight import InflightCalls, InflightMarkers
 from .journal import FenceJournal
@@ -40,9 +41,10 @@ class DirState:
         self.markers = InflightMarkers()
         self.fsync: Fsync = os.fsync  # syncs the parent of a state directory created on first use
 
-    def dirs(self, *, create: bool = True) -> DirFds:
-        """Directory descriptors for one operation (``create``: make what is missing, 0700)."""
-        return DirFds(self.root, self.fsync, create=create)
+    def dirs(self, *, create: bool = True, lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S) -> DirFds:
+        """Directory descriptors for one operation (``create``: make what is missing, 0700; every file
+        lock it takes is waited for ``lock_timeout`` seconds at most)."""
+        return DirFds(self.root, self.fsync, create=create, lock_timeout=lock_timeout)
 
 
 _states: dict[str, DirState] = {}

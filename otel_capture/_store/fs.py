@@ -7,7 +7,8 @@ and every file is checked to be what the store made before it is read or written
 * Every file is opened ``O_NONBLOCK`` (a FIFO never blocks the open) and ``fstat``-ed: anything but a
   regular file, or a data file with more than one link (a hard link to a file outside), is a
   :class:`DamagedEntryError` naming the entry and what it is.
-* Opens that race a creator retry a bounded number of times.
+* Opens that race a creator retry a bounded number of times, and every ``flock`` wait ends: it is polled
+  with ``LOCK_NB`` up to a deadline (:func:`flock_within`), then a :class:`LockTimeoutError`.
 
 ``docs/durability.md`` ("A hostile directory") lists each guarantee with its test.
 """
@@ -20,11 +21,13 @@ import io
 import logging
 import os
 import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from .types import DamagedEntryError, UnsafeDirectoryError
+from .._settings import DEFAULT_LOCK_TIMEOUT_S
+from .types import DamagedEntryError, LockTimeoutError, UnsafeDirectoryError
 
 _logger = logging.getLogger(__name__)
 
@@ -32,6 +35,7 @@ STATE_DIR = ".otel-capture"
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 OPEN_TRIES = 3
+LOCK_POLL_MAX_S = 0.05  # the longest sleep between two tries of a busy flock
 
 Fsync = Callable[[int], None]
 
@@ -136,15 +140,45 @@ def open_append(dir_fd: int, name: str, label: str, mode: int = FILE_MODE) -> tu
     raise OSError(errno.EAGAIN, f"{label}: created and removed under us {OPEN_TRIES} times in a row")
 
 
-def read_locked(dir_fd: int, name: str, label: str, fsync: Fsync | None = None) -> bytes | None:
+def flock_within(fd: int, operation: int, timeout: float, label: str) -> None:
+    """``flock(fd, operation)``, waiting at most ``timeout`` seconds: tried with ``LOCK_NB``, then again
+    after a sleep that doubles from 1 ms to 50 ms. A blocking ``flock`` would wait as long as its holder
+    likes, and the holder may be any process of the same user (NeMo Gym's writers lock the data files
+    too). Raises :class:`LockTimeoutError` naming ``label`` when the lock is still held at the deadline."""
+    try:
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(pause, left))
+        pause = min(2 * pause, LOCK_POLL_MAX_S)
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            continue
+    raise LockTimeoutError(label, timeout)
+
+
+def read_locked(
+    dir_fd: int,
+    name: str,
+    label: str,
+    fsync: Fsync | None = None,
+    timeout: float = DEFAULT_LOCK_TIMEOUT_S,
+) -> bytes | None:
     """A file's bytes, read whole under ``flock(LOCK_SH)`` (the lock NeMo Gym's readers take: appenders hold
-    ``LOCK_EX`` for a whole line); ``None`` when absent. ``fsync`` (the freeze) makes what was read durable."""
+    ``LOCK_EX`` for a whole line); ``None`` when absent. ``fsync`` (the freeze) makes what was read durable.
+    A lock held longer than ``timeout`` raises :class:`LockTimeoutError`."""
     try:
         fd, _ = open_file(dir_fd, name, os.O_RDONLY, label, single_link=False)
     except FileNotFoundError:
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
+        flock_within(fd, fcntl.LOCK_SH, timeout, label)
         try:
             data = read_all(fd)
         finally:
@@ -223,8 +257,17 @@ class DirFds:
     a directory removed and recreated under a running process is simply opened afresh next time.
     """
 
-    def __init__(self, root: Path, fsync: Fsync = os.fsync, *, create: bool = True) -> None:
+    def __init__(
+        self,
+        root: Path,
+        fsync: Fsync = os.fsync,
+        *,
+        create: bool = True,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
+    ) -> None:
         self.root = root
+        self.lock_timeout = lock_timeout
+        """The longest wait for any file lock of this operation (:func:`flock_within`)."""
         self._fsync = fsync
         self._create = create
         self._fds: dict[str, int] = {}

@@ -110,6 +110,7 @@ class FileLifecycle:
     _fsync: Fsync
     _hook: Hook
     _allow_shared: bool
+    _lock_timeout: float
 
     def rollout_ids(self) -> list[str]:
         raise NotImplementedError  # CaptureStore's: the one listing of the directory's rollouts
@@ -124,7 +125,7 @@ class FileLifecycle:
     def _dirs(self, *, create: bool = True) -> DirFds:
         """The directory descriptors of one operation, once the directory is known to be safe to use."""
         check_directory(self.root, allow_shared=self._allow_shared)
-        return self._state.dirs(create=create)
+        return self._state.dirs(create=create, lock_timeout=self._lock_timeout)
 
     # -- queries ---------------------------------------------------------------------------------------
 
@@ -169,7 +170,7 @@ class FileLifecycle:
         found: dict[str, RolloutState] = {rid: f.kind for rid, f in dir_.journal.fences().items()}
         for rid in self.rollout_ids():
             found.setdefault(rid, "live")
-        with dir_.dirs(create=False) as dirs:
+        with dir_.dirs(create=False, lock_timeout=self._lock_timeout) as dirs:
             try:
                 marked = dir_.markers.rollouts(dirs)
             except (FileNotFoundError, DamagedEntryError) as exc:
@@ -378,7 +379,7 @@ class FileLifecycle:
     def purge_trash(self) -> int:
         """Unlink the record files retire and delete moved aside (runs in the background after each
         batch; call it to free the space now). Returns how many entries it removed."""
-        with self._state.dirs(create=False) as dirs:
+        with self._state.dirs(create=False, lock_timeout=self._lock_timeout) as dirs:
             return purge_trash(dirs)
 
     def _purge_later(self) -> None:

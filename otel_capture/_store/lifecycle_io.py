@@ -19,7 +19,7 @@ import orjson
 
 from .._records import ModelCallRecord, parse_record_line
 from .dirstate import DirState
-from .fs import FILE_MODE, DirFds, Fsync, open_append, read_locked, write_all
+from .fs import FILE_MODE, DirFds, Fsync, flock_within, open_append, read_locked, write_all
 from .journal import Fence
 from .lazy import LazyLines, LineParser, empty_lines, spans_of
 from .types import CaptureFrozenError, CaptureRetiredError, DamagedEntryError, IncompleteCall
@@ -52,13 +52,14 @@ class AppendOutcome:
     created: bool = False
 
 
-def _append_locked(fd: int, data: bytes) -> None:
-    """Append under the data file's own ``flock``, as NeMo Gym's writers and readers expect.
+def _append_locked(fd: int, data: bytes, label: str, timeout: float) -> None:
+    """Append under the data file's own ``flock``, as NeMo Gym's writers and readers expect; a lock held
+    by another process for more than ``timeout`` seconds raises :class:`LockTimeoutError`, nothing written.
 
     A file that does not end in ``\n`` ends in a line torn by a writer that died mid-``write``: it is
     terminated first, so it stays one damaged line for readers to report instead of swallowing our line.
     """
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    flock_within(fd, fcntl.LOCK_EX, timeout, label)
     try:
         start = os.fstat(fd).st_size
         if start and os.pread(fd, 1, start - 1) != b"\n":
@@ -76,11 +77,13 @@ def _append_locked(fd: int, data: bytes) -> None:
         fcntl.flock(fd, fcntl.LOCK_UN)
 
 
-def _append_file(dirs: DirFds, name: str, data: bytes, mode: int, outcome: AppendOutcome) -> None:
+def _append_file(
+    dirs: DirFds, name: str, data: bytes, mode: int, outcome: AppendOutcome, lock_timeout: float
+) -> None:
     fd, created = open_append(dirs.root_fd(), name, name, mode)
     outcome.fds.append(fd)
     outcome.created |= created
-    _append_locked(fd, data)
+    _append_locked(fd, data, name, lock_timeout)
 
 
 def fenced_append(
@@ -91,6 +94,7 @@ def fenced_append(
     begins: Iterable[str] = (),
     *,
     file_mode: int = FILE_MODE,
+    data_lock_timeout: float | None = None,
 ) -> AppendOutcome:
     """Append one rollout's ``(model_call_id, capture line, tokens line)`` entries, unless fenced.
 
@@ -98,8 +102,9 @@ def fenced_append(
     error); a call admitted before the rollout's latest lifecycle event is dropped as late; the rest is
     written in one ``write`` per file. ``begins`` are calls that started since the last batch: their
     ``+`` markers are written here (when their line is not in the same batch). Raises ``OSError`` when a
-    file cannot be written, ``DamagedEntryError`` when one is not a regular file of its own (the caller
-    marks the rollout incomplete); no descriptor is leaked.
+    file cannot be written, ``DamagedEntryError`` when one is not a regular file of its own, and
+    ``LockTimeoutError`` when a lock stays held (a data file's past ``data_lock_timeout``, default the
+    ``dirs``' lock timeout); the caller marks the rollout incomplete. No descriptor is leaked.
     """
     outcome = AppendOutcome()
     begins = list(begins)
@@ -118,7 +123,8 @@ def fenced_append(
             kept, ended = _admit(state, rollout_id, calls, begins, outcome)
             in_batch = set(mcids)
             begun = [m for m in begins if m not in in_batch]
-            _write_admitted(state, dirs, rollout_id, kept, begun, ended, outcome, file_mode)
+            lock_timeout = dirs.lock_timeout if data_lock_timeout is None else data_lock_timeout
+            _write_admitted(state, dirs, rollout_id, kept, begun, ended, outcome, file_mode, lock_timeout)
         finally:
             state.calls.end(rollout_id, mcids)
     return outcome
@@ -162,17 +168,17 @@ def _write_admitted(
     ended: list[str],
     outcome: AppendOutcome,
     file_mode: int,
+    lock_timeout: float,
 ) -> None:
     # The marker is opened first: a damaged one fails the batch before any line is written.
     marker = state.markers.open(dirs, rollout_id, create=bool(begun)) if begun or ended else None
     try:
         if kept:
-            _append_file(
-                dirs, rollout_id + CAPTURE_SUFFIX, b"".join(line for _, line, _ in kept), file_mode, outcome
-            )
+            lines = b"".join(line for _, line, _ in kept)
+            _append_file(dirs, rollout_id + CAPTURE_SUFFIX, lines, file_mode, outcome, lock_timeout)
             token_data = b"".join(tokens for _, _, tokens in kept if tokens)
             if token_data:
-                _append_file(dirs, rollout_id + TOKENS_SUFFIX, token_data, file_mode, outcome)
+                _append_file(dirs, rollout_id + TOKENS_SUFFIX, token_data, file_mode, outcome, lock_timeout)
         if marker is not None:
             state.markers.write_to(dirs, marker, rollout_id, begun, ended)
     except BaseException:
@@ -227,7 +233,7 @@ def fenced_mark_incomplete(
             name = rollout_id + INCOMPLETE_SUFFIX
             fd, created = open_append(dirs.root_fd(), name, name, file_mode)
             try:
-                _append_locked(fd, data)
+                _append_locked(fd, data, name, dirs.lock_timeout)
                 fsync(fd)
             finally:
                 os.close(fd)
@@ -293,7 +299,7 @@ def _lines(data: bytes) -> Iterator[bytes]:
 
 def _read(dirs: DirFds, name: str, contents: Contents, fsync: Fsync | None) -> bytes | None:
     try:
-        return read_locked(dirs.root_fd(), name, name, fsync)
+        return read_locked(dirs.root_fd(), name, name, fsync, dirs.lock_timeout)
     except DamagedEntryError as exc:
         contents.incomplete.append(IncompleteCall("", f"{exc.label}: {exc.what}: not read"))
         return None

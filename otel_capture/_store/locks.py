@@ -3,7 +3,8 @@
 A rollout's writers and lifecycle operations hold its stripe (``flock(LOCK_EX)`` plus an in-process lock,
 because ``flock`` does not exclude two threads sharing one open file) for the whole fence check + append,
 or fence + removal. Lock files are created on first use and never deleted, so two processes can never
-lock different inodes. Order: stripes (sorted) first, then the journal's lock. See ``docs/lifecycle.md``.
+lock different inodes. Order: stripes (sorted) first, then the journal's lock. Every wait for a stripe
+ends after the operation's lock timeout (:class:`LockTimeoutError`). See ``docs/lifecycle.md``.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import threading
 import zlib
 from collections.abc import Iterable, Iterator
 
-from .fs import DirFds, open_file
-from .types import DamagedEntryError
+from .fs import DirFds, flock_within, open_file
+from .types import DamagedEntryError, LockTimeoutError
 
 _logger = logging.getLogger(__name__)
 
@@ -49,9 +50,11 @@ class StripedLocks:
         held: list[tuple[int, int]] = []
         try:
             for stripe in sorted(set(stripes)):
-                self._threads[stripe].acquire()
+                name = f"{stripe:02d}.lock"
+                if not self._threads[stripe].acquire(timeout=dirs.lock_timeout):
+                    label = f".otel-capture/locks/{name}"
+                    raise LockTimeoutError(label, dirs.lock_timeout, "another thread of this process")
                 try:
-                    name = f"{stripe:02d}.lock"
                     fd, _ = open_file(
                         dirs.state_fd("locks"),
                         name,
@@ -69,7 +72,7 @@ class StripedLocks:
                     self._threads[stripe].release()
                     raise
                 held.append((stripe, fd))
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                flock_within(fd, fcntl.LOCK_EX, dirs.lock_timeout, f".otel-capture/locks/{name}")
             yield
         finally:
             for stripe, fd in reversed(held):

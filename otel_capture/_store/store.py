@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .._correlation import validate_rollout_id
-from .._settings import allow_shared_dir_from_environ
-from .fs import open_file, problem, read_all
+from .._settings import allow_shared_dir_from_environ, lock_timeout_from_environ
+from .fs import flock_within, open_file, problem, read_all
 from .journal import no_hook
 from .lifecycle import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX, FileLifecycle
 from .types import DamagedEntryError
@@ -51,6 +51,9 @@ class CaptureStore(FileLifecycle):
 
     ``allow_shared_directory``: use a world-writable directory, or one owned by another user, which is
     otherwise refused with :class:`UnsafeDirectoryError` (default: ``OTEL_CAPTURE_ALLOW_SHARED_DIR``).
+    ``lock_timeout_s``: the longest wait for any file lock (a data file's ``flock`` held by another process,
+    a rollout's stripe); past it a read, freeze, retire or delete raises :class:`LockTimeoutError`
+    (default: ``OTEL_CAPTURE_LOCK_TIMEOUT_S``, else 30 s).
     ``fsync`` and ``crash_hook`` are seams for tests: a failing disk, and a callback named at each step of
     a lifecycle batch (crash tests SIGKILL the process there). Neither is a tuning knob.
     """
@@ -62,11 +65,13 @@ class CaptureStore(FileLifecycle):
         allow_shared_directory: bool | None = None,
         fsync: Callable[[int], None] = os.fsync,
         crash_hook: Callable[[str], None] | None = None,
+        lock_timeout_s: float | None = None,
     ) -> None:
         self.root = Path(root)
         self._allow_shared = (
             allow_shared_dir_from_environ() if allow_shared_directory is None else allow_shared_directory
         )
+        self._lock_timeout = lock_timeout_from_environ() if lock_timeout_s is None else lock_timeout_s
         self._fsync = fsync
         self._hook = crash_hook or no_hook
 
@@ -120,7 +125,7 @@ class CaptureStore(FileLifecycle):
 
     def read_token_lines(self, rollout_id: str) -> RawLines | None:
         """The rollout's token file split into lines (as :meth:`read_lines`); ``None`` if absent."""
-        return self._read_split(self.tokens_path(rollout_id))
+        return self._read_split(self.tokens_path(rollout_id), self._lock_timeout)
 
     def read_lines(self, rollout_id: str) -> RawLines | None:
         """The rollout's data file split into lines, read whole under ``flock(LOCK_SH)``; ``None`` if absent,
@@ -128,12 +133,13 @@ class CaptureStore(FileLifecycle):
 
         The shared lock is the one NeMo Gym's readers take: appenders hold ``LOCK_EX`` for a whole line, so
         under it every line is either complete or was torn by a writer that died. One ``read()`` and one
-        ``split`` cost no more than iterating the file, and make the torn tail plain to see.
+        ``split`` cost no more than iterating the file, and make the torn tail plain to see. A lock held
+        by another process past the lock timeout raises :class:`LockTimeoutError`.
         """
-        return self._read_split(self.data_path(rollout_id))
+        return self._read_split(self.data_path(rollout_id), self._lock_timeout)
 
     @staticmethod
-    def _read_split(path: Path) -> RawLines | None:
+    def _read_split(path: Path, lock_timeout: float) -> RawLines | None:
         try:
             fd, _ = open_file(None, path, os.O_RDONLY, path.name, single_link=False)
         except FileNotFoundError:
@@ -145,7 +151,7 @@ class CaptureStore(FileLifecycle):
             _logger.warning("skipping %s: %s", path, exc.what)
             return None
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
+            flock_within(fd, fcntl.LOCK_SH, lock_timeout, path.name)
             try:
                 data = read_all(fd)
             finally:

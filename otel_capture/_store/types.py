@@ -10,6 +10,7 @@ Exceptions::
     └── CaptureStateError        a rollout whose lifecycle state cannot be read (that rollout only)
     OSError
     ├── DamagedEntryError        a path of the store that is a link, a FIFO, a hard link...: never used
+    ├── LockTimeoutError         a file's flock still held by another process after the lock timeout
     └── PermissionError
         └── UnsafeDirectoryError a capture directory other users can write (unless opted in)
 
@@ -19,6 +20,7 @@ every "this rollout takes no more writes" refusal, and both subclass ``RuntimeEr
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
@@ -56,6 +58,22 @@ class DamagedEntryError(OSError):
         super().__init__(f"{label}: {what}: {consequence}")
         self.label = label
         self.what = what
+
+
+class LockTimeoutError(OSError):
+    """A ``flock`` the store waited for stayed held for the whole lock timeout (``lock_timeout_s``,
+    ``OTEL_CAPTURE_LOCK_TIMEOUT_S``): another process holds the file's lock and does not let go. The
+    writer fails that rollout's batch with this reason; a freeze, retire or delete raises it.
+
+    ``label`` is the path inside the capture directory, ``waited`` the seconds waited in all. An
+    ``OSError`` with ``errno.ETIMEDOUT``, deliberately not a ``TimeoutError``: a writer's future fails with
+    it, and ``except TimeoutError`` around ``future.result(timeout)`` must keep meaning "not resolved yet"
+    (``concurrent.futures.TimeoutError`` is ``TimeoutError``)."""
+
+    def __init__(self, label: str, waited: float, holder: str = "another process") -> None:
+        super().__init__(errno.ETIMEDOUT, f"{label} locked by {holder} for more than {waited:g} s")
+        self.label = label
+        self.waited = waited
 
 
 class UnsafeDirectoryError(PermissionError):

@@ -17,6 +17,11 @@ Durability contract, written before the code (``docs/durability.md`` names the t
   its writers and readers interleave with ours on the same files. The locks cover only the ``write``; the
   ``fsync`` runs after unlocking because fsync makes durable whatever is in the file, whoever wrote it,
   and holding a lock through a disk flush would stall every other writer.
+* No lock is waited for longer than ``lock_timeout_s`` (30 s): a process that holds a data file's
+  ``flock`` past it fails that rollout's batch (:class:`LockTimeoutError`, marked incomplete with the
+  reason) and the thread goes on with the other rollouts. While that file stays locked, later batches of
+  the rollout wait :data:`LOCKED_OUT_WAIT` at most, so one stuck process costs the thread one timeout, not
+  one per batch.
 * A call's token line (``<id>.tokens.jsonl``) is written in the same batch as its record line and synced
   with it: the future covers both.
 * Every line of a batch for one file goes out in a single ``write`` of whole lines, so a reader never sees
@@ -60,12 +65,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._correlation import validate_rollout_id
+from .._settings import DEFAULT_LOCK_TIMEOUT_S
 from .._sink import LoopWaiter
 from .dirstate import DirState, dir_state
 from .fs import DIR_MODE, FILE_MODE, check_directory, make_root
 from .journal import Fence
 from .lifecycle_io import fenced_append, fenced_mark_incomplete
-from .types import CaptureFrozenError, UnsafeDirectoryError
+from .types import CaptureFrozenError, LockTimeoutError, UnsafeDirectoryError
 
 _logger = logging.getLogger(__name__)
 
@@ -148,6 +154,8 @@ _TICK = object()  # wakes an idle thread so that it starts timing a begin's mark
 
 MARKER_DELAY = 0.02
 """Seconds a begun call may go without its ``+`` marker file (see :meth:`JsonlWriter.begin`)."""
+LOCKED_OUT_WAIT = 0.1
+"""Seconds a batch waits for a data file whose lock outlasted the lock timeout and was not seen free since."""
 
 
 class JsonlWriter:
@@ -168,9 +176,14 @@ class JsonlWriter:
         file_mode: int = FILE_MODE,
         dir_mode: int = DIR_MODE,
         marker_delay: float = MARKER_DELAY,
+        lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
     ) -> None:
         self.root = Path(root)
         self._allow_shared = allow_shared_directory
+        self._lock_timeout = lock_timeout_s
+        self._locked_out: dict[
+            str, float
+        ] = {}  # rollout -> when its data file's lock timed out (thread only)
         check_directory(self.root, allow_shared=allow_shared_directory)
         self._state: DirState = dir_state(self.root)
         self.stats = WriterStats()
@@ -370,7 +383,7 @@ class JsonlWriter:
         written: list[tuple[str, list[_Item]]] = []
         fds: list[int] = []
         created_any = False
-        with self._state.dirs() as dirs:
+        with self._state.dirs(lock_timeout=self._lock_timeout) as dirs:
             for rollout_id, items in by_rollout.items():
                 try:
                     outcome = fenced_append(
@@ -380,11 +393,14 @@ class JsonlWriter:
                         [(i.model_call_id, i.line, i.tokens_line) for i in items],
                         begun.get(rollout_id, []),
                         file_mode=self._file_mode,
+                        data_lock_timeout=self._data_lock_wait(rollout_id),
                     )
                 except OSError as exc:
+                    exc = self._locked_out_error(rollout_id, exc)
                     self._fail_append(rollout_id, items, begun.get(rollout_id, []), exc)
                     dirs.close()  # reopened afresh: the failure may have been a directory removed under us
                     continue
+                self._locked_out.pop(rollout_id, None)
                 for index, error in outcome.dropped:
                     self._drop_late(items[index], error)
                 written.append((rollout_id, [items[index] for index in outcome.accepted]))
@@ -405,6 +421,21 @@ class JsonlWriter:
             self.stats.records_written += len(items)
             for item in items:
                 self._resolve(item)
+
+    def _data_lock_wait(self, rollout_id: str) -> float:
+        """The lock timeout, or :data:`LOCKED_OUT_WAIT` for a data file whose lock already timed out and
+        has not been seen free since (the thread serves every rollout: it pays one timeout per episode)."""
+        if rollout_id in self._locked_out:
+            return min(self._lock_timeout, LOCKED_OUT_WAIT)
+        return self._lock_timeout
+
+    def _locked_out_error(self, rollout_id: str, exc: OSError) -> OSError:
+        """Remember a data file whose lock timed out; the error says how long it has been locked in all."""
+        if not isinstance(exc, LockTimeoutError) or not exc.label.startswith(rollout_id + "."):
+            return exc
+        now = time.monotonic()
+        since = self._locked_out.setdefault(rollout_id, now - exc.waited)
+        return LockTimeoutError(exc.label, max(round(now - since, 1), exc.waited))
 
     def _sync(self, fds: list[int], created: bool) -> None:
         """Make every file of the batch durable, and the directory when the batch created a file.
@@ -518,7 +549,7 @@ class JsonlWriter:
 
     def _mark_incomplete(self, rollout_id: str, model_call_ids: list[str], reason: str) -> None:
         try:
-            with self._state.dirs() as dirs:
+            with self._state.dirs(lock_timeout=self._lock_timeout) as dirs:
                 fenced_mark_incomplete(
                     self._state,
                     dirs,

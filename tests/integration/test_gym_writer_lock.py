@@ -4,7 +4,6 @@ for the line and holds only whole lines."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -12,7 +11,10 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from otel_capture import CaptureSnapshot, CaptureStore
+from otel_capture._store import fs
 
 BOUND = 60  # seconds: only to prove "does not hang"
 
@@ -32,13 +34,24 @@ GYM_WRITER = textwrap.dedent(
 )
 
 
-def _waiting_for_a_lock_on(inode: int) -> bool:
-    """True when some process is blocked on a lock of this inode (a ``->`` line of /proc/locks)."""
-    with open("/proc/locks") as locks:
-        return any("->" in line and any(f.endswith(f":{inode}") for f in line.split()) for line in locks)
+class _Clock:
+    """``time`` as the store's lock waits see it: ``busy`` is set once one finds a lock held and sleeps
+    before trying again (the waits poll with ``LOCK_NB``, so no waiter shows in ``/proc/locks``)."""
+
+    busy = threading.Event()
+    monotonic = staticmethod(time.monotonic)
+
+    @classmethod
+    def sleep(cls, seconds: float) -> None:
+        cls.busy.set()
+        time.sleep(seconds)
 
 
-def test_freeze_waits_for_a_gym_writer_holding_the_lock_mid_line(tmp_path: Path) -> None:
+def test_freeze_waits_for_a_gym_writer_holding_the_lock_mid_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _Clock.busy.clear()
+    monkeypatch.setattr(fs, "time", _Clock)
     store = CaptureStore(tmp_path / "calls")
     store.append_now("r", "c0", {"dialect": "chat"})
     data = store.data_path("r")
@@ -55,12 +68,9 @@ def test_freeze_waits_for_a_gym_writer_holding_the_lock_mid_line(tmp_path: Path)
         freeze.start()
         # Let the writer finish once the freeze has either read the file or is waiting for its lock.
         give_up = time.monotonic() + BOUND
-        while (
-            freeze.is_alive()
-            and not _waiting_for_a_lock_on(os.stat(data).st_ino)
-            and time.monotonic() < give_up
-        ):
+        while freeze.is_alive() and not _Clock.busy.is_set() and time.monotonic() < give_up:
             time.sleep(0.01)
+        assert _Clock.busy.is_set(), "the freeze did not wait for the lock"
         writer.stdin.write("finish\n")
         writer.stdin.flush()
         freeze.join(BOUND)

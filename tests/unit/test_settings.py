@@ -16,6 +16,7 @@ from otel_capture._settings import (
     DEFAULT_CONTENT_MAX_LENGTH,
     DEFAULT_MAX_BODY_BYTES,
     cache_dir,
+    lock_timeout_from_environ,
     upstream_from_environ,
 )
 
@@ -241,6 +242,24 @@ CASES: list[tuple[str, dict[str, str], dict[str, Any], str, Any, str | None]] = 
         DEFAULT_CONTENT_MAX_LENGTH,
         "OTEL_CAPTURE_CONTENT_MAX_LENGTH",
     ),
+    ("lock timeout default", {}, {}, "lock_timeout_s", 30.0, None),
+    ("lock timeout env", {"OTEL_CAPTURE_LOCK_TIMEOUT_S": "2.5"}, {}, "lock_timeout_s", 2.5, None),
+    (
+        "lock timeout constructor",
+        {"OTEL_CAPTURE_LOCK_TIMEOUT_S": "2.5"},
+        {"lock_timeout_s": 0.2},
+        "lock_timeout_s",
+        0.2,
+        None,
+    ),
+    (
+        "lock timeout bad",
+        {"OTEL_CAPTURE_LOCK_TIMEOUT_S": "-1"},
+        {},
+        "lock_timeout_s",
+        30.0,
+        "OTEL_CAPTURE_LOCK_TIMEOUT_S",
+    ),
 ]
 
 
@@ -255,7 +274,7 @@ def test_precedence_and_bad_values(
     warned: str | None,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    cls = WriterSettings if field in ("directory", "sync") else CaptureSettings
+    cls = WriterSettings if field in ("directory", "sync", "lock_timeout_s") else CaptureSettings
     with caplog.at_level(logging.WARNING, logger="otel_capture._settings"):
         settings = cls.from_environ(environ, **kwargs)
     assert getattr(settings, field) == expected
@@ -303,3 +322,8 @@ def test_no_module_but_the_settings_reads_the_environment() -> None:
         and re.search(r"(os\.environ\.get|os\.getenv|environ\.get)\((?!\"PYTHONPATH\")", path.read_text())
     )
     assert readers == []
+
+
+def test_the_store_takes_its_lock_timeout_from_the_same_variable() -> None:
+    assert lock_timeout_from_environ({}) == 30.0
+    assert lock_timeout_from_environ({"OTEL_CAPTURE_LOCK_TIMEOUT_S": "3"}) == 3.0
