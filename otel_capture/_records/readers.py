@@ -13,7 +13,7 @@ under ``flock(LOCK_SH)`` through :meth:`CaptureStore.read_lines`; see ``docs/dur
 from __future__ import annotations
 
 import logging
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,7 +120,7 @@ def parse_record_line(line: bytes, call_index: int) -> ModelCallRecord | None:
         return None
 
 
-def _scan(lines: Sequence[bytes]) -> Generator[tuple[int, bytes, ModelCallRecord | _DamagedLine], None, None]:
+def _scan(lines: Iterable[bytes]) -> Generator[tuple[int, bytes, ModelCallRecord | _DamagedLine], None, None]:
     """``(physical line number, stripped line, record or why it is damaged)`` for every non-blank line;
     ``call_index`` counts damaged lines too, as Gym's readers do. The collector is paused meanwhile."""
     index = 0
@@ -204,21 +204,21 @@ def scan_available_model_call_records(
     store: CaptureStore, rollout_id: str
 ) -> tuple[int, Iterator[ModelCallRecord | InvalidLine]]:
     """:func:`read_available_model_call_records` one line at a time, for callers that print as they read
-    (``otel-capture show``): the number of non-blank complete lines (so ``call_index`` stays below it), and
-    each valid record or the :class:`InvalidLine` of a damaged one, in file order. The torn tail is not
-    reported here. The file is read whole under the lock at once (about its size in memory); the records
-    are made one at a time, as the iterator is consumed. ``(0, empty)`` when there is no data file."""
-    raw = store.read_lines(rollout_id)
-    if raw is None:
+    (``otel-capture show``): the number of complete lines (so ``call_index`` stays below it), and each
+    valid record or the :class:`InvalidLine` of a damaged one, in file order. The torn tail is not reported
+    here. The lines are read as they are consumed, from what the file held under the lock
+    (:meth:`CaptureStore.stream_lines`): memory stays flat whatever the file's size. ``(0, empty)`` when
+    there is no data file."""
+    streamed = store.stream_lines(rollout_id)
+    if streamed is None:
         return 0, iter(())
-    count = sum(1 for line in raw.lines if line.strip())
 
     def items() -> Iterator[ModelCallRecord | InvalidLine]:
-        with closing(_scan(raw.lines)) as scan:
+        with closing(_scan(streamed)) as scan:
             for number, stripped, record in scan:
                 if isinstance(record, _DamagedLine):
                     yield InvalidLine(number, record.reason, _preview(stripped))
                 else:
                     yield record
 
-    return count, items()
+    return streamed.count, items()

@@ -20,7 +20,7 @@ import fcntl
 import logging
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -33,7 +33,14 @@ from .types import DamagedEntryError
 
 _logger = logging.getLogger(__name__)
 
-__all__ = ["CAPTURE_SUFFIX", "INCOMPLETE_SUFFIX", "TOKENS_SUFFIX", "CaptureStore", "RawLines"]
+__all__ = [
+    "CAPTURE_SUFFIX",
+    "INCOMPLETE_SUFFIX",
+    "TOKENS_SUFFIX",
+    "CaptureStore",
+    "RawLines",
+    "StreamedLines",
+]
 
 
 class RawLines(NamedTuple):
@@ -44,6 +51,59 @@ class RawLines(NamedTuple):
 
     lines: list[bytes]
     tail: bytes
+
+
+STREAM_CHUNK = 1 << 20
+
+
+class StreamedLines:
+    """A data file's complete lines (newline removed), read after its lock is let go: the file's size is
+    taken under ``flock(LOCK_SH)`` and only the bytes below it are read, ``STREAM_CHUNK`` at a time. The
+    data files are append-only (a failed append is cut back only to where it began), so bytes below a size
+    seen under the lock never change, and a retire or delete moves the name, not the open file.
+
+    ``count`` is the number of complete lines (blank ones too). Iterate once; the descriptor is closed at
+    the end, by :meth:`close`, or when the object is dropped. A torn tail is not yielded."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self._fd: int | None = fd
+        self.size = size
+        self.count = sum(chunk.count(b"\n") for chunk in self._chunks())
+
+    def _chunks(self) -> Iterator[bytes]:
+        offset = 0
+        while self._fd is not None and offset < self.size:
+            chunk = os.pread(self._fd, min(STREAM_CHUNK, self.size - offset), offset)
+            if not chunk:
+                return
+            offset += len(chunk)
+            yield chunk
+
+    def __iter__(self) -> Iterator[bytes]:
+        pending: list[bytes] = []  # the start of a line that continues in the next chunk
+        try:
+            for chunk in self._chunks():
+                start = 0
+                while (end := chunk.find(b"\n", start)) != -1:
+                    if pending:
+                        pending.append(chunk[start:end])
+                        yield b"".join(pending)
+                        pending.clear()
+                    else:
+                        yield chunk[start:end]
+                    start = end + 1
+                if start < len(chunk):
+                    pending.append(chunk[start:])
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
 
 
 class CaptureStore(FileLifecycle):
@@ -138,8 +198,27 @@ class CaptureStore(FileLifecycle):
         """
         return self._read_split(self.data_path(rollout_id), self._lock_timeout)
 
+    def stream_lines(self, rollout_id: str) -> StreamedLines | None:
+        """The rollout's data file as :meth:`read_lines` sees it, without holding it in memory or holding its
+        lock while the lines are used (``otel-capture show`` prints as it reads); ``None`` when absent or
+        skipped, as :meth:`read_lines`."""
+        path = self.data_path(rollout_id)
+        fd = self._open_data(path)
+        if fd is None:
+            return None
+        try:
+            flock_within(fd, fcntl.LOCK_SH, self._lock_timeout, path.name)
+            try:
+                size = os.fstat(fd).st_size
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        except BaseException:
+            os.close(fd)
+            raise
+        return StreamedLines(fd, size)
+
     @staticmethod
-    def _read_split(path: Path, lock_timeout: float) -> RawLines | None:
+    def _open_data(path: Path) -> int | None:
         try:
             fd, _ = open_file(None, path, os.O_RDONLY, path.name, single_link=False)
         except FileNotFoundError:
@@ -149,6 +228,13 @@ class CaptureStore(FileLifecycle):
                 raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path)) from None
             # A link or a FIFO: never followed or waited on.
             _logger.warning("skipping %s: %s", path, exc.what)
+            return None
+        return fd
+
+    @classmethod
+    def _read_split(cls, path: Path, lock_timeout: float) -> RawLines | None:
+        fd = cls._open_data(path)
+        if fd is None:
             return None
         try:
             flock_within(fd, fcntl.LOCK_SH, lock_timeout, path.name)

@@ -15,6 +15,7 @@ from otel_capture import ModelCallRecord, aggregate_model_call_metrics, read_ava
 from otel_capture._cli.main import main
 from otel_capture._cli.show import format_calls_table, format_rollouts_table, short_model
 from otel_capture._records import readers
+from otel_capture._store import store as store_module
 from otel_capture._store.store import CaptureStore
 
 
@@ -193,3 +194,18 @@ def test_show_holds_one_record_at_a_time_not_the_rollout(
     assert main(["show", str(tmp_path), "r"]) == 0
     assert len(sys.stdout.getvalue().splitlines()) == 61  # type: ignore[attr-defined]  # our Counting
     assert len(made) == 60 and max(alive) <= 1  # the whole table at once held all 60
+
+
+def test_show_reads_the_lines_the_file_held_under_its_lock_chunk_by_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "STREAM_CHUNK", 7)  # lines longer than a chunk, and cut anywhere
+    store = CaptureStore(tmp_path)
+    lines = [b'{"model_call_id": "a-long-one"}', b"", b"x", b'{"model_call_id": "b"}']
+    store.data_path("r").write_bytes(b"\n".join(lines) + b"\n" + b'{"torn')
+    streamed = store.stream_lines("r")
+    assert streamed is not None and streamed.count == 4
+    with store.data_path("r").open("ab") as late:  # appended after the lock was let go: not read
+        late.write(b'": 1}\n{"model_call_id": "c"}\n')
+    assert list(streamed) == lines
+    assert store.stream_lines("absent") is None
