@@ -134,12 +134,11 @@ def test_a_call_to_a_locked_rollout_is_answered_and_its_rollout_says_why_it_is_i
         with serve(app) as url, held_forever(store.data_path("stuck")):
 
             def chat(rollout_id: str) -> str | None:
-                client = openai.OpenAI(
-                    base_url=f"{url}/ng-rollout/{rollout_id}/v1", api_key="k", max_retries=0
-                )
-                reply = client.chat.completions.create(
-                    model="m", messages=[{"role": "user", "content": "hi"}]
-                )
+                base_url = f"{url}/ng-rollout/{rollout_id}/v1"
+                with openai.OpenAI(base_url=base_url, api_key="k", max_retries=0) as client:
+                    reply = client.chat.completions.create(
+                        model="m", messages=[{"role": "user", "content": "hi"}]
+                    )
                 return reply.choices[0].message.content
 
             assert chat("stuck") == chat("free")  # answered whole, as if nothing were wrong
