@@ -33,7 +33,8 @@ from typing import Any, Literal
 
 import orjson
 
-from .fs import FILE_MODE, DirFds, Fsync, damaged, open_file, problem, write_all
+from .fs import FILE_MODE, DirFds, Fsync, damaged, flock_within, open_file, problem, write_all
+from .types import LockTimeoutError
 
 _logger = logging.getLogger(__name__)
 
@@ -195,19 +196,18 @@ class FenceJournal:
 
     @contextlib.contextmanager
     def _locked(self, dirs: DirFds) -> Iterator[None]:
-        with self._thread_lock:
-            fd, _ = open_file(
-                dirs.state_fd(),
-                LOCK_NAME,
-                os.O_RDWR | os.O_CREAT,
-                f".otel-capture/{LOCK_NAME}",
-                single_link=False,
-            )
+        label = f".otel-capture/{LOCK_NAME}"
+        if not self._thread_lock.acquire(timeout=dirs.lock_timeout):
+            raise LockTimeoutError(label, dirs.lock_timeout, "another thread of this process")
+        try:
+            fd, _ = open_file(dirs.state_fd(), LOCK_NAME, os.O_RDWR | os.O_CREAT, label, single_link=False)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                flock_within(fd, fcntl.LOCK_EX, dirs.lock_timeout, label)
                 yield
             finally:
                 os.close(fd)  # closing releases the flock
+        finally:
+            self._thread_lock.release()
 
     def append(
         self, dirs: DirFds, events: Iterable[dict[str, Any]], fsync: Fsync, hook: Hook = no_hook

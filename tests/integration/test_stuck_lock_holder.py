@@ -120,6 +120,23 @@ def test_freeze_retire_and_drop_of_a_locked_rollout_raise_instead_of_hanging(tmp
     assert store.drop_now("frozen", snapshot_id=snap.snapshot_id, version=snap.version)
 
 
+def test_the_store_s_own_locks_held_forever_fail_lifecycle_operations_and_never_hang(tmp_path: Path) -> None:
+    """The stripe locks and the fence journal's lock are the store's own, but any process of the same user
+    can take them too: a retire waits for them no longer than the lock timeout."""
+    store = CaptureStore(tmp_path / "calls", lock_timeout_s=TIMEOUT)
+    store.retire_now(["first"])  # creates .otel-capture/, its stripes and the journal's lock
+    state = store.root / ".otel-capture"
+    journal_lock = r"\.otel-capture/journal\.lock locked by another process"
+    with held_forever(state / "journal.lock"), pytest.raises(LockTimeoutError, match=journal_lock):
+        store.retire_now(["r"])
+    assert store.rollout_state("r") == "absent"  # nothing half done
+    stripe = next((state / "locks").iterdir())
+    stripe_lock = r"\.otel-capture/locks/\d+\.lock locked by another process"
+    with held_forever(stripe), pytest.raises(LockTimeoutError, match=stripe_lock):
+        store.retire_now([f"r{i}" for i in range(200)])  # 200 ids cover every stripe
+    assert store.retire_now(["r"])["absent"] == ["r"]
+
+
 def test_a_call_to_a_locked_rollout_is_answered_and_its_rollout_says_why_it_is_incomplete(
     tmp_path: Path, replay_server: ReplayModelServer
 ) -> None:
