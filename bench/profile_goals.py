@@ -141,6 +141,7 @@ _GROUPS = [
     ("capture middleware and sink (ours)", ("otel_capture/", "exporters/")),
     ("contrib ASGI server span (its own code)", _CONTRIB),
     ("proxy client: httpx/httpcore/h11", ("httpx/", "httpcore/", "h11/")),
+    ("proxy client: aiohttp, multidict, yarl", ("aiohttp/", "multidict/", "yarl/", "propcache/")),
     ("anyio", ("anyio/",)),
     ("Starlette (the app's framework)", ("starlette/",)),
     ("Gym baseline middleware", ("_gym_baseline.py",)),
