@@ -47,24 +47,29 @@ _logger = logging.getLogger(__name__)
 # host names the upstream. accept-encoding is replaced by ``identity``, so the upstream answers
 # uncompressed (the client then receives it uncompressed too); an upstream that compresses anyway reaches
 # the client as sent (the session never decodes) and is decoded for the record only.
-_REQUEST_DROP = {
-    b"host",
-    b"connection",
-    b"keep-alive",
-    b"proxy-connection",
-    b"te",
-    b"trailer",
-    b"transfer-encoding",
-    b"upgrade",
-    b"content-length",
-    b"accept-encoding",
-}
-_RESPONSE_DROP = {b"connection", b"keep-alive", b"te", b"trailer", b"transfer-encoding", b"upgrade"}
+_REQUEST_DROP = frozenset(
+    {
+        b"host",
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"content-length",
+        b"accept-encoding",
+    }
+)
+_RESPONSE_DROP = frozenset(
+    {b"connection", b"keep-alive", b"te", b"trailer", b"transfer-encoding", b"upgrade"}
+)
 # Headers aiohttp would add on its own: the upstream sees the client's (and identity, above) instead.
 _NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 
 _CONNECTIONS = 256  # open upstream connections at most (calls beyond wait for one): 64+ concurrent calls
 _CONNECT_TIMEOUT = 30.0
+_URL_CACHE = 256  # distinct request targets whose upstream URL is kept parsed
 _DRAIN_BOUND = 10.0  # seconds a shutdown waits for cancelled calls to hand over their records
 
 
@@ -98,6 +103,31 @@ class UpstreamProxy:
         self._fresh: aiohttp.ClientSession | None = None  # no keep-alive: the retry of a stale connection
         self._closed = False  # after the lifespan's shutdown no session is opened again (none left unclosed)
         self._on_shutdown = on_shutdown or []
+        self._urls: dict[tuple[bytes, bytes], URL] = {}  # (raw path, query) -> upstream URL, bounded
+        self._drops: dict[frozenset[str], frozenset[bytes]] = {}  # trace header names -> headers not passed
+
+    def _url(self, raw_path: bytes, query: bytes) -> URL:
+        """The upstream URL of a request target, parsed once per distinct target (most calls share a few)."""
+        key = (raw_path, query)
+        url = self._urls.get(key)
+        if url is None:
+            path = self._base_path + raw_path.decode("latin-1")
+            if query:
+                path += "?" + query.decode("latin-1")
+            url = URL(self._origin + path, encoded=True)
+            if len(self._urls) >= _URL_CACHE:
+                self._urls.clear()
+            self._urls[key] = url
+        return url
+
+    def _drop_for(self, trace_headers: dict[str, str]) -> frozenset[bytes]:
+        """The request headers not passed on: hop-by-hop ones and the client's own trace headers (this
+        proxy's replace them), one set per propagator's header names."""
+        names = frozenset(trace_headers)
+        drop = self._drops.get(names)
+        if drop is None:
+            drop = self._drops[names] = _REQUEST_DROP | {k.lower().encode("latin-1") for k in names}
+        return drop
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -150,22 +180,19 @@ class UpstreamProxy:
         body = await _read_body(receive)
         if body is None:
             return  # the client left before sending its request
-        path = self._base_path + unprefixed_raw_path(scope).decode("latin-1")
-        query: bytes = scope.get("query_string", b"")
-        if query:
-            path += "?" + query.decode("latin-1")
-        url = URL(self._origin + path, encoded=True)
+        url = self._url(unprefixed_raw_path(scope), scope.get("query_string", b""))
         trace_headers: dict[str, str] = {}
         propagate.inject(trace_headers)  # this proxy's span is the upstream's parent (baggage passes as sent)
         trace_headers.pop("baggage", None)
-        drop = _REQUEST_DROP | {k.encode() for k in trace_headers} if trace_headers else _REQUEST_DROP
-        headers: CIMultiDict[str] = CIMultiDict(
+        drop = self._drop_for(trace_headers) if trace_headers else _REQUEST_DROP
+        pairs = [
             (k.decode("latin-1"), v.decode("latin-1"))
             for k, v in scope.get("headers", ())
             if k.lower() not in drop
-        )
-        headers.extend(trace_headers)
-        headers["accept-encoding"] = "identity"
+        ]
+        pairs += trace_headers.items()
+        pairs.append(("accept-encoding", "identity"))
+        headers: CIMultiDict[str] = CIMultiDict(pairs)
         if self._auth is not None and "authorization" not in headers:
             headers["authorization"] = self._auth
         # The client may leave at any time, also while the upstream has not answered yet: one watcher per
@@ -245,14 +272,14 @@ class UpstreamProxy:
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         # A compressed body goes on past its last event (the encoding's own end): relay it whole.
         may_stop = response.headers.get("content-encoding", "identity").strip().lower() == "identity"
-        chunks = response.content.iter_any()
+        content = response.content
         while True:
             try:
-                chunk = await chunks.__anext__()
-            except StopAsyncIteration:
-                break
+                chunk = await content.readany()  # b"" at the end of the body
             except asyncio.TimeoutError as exc:  # recorded under a name of its own, whatever the client
                 raise ReadTimeout(f"no byte from the upstream for {self.timeout} s") from exc
+            if not chunk:
+                break
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
             if may_stop and scope.get(SCOPE_RESPONSE_COMPLETE):
                 break  # the capture saw the stream's last event: the call is over, whatever the upstream does
