@@ -36,8 +36,13 @@ class RequestSizeLimit:
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)
-        if declared is not None and declared > self.max_bytes:
-            await self._refuse(send)  # not read: uvicorn discards the rest of the body as it arrives
+        if declared is not None:
+            if declared > self.max_bytes:
+                await self._refuse(send)  # not read: uvicorn discards the rest of the body as it arrives
+                return
+            # The server delivers exactly the declared bytes (the rest of the stream is the next request),
+            # so a body within its Content-Length is within the limit: nothing to count or hold.
+            await self.app(scope, receive, send)
             return
         messages: list[Message] = []
         size = 0
