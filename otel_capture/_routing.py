@@ -103,9 +103,12 @@ def route_path(scope: Scope) -> str:
 
 
 def dialect_of(scope: Scope) -> Dialect | None:
-    if scope.get("method") != "POST":
+    return _dialect_of_route(scope.get("method"), route_path(scope))
+
+
+def _dialect_of_route(method: object, path: str) -> Dialect | None:
+    if method != "POST":
         return None
-    path = route_path(scope)
     if len(path) > 1 and path.endswith("/"):
         path = path[:-1]
     if not path.startswith("/v1/"):
@@ -123,7 +126,7 @@ def server_span_details(scope: Scope) -> tuple[str, dict[str, Any]]:
         return path or method, {}
     route = _PREFIX_IN_TEXT.sub("", path, count=1) or "/"
     attributes: dict[str, Any] = {}
-    if dialect_of({**scope, "path": route, "root_path": ""}) is not None:
+    if _dialect_of_route(scope.get("method"), route) is not None:
         attributes[A.HTTP_ROUTE] = route
     return f"{method} {route}", attributes
 
