@@ -16,7 +16,7 @@ from importlib.metadata import entry_points
 
 from opentelemetry.sdk import _configuration as sdk_configuration
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 
 from ._settings import CaptureSettings, WriterSettings
@@ -39,8 +39,8 @@ def build_tracer_provider(capture: CaptureSettings, writer: WriterSettings) -> T
         if jsonl is None:
             _logger.error("the %s exporter is not installed: no records will be written", JSONL_EXPORTER)
         else:
-            # its export() does nothing per span (records go through the middleware's sink): no batching needed
-            provider.add_span_processor(SimpleSpanProcessor(jsonl(settings=writer)))  # type: ignore[call-arg]  # ours takes settings
+            # its export() does nothing per span (records go through the middleware's sink): no per-span call
+            provider.add_span_processor(_SinkOnly(jsonl(settings=writer)))  # type: ignore[call-arg]  # ours takes settings
     for name in _standard_exporter_names():
         cls = _exporter_class(name)
         if cls is None:
@@ -51,6 +51,15 @@ def build_tracer_provider(capture: CaptureSettings, writer: WriterSettings) -> T
         except Exception:  # a broken exporter set-up never stops the proxy
             _logger.exception("could not set up the %r span exporter; ignoring it", name)
     return provider
+
+
+class _SinkOnly(SimpleSpanProcessor):
+    """Holds the records' exporter on the provider (where ``find_sink`` finds it, and ``force_flush`` and
+    ``shutdown`` reach it) without handing it each ended span: its ``export()`` does nothing per span, and
+    the SDK's processor would attach a context and count the span for that nothing, twice per call."""
+
+    def on_end(self, span: ReadableSpan) -> None:
+        pass
 
 
 def _standard_exporter_names() -> list[str]:
