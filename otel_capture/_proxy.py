@@ -1,7 +1,8 @@
 """The capture proxy: the capture middleware in front of any OpenAI/Anthropic-compatible server.
 
-``UpstreamProxy`` is a pure ASGI app that forwards each request to the upstream with one
-``aiohttp.ClientSession``, streaming both ways without buffering. ``build_proxy_app`` wraps it in the
+``UpstreamProxy`` is a pure ASGI app that forwards each request to the upstream over one pool of
+aiohttp connections (``_Pool``: aiohttp's connector and response parser, without ``ClientSession``'s
+per-request work), streaming both ways without buffering. ``build_proxy_app`` wraps it in the
 capture middleware and, outside that, the request-size limit and the lean HTTP server span
 (``LeanServerSpanMiddleware``), which redacts query values and credential headers itself.
 
@@ -25,7 +26,11 @@ from typing import Any
 import aiohttp
 import orjson
 import uvicorn
-from multidict import CIMultiDict
+from aiohttp.client_reqrep import ClientRequest
+from aiohttp.connector import Connection
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.streams import EofStream
+from multidict import CIMultiDict, CIMultiDictProxy
 from opentelemetry import propagate
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind
@@ -64,12 +69,11 @@ _REQUEST_DROP = frozenset(
 _RESPONSE_DROP = frozenset(
     {b"connection", b"keep-alive", b"te", b"trailer", b"transfer-encoding", b"upgrade"}
 )
-# Headers aiohttp would add on its own: the upstream sees the client's (and identity, above) instead.
-_NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+# Methods sent without Content-Length when they carry no body (as aiohttp sends them); others say 0.
+_BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "CONNECT"})
 
 _CONNECTIONS = 256  # open upstream connections at most (calls beyond wait for one): 64+ concurrent calls
 _CONNECT_TIMEOUT = 30.0
-_URL_CACHE = 256  # distinct request targets whose upstream URL is kept parsed
 _DRAIN_BOUND = 10.0  # seconds a shutdown waits for cancelled calls to hand over their records
 
 
@@ -93,32 +97,18 @@ class UpstreamProxy:
     ) -> None:
         base = URL(upstream.rstrip("/"))
         self._upstream = base
-        self._origin = str(base.origin())
-        self._base_path = base.raw_path.rstrip("/")
+        self._origin = base.origin()
+        self._base_path = base.raw_path.rstrip("/").encode("latin-1")
         self.shown_upstream = display_url(upstream.rstrip("/"))  # for messages: never its password
         # credentials in the URL go as Basic auth, unless the client sends its own authorization
-        self._auth = aiohttp.BasicAuth(base.user, base.password or "").encode() if base.user else None
+        auth = aiohttp.BasicAuth(base.user, base.password or "").encode() if base.user else None
+        self._auth = b"authorization: " + auth.encode("latin-1") + b"\r\n" if auth else b""
         self.timeout = (settings or ProxySettings()).upstream_timeout
-        self._session: aiohttp.ClientSession | None = None
-        self._fresh: aiohttp.ClientSession | None = None  # no keep-alive: the retry of a stale connection
-        self._closed = False  # after the lifespan's shutdown no session is opened again (none left unclosed)
+        self._pool: _Pool | None = None
+        self._fresh: _Pool | None = None  # no keep-alive: the retry of a stale connection
+        self._closed = False  # after the lifespan's shutdown no pool is opened again (none left unclosed)
         self._on_shutdown = on_shutdown or []
-        self._urls: dict[tuple[bytes, bytes], URL] = {}  # (raw path, query) -> upstream URL, bounded
         self._drops: dict[frozenset[str], frozenset[bytes]] = {}  # trace header names -> headers not passed
-
-    def _url(self, raw_path: bytes, query: bytes) -> URL:
-        """The upstream URL of a request target, parsed once per distinct target (most calls share a few)."""
-        key = (raw_path, query)
-        url = self._urls.get(key)
-        if url is None:
-            path = self._base_path + raw_path.decode("latin-1")
-            if query:
-                path += "?" + query.decode("latin-1")
-            url = URL(self._origin + path, encoded=True)
-            if len(self._urls) >= _URL_CACHE:
-                self._urls.clear()
-            self._urls[key] = url
-        return url
 
     def _drop_for(self, trace_headers: dict[str, str]) -> frozenset[bytes]:
         """The request headers not passed on: hop-by-hop ones and the client's own trace headers (this
@@ -150,51 +140,42 @@ class UpstreamProxy:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    def _new_session(self, keep_alive: bool) -> aiohttp.ClientSession:
-        """A session on the serving loop: one pool of kept-alive connections (aiohttp looks up an idle one
-        in O(1), unlike httpcore's pool, which polls every pooled connection per request)."""
-        connector = aiohttp.TCPConnector(
-            limit=_CONNECTIONS, limit_per_host=0, force_close=not keep_alive, ttl_dns_cache=None
-        )
-        timeout = aiohttp.ClientTimeout(
-            total=None, connect=min(_CONNECT_TIMEOUT, self.timeout), sock_read=self.timeout
-        )
-        return aiohttp.ClientSession(
-            connector=connector,
-            timeout=timeout,
-            auto_decompress=False,  # the client gets the upstream's bytes; the record decodes its copy
-            skip_auto_headers=_NO_AUTO_HEADERS,
-            trust_env=False,
-            cookie_jar=aiohttp.DummyCookieJar(),  # the upstream's cookies are the client's business
-            requote_redirect_url=False,
-        )
-
     async def aclose(self) -> None:
         self._closed = True
-        sessions = [s for s in (self._session, self._fresh) if s is not None]
-        self._session = self._fresh = None
-        for session in sessions:
-            await session.close()
+        pools = [p for p in (self._pool, self._fresh) if p is not None]
+        self._pool = self._fresh = None
+        for pool in pools:
+            await pool.close()
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await _read_body(receive)
         if body is None:
             return  # the client left before sending its request
-        url = self._url(unprefixed_raw_path(scope), scope.get("query_string", b""))
+        method: str = scope["method"]
+        target = self._base_path + unprefixed_raw_path(scope)
+        query: bytes = scope.get("query_string", b"")
+        if query:
+            target += b"?" + query
         trace_headers: dict[str, str] = {}
         propagate.inject(trace_headers)  # this proxy's span is the upstream's parent (baggage passes as sent)
         trace_headers.pop("baggage", None)
         drop = self._drop_for(trace_headers) if trace_headers else _REQUEST_DROP
-        pairs = [
-            (k.decode("latin-1"), v.decode("latin-1"))
-            for k, v in scope.get("headers", ())
-            if k.lower() not in drop
-        ]
-        pairs += trace_headers.items()
-        pairs.append(("accept-encoding", "identity"))
-        headers: CIMultiDict[str] = CIMultiDict(pairs)
-        if self._auth is not None and "authorization" not in headers:
-            headers["authorization"] = self._auth
+        lines: list[bytes] = []
+        auth = self._auth
+        for k, v in scope.get("headers", ()):
+            name = k.lower()
+            if name not in drop:
+                lines += (k, b": ", v, b"\r\n")
+                if name == b"authorization":
+                    auth = b""  # the client's own authorization goes, not the URL's credentials
+        for k, v in trace_headers.items():
+            if "\r" not in v and "\n" not in v:
+                lines += (k.encode("latin-1"), b": ", v.encode("latin-1"), b"\r\n")
+        lines.append(b"accept-encoding: identity\r\n")
+        lines.append(auth)
+        if body or method not in _BODYLESS_METHODS:
+            lines += (b"content-length: ", str(len(body)).encode(), b"\r\n")
+        headers = b"".join(lines)
         # The client may leave at any time, also while the upstream has not answered yet: one watcher per
         # call cancels this task then (no per-chunk wait on two futures).
         task = asyncio.current_task()
@@ -202,7 +183,7 @@ class UpstreamProxy:
         watch = _ClientWatch(task)
         watcher = asyncio.get_running_loop().create_task(watch.run(receive))
         try:
-            await self._exchange(scope, url, headers, body, send)
+            await self._exchange(scope, method, target, headers, body, send)
         except asyncio.CancelledError:
             if not watch.left:
                 raise  # cancelled from outside (a shutdown past its bound)
@@ -215,10 +196,10 @@ class UpstreamProxy:
             watcher.cancel()
 
     async def _exchange(
-        self, scope: Scope, url: URL, headers: CIMultiDict[str], body: bytes, send: Send
+        self, scope: Scope, method: str, target: bytes, headers: bytes, body: bytes, send: Send
     ) -> None:
         try:
-            response = await self._request(scope["method"], url, headers, body)
+            response = await self._request(method, target, headers, body)
         except asyncio.TimeoutError as exc:
             message = f"upstream {self.shown_upstream} timed out: {exc!r} (upstream timeout {self.timeout} s)"
             await _send_error(send, 504, "upstream_timeout", message)
@@ -230,7 +211,7 @@ class UpstreamProxy:
             return
         complete = False
         try:
-            await self._relay(scope, response, send)
+            await self._relay(scope, response, target, send)
             complete = True
         finally:
             if complete and response.content.is_eof():
@@ -238,21 +219,16 @@ class UpstreamProxy:
             else:
                 response.close()  # stopped early, failed or cancelled: the connection is not reused
 
-    async def _request(
-        self, method: str, url: URL, headers: CIMultiDict[str], body: bytes
-    ) -> aiohttp.ClientResponse:
+    async def _request(self, method: str, target: bytes, headers: bytes, body: bytes) -> _Response:
         """Send; a request the upstream dropped before any byte of the answer (it closed the kept-alive
         connection while idle, just as the request went out) goes once more on a fresh connection, as HTTP
         clients do. The body is in memory, so sending it again is safe."""
         if self._closed:
             raise aiohttp.ClientConnectionError("the proxy is shutting down")
-        if self._session is None:
-            self._session = self._new_session(keep_alive=True)
-        data = body or None
+        if self._pool is None:
+            self._pool = _Pool(self._origin, self.timeout, keep_alive=True)
         try:
-            return await self._session.request(
-                method, url, headers=headers, data=data, allow_redirects=False, compress=None
-            )
+            return await self._pool.send(method, target, headers, body)
         except aiohttp.ClientError as exc:
             if not _stale(exc):
                 raise
@@ -260,15 +236,14 @@ class UpstreamProxy:
         if self._closed:
             raise aiohttp.ClientConnectionError("the proxy is shutting down")
         if self._fresh is None:
-            self._fresh = self._new_session(keep_alive=False)
-        return await self._fresh.request(
-            method, url, headers=headers, data=data, allow_redirects=False, compress=None
-        )
+            self._fresh = _Pool(self._origin, self.timeout, keep_alive=False)
+        return await self._fresh.send(method, target, headers, body)
 
-    async def _relay(self, scope: Scope, response: aiohttp.ClientResponse, send: Send) -> None:
+    async def _relay(self, scope: Scope, response: _Response, target: bytes, send: Send) -> None:
         headers = [(k, v) for k, v in response.raw_headers if k.lower() not in _RESPONSE_DROP]
         if 300 <= response.status < 400:  # a redirect leads back through the proxy, with the rollout
-            headers = relocate(headers, scope, response.url, self._upstream)
+            requested = self._origin.join(URL(target.decode("latin-1"), encoded=True))
+            headers = relocate(headers, scope, requested, self._upstream)
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         # A compressed body goes on past its last event (the encoding's own end): relay it whole.
         may_stop = response.headers.get("content-encoding", "identity").strip().lower() == "identity"
@@ -284,6 +259,95 @@ class UpstreamProxy:
             if may_stop and scope.get(SCOPE_RESPONSE_COMPLETE):
                 break  # the capture saw the stream's last event: the call is over, whatever the upstream does
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class _Pool:
+    """aiohttp's connection pool and response side, without ``ClientSession``'s per-request work (header
+    merging, cookies, auth, payload objects, a task to write the body): the request head and body go out
+    in one write, and aiohttp's connector (the pool cap, DNS, connect timeout, TLS, idle connections checked
+    before reuse), its response protocol (C parser, ``sock_read`` timeout, flow control) and its payload
+    stream do the rest. The connector looks up an idle connection in O(1), unlike httpcore's pool, which
+    polls every pooled connection per request. The upstream sees the client's headers and nothing of
+    aiohttp's own (no ``User-Agent``, ``Accept``, ``Content-Type``), and its answer is never decoded."""
+
+    def __init__(self, origin: URL, timeout: float, *, keep_alive: bool) -> None:
+        self._connector = aiohttp.TCPConnector(
+            limit=_CONNECTIONS, limit_per_host=0, force_close=not keep_alive, ttl_dns_cache=None
+        )
+        # the connector reads only where to connect from a request (its connection key, host, port, TLS)
+        self._where = ClientRequest("GET", origin, loop=asyncio.get_running_loop())
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=min(_CONNECT_TIMEOUT, timeout), sock_read=timeout
+        )
+        self._read_timeout = timeout
+        self._host = b"host: " + self._where.headers["Host"].encode("latin-1") + b"\r\n"
+        self._close = b"" if keep_alive else b"connection: close\r\n"
+        self._origin = origin
+
+    async def send(self, method: str, target: bytes, headers: bytes, body: bytes) -> _Response:
+        connection = await self._connector.connect(self._where, [], self._timeout)
+        try:
+            protocol = connection.protocol
+            transport = connection.transport
+            assert protocol is not None and transport is not None
+            protocol.set_response_params(
+                skip_payload=method == "HEAD",
+                read_until_eof=True,  # an answer without a length ends when the upstream closes
+                auto_decompress=False,  # the client gets the upstream's bytes; the record decodes its copy
+                read_timeout=self._read_timeout,
+            )
+            request_line = method.encode("latin-1") + b" " + target + b" HTTP/1.1\r\n"
+            transport.write(b"".join((request_line, self._host, headers, self._close, b"\r\n", body)))
+            protocol.start_timeout()
+            while True:  # 1xx interim answers (100 Continue) are skipped, as aiohttp does
+                try:
+                    message, payload = await protocol.read()
+                except HttpProcessingError as exc:  # a malformed answer
+                    raise aiohttp.ClientResponseError(
+                        self._request_info(method, target), (), status=exc.code, message=exc.message
+                    ) from exc
+                except EofStream:
+                    raise aiohttp.ServerDisconnectedError() from None
+                if not 100 <= message.code <= 199 or message.code == 101:
+                    break
+        except BaseException:
+            connection.close()
+            raise
+        return _Response(connection, message.code, message.raw_headers, message.headers, payload)
+
+    def _request_info(self, method: str, target: bytes) -> aiohttp.RequestInfo:
+        url = self._origin.join(URL(target.decode("latin-1"), encoded=True))
+        return aiohttp.RequestInfo(url, method, CIMultiDictProxy(CIMultiDict()), url)
+
+    async def close(self) -> None:
+        await self._connector.close()
+
+
+class _Response:
+    """The upstream's answer: status, headers, body stream, and its connection (released to the pool
+    once the body is read to its end, else closed)."""
+
+    __slots__ = ("_connection", "content", "headers", "raw_headers", "status")
+
+    def __init__(
+        self,
+        connection: Connection,
+        status: int,
+        raw_headers: tuple[tuple[bytes, bytes], ...],
+        headers: CIMultiDictProxy[str],
+        content: aiohttp.StreamReader,
+    ) -> None:
+        self._connection = connection
+        self.status = status
+        self.raw_headers = raw_headers
+        self.headers = headers
+        self.content = content
+
+    def release(self) -> None:
+        self._connection.release()
+
+    def close(self) -> None:
+        self._connection.close()
 
 
 class ReadTimeout(TimeoutError):
