@@ -17,9 +17,10 @@ Variants:
 * ``capture-nosync``: ``capture`` with the writer's fsync replaced by a no-op (diagnostic only: the CPU
   cost of capture without the disk);
 * ``gym``: the upstream inside the per-call-fsync baseline (``_gym_baseline.py``);
-* ``fwd-httpx``, ``fwd-httpx16``, ``fwd-httpcore``, ``fwd-aiohttp``, ``fwd-raw``: minimal forwarders to
-  ``--upstream`` (no capture, no span), one client each: one ``httpx.AsyncClient``; 16 of them round-robin
-  (the proxy's shards); one ``httpcore.AsyncConnectionPool``; one ``aiohttp.ClientSession``; a bench-only
+* ``fwd-httpx``, ``fwd-httpx16``, ``fwd-httpcore``, ``fwd-aiohttp``, ``fwd-aiohttp-conn``, ``fwd-raw``:
+  minimal forwarders to ``--upstream`` (no capture, no span), one client each: one ``httpx.AsyncClient``;
+  16 of them round-robin (the proxy's shards); one ``httpcore.AsyncConnectionPool``; one
+  ``aiohttp.ClientSession``; aiohttp's connector and response protocol without the session; a bench-only
   asyncio protocol with httptools' response parser and a stack of idle kept-alive connections (the floor).
   They measure what the proxy's upstream client costs per call;
 * ``proxy``: the real ``otel-capture proxy`` CLI (``--upstream URL``, ``--capture-dir`` when given), with
@@ -458,6 +459,19 @@ def forwarder_app(kind: str, upstream: str) -> Any:
             state["addr"] = (parts.hostname, parts.port or 80)
             state["host"] = parts.netloc.encode()
             state["idle"] = []
+        elif kind == "aiohttp-conn":
+            import asyncio
+
+            import aiohttp
+            from aiohttp.client_reqrep import ClientRequest
+            from yarl import URL
+
+            loop = asyncio.get_running_loop()
+            state["connector"] = aiohttp.TCPConnector(limit=256, limit_per_host=0, ttl_dns_cache=None)
+            # connect() reads only the connection's key, host, port and TLS settings from a request
+            state["template"] = ClientRequest("GET", URL(base), loop=loop)
+            state["timeout"] = aiohttp.ClientTimeout(total=None, connect=30, sock_read=600)
+            state["host"] = URL(base).raw_authority.encode()
         elif kind == "aiohttp":
             import aiohttp
 
@@ -474,6 +488,8 @@ def forwarder_app(kind: str, upstream: str) -> Any:
             await state["pool"].aclose()
         if "session" in state:
             await state["session"].close()
+        if "connector" in state:
+            await state["connector"].close()
         for connection in state.get("idle", ()):
             connection.transport.close()
 
@@ -514,6 +530,33 @@ def forwarder_app(kind: str, upstream: str) -> Any:
                 await send({"type": "http.response.start", "status": response.status, "headers": out})
                 async for chunk in response.aiter_stream():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        elif kind == "aiohttp-conn":
+            connection = await state["connector"].connect(state["template"], [], state["timeout"])
+            protocol = connection.protocol
+            protocol.set_response_params(auto_decompress=False, read_timeout=600.0)
+            head = [
+                scope["method"].encode(),
+                b" ",
+                scope["path"].encode(),
+                b" HTTP/1.1\r\nhost: ",
+                state["host"],
+                b"\r\ncontent-length: ",
+                str(len(body)).encode(),
+                b"\r\n",
+            ]
+            for k, v in headers:
+                head += [k, b": ", v, b"\r\n"]
+            head.append(b"\r\n")
+            connection.transport.write(b"".join(head) + body)
+            message, payload = await protocol.read()
+            out = [(k, v) for k, v in message.raw_headers if k.lower() not in _DROP]
+            await send({"type": "http.response.start", "status": message.code, "headers": out})
+            while chunk := await payload.readany():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if payload.is_eof() and not protocol.should_close:
+                connection.release()
+            else:
+                connection.close()
         elif kind == "raw":
             import asyncio
 
@@ -687,6 +730,7 @@ def main() -> int:
             "fwd-httpx16",
             "fwd-httpcore",
             "fwd-aiohttp",
+            "fwd-aiohttp-conn",
             "fwd-raw",
         ],
     )

@@ -7,6 +7,9 @@ ASGI forwarders under the same uvicorn (one worker, httptools and uvloop when in
 but forward the request and stream the answer back, with:
 
 * ``aiohttp``: one ``aiohttp.ClientSession`` (``TCPConnector(limit=0)``);
+* ``aiohttp-conn``: aiohttp's ``TCPConnector`` and response protocol without ``ClientSession``: the request
+  head and body written in one write, the answer read by aiohttp's parser (what ``otel-capture proxy``'s
+  ``_Pool`` does);
 * ``httpcore``: one ``httpcore.AsyncConnectionPool`` (httpx's transport, without httpx);
 * ``httpx``: one ``httpx.AsyncClient``;
 * ``httpx x16``: 16 ``httpx.AsyncClient``s round-robin, the pool sharding ``otel-capture proxy`` used
@@ -36,6 +39,7 @@ from bench_goals import CONCURRENCY, Servers, Spec, rounds_of, run_table
 
 FORWARDERS = [
     ("fwd-aiohttp", "forwarder: one aiohttp.ClientSession"),
+    ("fwd-aiohttp-conn", "forwarder: aiohttp's connector + response protocol, no ClientSession"),
     ("fwd-httpcore", "forwarder: one httpcore.AsyncConnectionPool"),
     ("fwd-httpx", "forwarder: one httpx.AsyncClient"),
     ("fwd-httpx16", "forwarder: 16 httpx.AsyncClients (the proxy's former shards)"),
