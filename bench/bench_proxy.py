@@ -7,7 +7,8 @@ process, rotated rounds, best round kept): the upstream called directly; ``otel-
 ``--capture-dir`` and without, each with the package as it was at ``--before`` and as it is at ``--after``;
 and the bench-only aiohttp forwarder (``bench_forwarders.py``), the hop with nothing else. Each revision is a
 ``git archive`` on ``PYTHONPATH`` (with this checkout's ``bench/``, so only the package differs), as
-``bench_server_span.py`` does. ``--before`` defaults to ``main``, ``--after`` to ``HEAD``. Absolute figures
+``bench_server_span.py`` does. ``--before`` defaults to the merge base of ``HEAD`` and ``main``,
+``--after`` to ``HEAD``. Absolute figures
 (req/s, CPU per call) stand beside every ratio; see docs/performance.md.
 """
 
@@ -33,8 +34,9 @@ def _proxy_argv(source: Path, capture_dir: Path | None) -> list[str]:
 
 
 def _imported_from(source: Path) -> str:
-    """Where a server started with ``PYTHONPATH=source`` imports ``otel_capture`` from (checked)."""
-    argv = [H.PYTHON, "-c", "import otel_capture; print(otel_capture.__file__)"]
+    """Where a server started with ``PYTHONPATH=source`` imports ``otel_capture`` from (checked; ``-P``:
+    as a script, the working directory is not on ``sys.path``)."""
+    argv = [H.PYTHON, "-P", "-c", "import otel_capture; print(otel_capture.__file__)"]
     env = {**H._clean_environ(), "PYTHONPATH": str(source)}
     where = subprocess.run(argv, env=env, cwd=H.REPO, capture_output=True, text=True, check=True)
     if not where.stdout.strip().startswith(str(source)):
@@ -44,7 +46,7 @@ def _imported_from(source: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--before", default="main", help="package revision before (default main)")
+    parser.add_argument("--before", help="package revision before (default: the merge base with main)")
     parser.add_argument("--after", default="HEAD", help="package revision after (default HEAD)")
     parser.add_argument("--quick", action="store_true", help="one round of 2 s")
     parser.add_argument("--seconds", type=int, help="seconds per measured run (default 3; quick 2)")
@@ -53,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     seconds = args.seconds or (2 if args.quick else 3)
     rounds = args.rounds or (1 if args.quick else 2)
+    if args.before is None:
+        args.before = subprocess.run(
+            ["git", "merge-base", "HEAD", "main"], cwd=H.REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
     revs = {
         tag: subprocess.run(
             ["git", "rev-parse", "--short", rev], cwd=H.REPO, capture_output=True, text=True, check=True
