@@ -28,6 +28,7 @@ SCOPE_ROLLOUT_SOURCE = "otel_capture.rollout_source"  # where that id came from:
 # The raw path without the /ng-rollout/<id> part (the path and raw_path keep it, as the ASGI spec wants with
 # the prefix in root_path): what a forwarding app (the proxy) sends on.
 SCOPE_UNPREFIXED_RAW_PATH = "otel_capture.unprefixed_raw_path"
+_ROLLOUT_ID_HEADER = ROLLOUT_ID_HEADER.encode()
 _PREFIX_IN_TEXT = re.compile("/" + ROLLOUT_PATH_PREFIX + "/[^/\\s]*")  # in a span name or a decoded path
 
 
@@ -53,12 +54,12 @@ def correlate(scope: Scope) -> tuple[Scope, str | None, str, bool] | dict[str, A
         changes["root_path"] = root_path + rollout_path_prefix(prefix_id)
         changes[SCOPE_UNPREFIXED_RAW_PATH] = (raw_root + raw_rest).encode("latin-1")
         rollout_id, source = prefix_id, "url_prefix"
-    header_values = [v for k, v in scope.get("headers", ()) if k.lower() == ROLLOUT_ID_HEADER.encode()]
+    header_values = [v for k, v in scope.get("headers", ()) if k.lower() == _ROLLOUT_ID_HEADER]
     header_id = rollout_id_from_header(header_values)
     if header_id is not None:
         if not is_valid_rollout_id(header_id):
             return invalid_id_error(header_id, f"the {ROLLOUT_ID_HEADER} header")
-        changes["headers"] = [(k, v) for k, v in scope["headers"] if k.lower() != ROLLOUT_ID_HEADER.encode()]
+        changes["headers"] = [(k, v) for k, v in scope["headers"] if k.lower() != _ROLLOUT_ID_HEADER]
         if rollout_id is None:
             rollout_id, source = header_id, "header"
     if not changes:
@@ -180,7 +181,10 @@ def server_attributes(scope: Scope, headers: dict[str, list[bytes]]) -> dict[str
 
 
 def session_id(headers: dict[str, list[bytes]]) -> str | None:
-    values = {v.decode("latin-1").strip() for v in headers.get("x-session-id", [])} - {""}
+    raw = headers.get("x-session-id")
+    if not raw:
+        return None
+    values = {v.decode("latin-1").strip() for v in raw} - {""}
     return values.pop() if len(values) == 1 else None
 
 
