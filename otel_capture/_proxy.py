@@ -48,10 +48,10 @@ from ._telemetry import build_tracer_provider
 
 _logger = logging.getLogger(__name__)
 
-# Hop-by-hop headers (RFC 9110 §7.6.1) are never forwarded; content-length is recomputed by the client and
+# Hop-by-hop headers (RFC 9110 §7.6.1) are never forwarded; content-length is recomputed (``_forward``) and
 # host names the upstream. accept-encoding is replaced by ``identity``, so the upstream answers
 # uncompressed (the client then receives it uncompressed too); an upstream that compresses anyway reaches
-# the client as sent (the session never decodes) and is decoded for the record only.
+# the client as sent (``_Pool`` never decodes) and is decoded for the record only.
 _REQUEST_DROP = frozenset(
     {
         b"host",
