@@ -1,0 +1,108 @@
+"""What the proxy's upstream client (``_Pool``: aiohttp's connector and response protocol, no
+``ClientSession``) sends and how it reads: the request as the upstream sees it, bodiless methods, HEAD,
+and kept-alive connections."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from support import serve
+
+from otel_capture import start_proxy
+
+
+class _Echo:
+    """An upstream that remembers each request (method, path, headers, body, client port) and answers
+    ``ok`` with a Content-Length, HEAD included."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        self.seen.append(
+            {
+                "method": scope["method"],
+                "target": scope["raw_path"]
+                + (b"?" + scope["query_string"] if scope["query_string"] else b""),
+                "headers": [(k.decode(), v.decode()) for k, v in scope["headers"]],
+                "body": body,
+                "port": scope["client"][1],
+            }
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/plain"), (b"content-length", b"2")],
+            }
+        )
+        await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else b"ok"})
+
+
+@pytest.fixture
+def echo() -> Iterator[tuple[_Echo, str]]:
+    app = _Echo()
+    with serve(app) as url:
+        yield app, url
+
+
+def _names(headers: list[tuple[str, str]]) -> list[str]:
+    return [k.lower() for k, _ in headers]
+
+
+def test_the_upstream_sees_the_clients_request_and_nothing_of_the_clients_library(
+    echo: tuple[_Echo, str],
+) -> None:
+    app, url = echo
+    with start_proxy(url + "/base") as proxy, httpx.Client(timeout=10) as client:
+        answer = client.post(
+            f"{proxy.url}/v1/embeddings?a=1&b=%20",
+            content=b'{"x": 1}',
+            headers={"content-type": "application/json", "x-custom": "kept", "connection": "keep-alive"},
+        )
+    assert answer.status_code == 200 and answer.text == "ok"
+    (request,) = app.seen
+    assert request["method"] == "POST" and request["target"] == b"/base/v1/embeddings?a=1&b=%20"
+    assert request["body"] == b'{"x": 1}'
+    headers = dict((k.lower(), v) for k, v in request["headers"])
+    assert headers["host"] == url.removeprefix("http://")
+    assert headers["content-length"] == "8" and headers["content-type"] == "application/json"
+    assert headers["x-custom"] == "kept" and headers["accept-encoding"] == "identity"
+    assert headers["user-agent"].startswith("python-httpx")  # the client's, not aiohttp's
+    assert "connection" not in headers  # hop-by-hop: not forwarded
+    names = _names(request["headers"])
+    assert len(names) == len(set(names)), names  # each header once
+
+
+def test_bodiless_methods_go_without_a_length_and_a_bodiless_post_says_zero(echo: tuple[_Echo, str]) -> None:
+    app, url = echo
+    with start_proxy(url) as proxy, httpx.Client(timeout=10) as client:
+        got = client.get(f"{proxy.url}/v1/models")
+        head = client.head(f"{proxy.url}/v1/models")
+        posted = client.post(f"{proxy.url}/v1/models")
+    assert posted.status_code == 200
+    assert (got.status_code, got.text) == (200, "ok")
+    assert head.status_code == 200 and head.headers["content-length"] == "2" and head.content == b""
+    assert [r["method"] for r in app.seen] == ["GET", "HEAD", "POST"]
+    get_headers, head_headers, post_headers = (dict(r["headers"]) for r in app.seen)
+    assert "content-length" not in get_headers and "content-length" not in head_headers
+    assert post_headers["content-length"] == "0"
+
+
+def test_calls_one_after_another_reuse_one_upstream_connection(echo: tuple[_Echo, str]) -> None:
+    app, url = echo
+    with start_proxy(url) as proxy, httpx.Client(timeout=10) as client:
+        for _ in range(5):
+            assert client.post(f"{proxy.url}/v1/embeddings", content=b"{}").status_code == 200
+    assert len({r["port"] for r in app.seen}) == 1
