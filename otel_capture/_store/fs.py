@@ -140,6 +140,89 @@ def open_append(dir_fd: int, name: str, label: str, mode: int = FILE_MODE) -> tu
     raise OSError(errno.EAGAIN, f"{label}: created and removed under us {OPEN_TRIES} times in a row")
 
 
+class AppendFiles:
+    """The writer thread's data files, kept open from one batch to the next instead of opened, checked and
+    closed per rollout per batch (an ``openat``, an ``fstat`` and a ``close`` each time).
+
+    A kept descriptor is used again only if the name still leads to it: one ``lstat`` of the name (relative
+    to this batch's directory descriptor, no link followed) must find a regular file with one link, the
+    same device and inode, and no mode wider than ``mode``. Anything else (a retire or delete renamed the
+    file away, a link or another file planted in its place, a hard link made to it, the directory replaced)
+    closes it and opens the name afresh through :func:`open_append`, with every check of a first open. The
+    inode cannot be reused while the descriptor holds it, so the same inode is the same file.
+
+    At most ``limit`` files stay open (the least recently used is closed first); :meth:`close_all` closes
+    the rest when the writer goes idle or stops, so a retired rollout's file is not held open for long.
+    Used by one thread only.
+    """
+
+    def __init__(self, limit: int = 64) -> None:
+        self._limit = limit
+        self._files: dict[str, tuple[int, int, int]] = {}  # name -> (fd, st_dev, st_ino), oldest use first
+        self._ends: dict[int, int] = {}  # fd -> size after our last append (its last byte is our "\n")
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def open(self, dir_fd: int, name: str, label: str, mode: int = FILE_MODE) -> tuple[int, bool]:
+        """Like :func:`open_append` (the descriptor stays owned by this object: never close it yourself;
+        :meth:`discard` it after a failure)."""
+        kept = self._files.pop(name, None)
+        if kept is not None:
+            fd, dev, ino = kept
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if (
+                st is not None
+                and st.st_ino == ino
+                and st.st_dev == dev
+                and problem(st, single_link=True) is None
+                and not stat.S_IMODE(st.st_mode) & ~mode
+            ):
+                self._files[name] = kept  # most recently used last
+                return fd, False
+            self._close(fd)
+        fd, created = open_append(dir_fd, name, label, mode)
+        try:
+            st = os.fstat(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._files[name] = (fd, st.st_dev, st.st_ino)
+        while len(self._files) > self._limit:
+            self._close(self._files.pop(next(iter(self._files)))[0])
+        return fd, created
+
+    def clean_end(self, fd: int) -> int:
+        """The size the file had after our last append to it through ``fd`` (-1 when unknown)."""
+        return self._ends.get(fd, -1)
+
+    def appended(self, fd: int, end: int) -> None:
+        self._ends[fd] = end
+
+    def discard(self, fd: int) -> None:
+        """Close a descriptor after a failure on it (it is opened afresh next time)."""
+        for name, kept in self._files.items():
+            if kept[0] == fd:
+                del self._files[name]
+                self._close(fd)
+                return
+
+    def close_all(self) -> None:
+        files, self._files = self._files, {}
+        for fd, _, _ in files.values():
+            self._close(fd)
+
+    def _close(self, fd: int) -> None:
+        self._ends.pop(fd, None)
+        try:
+            os.close(fd)
+        except OSError as exc:  # nothing was written through it since its last sync
+            _logger.warning("closing a capture file failed: %s", exc)
+
+
 def flock_within(fd: int, operation: int, timeout: float, label: str) -> None:
     """``flock(fd, operation)``, waiting at most ``timeout`` seconds: tried with ``LOCK_NB``, then again
     after a sleep that doubles from 1 ms to 50 ms. A blocking ``flock`` would wait as long as its holder

@@ -19,7 +19,7 @@ import orjson
 
 from .._records import ModelCallRecord, parse_record_line
 from .dirstate import DirState
-from .fs import FILE_MODE, DirFds, Fsync, flock_within, open_append, read_locked, write_all
+from .fs import FILE_MODE, AppendFiles, DirFds, Fsync, flock_within, open_append, read_locked, write_all
 from .journal import Fence
 from .lazy import LazyLines, LineParser, empty_lines, spans_of
 from .types import CaptureFrozenError, CaptureRetiredError, DamagedEntryError, IncompleteCall
@@ -44,7 +44,8 @@ def fence_error(rollout_id: str, fence: Fence) -> CaptureFrozenError:
 
 @dataclass
 class AppendOutcome:
-    """What one rollout's fenced append did. The caller ``fsync``s ``fds`` and then closes them."""
+    """What one rollout's fenced append did. The caller ``fsync``s ``fds`` and then closes them (unless
+    they came from an :class:`AppendFiles`, which keeps them)."""
 
     accepted: list[int] = field(default_factory=list)
     dropped: list[tuple[int, CaptureFrozenError]] = field(default_factory=list)
@@ -52,17 +53,20 @@ class AppendOutcome:
     created: bool = False
 
 
-def _append_locked(fd: int, data: bytes, label: str, timeout: float) -> None:
+def _append_locked(fd: int, data: bytes, label: str, timeout: float, clean_end: int = -1) -> int:
     """Append under the data file's own ``flock``, as NeMo Gym's writers and readers expect; a lock held
     by another process for more than ``timeout`` seconds raises :class:`LockTimeoutError`, nothing written.
+    Returns the file's size after the append.
 
     A file that does not end in ``\n`` ends in a line torn by a writer that died mid-``write``: it is
     terminated first, so it stays one damaged line for readers to report instead of swallowing our line.
+    ``clean_end``: the size the file had after our own last append through ``fd``; a file still that size
+    ends in our ``\n``, and its last byte is not read again.
     """
     flock_within(fd, fcntl.LOCK_EX, timeout, label)
     try:
         start = os.fstat(fd).st_size
-        if start and os.pread(fd, 1, start - 1) != b"\n":
+        if start and start != clean_end and os.pread(fd, 1, start - 1) != b"\n":
             data = b"\n" + data
         try:
             write_all(fd, data)
@@ -73,17 +77,32 @@ def _append_locked(fd: int, data: bytes, label: str, timeout: float) -> None:
             except OSError as exc:
                 _logger.error("could not cut a partly written batch back to %d bytes: %s", start, exc)
             raise
+        return start + len(data)
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def _append_file(
-    dirs: DirFds, name: str, data: bytes, mode: int, outcome: AppendOutcome, lock_timeout: float
+    dirs: DirFds,
+    name: str,
+    data: bytes,
+    mode: int,
+    outcome: AppendOutcome,
+    lock_timeout: float,
+    files: AppendFiles | None,
 ) -> None:
-    fd, created = open_append(dirs.root_fd(), name, name, mode)
+    if files is None:
+        fd, created = open_append(dirs.root_fd(), name, name, mode)
+        outcome.fds.append(fd)
+        outcome.created |= created
+        _append_locked(fd, data, name, lock_timeout)
+        return
+    fd, created = files.open(dirs.root_fd(), name, name, mode)
     outcome.fds.append(fd)
     outcome.created |= created
-    _append_locked(fd, data, name, lock_timeout)
+    clean_end = files.clean_end(fd)
+    files.appended(fd, -1)  # unknown until this append has succeeded
+    files.appended(fd, _append_locked(fd, data, name, lock_timeout, clean_end))
 
 
 def fenced_append(
@@ -95,6 +114,7 @@ def fenced_append(
     *,
     file_mode: int = FILE_MODE,
     data_lock_timeout: float | None = None,
+    files: AppendFiles | None = None,
 ) -> AppendOutcome:
     """Append one rollout's ``(model_call_id, capture line, tokens line)`` entries, unless fenced.
 
@@ -104,7 +124,8 @@ def fenced_append(
     ``+`` markers are written here (when their line is not in the same batch). Raises ``OSError`` when a
     file cannot be written, ``DamagedEntryError`` when one is not a regular file of its own, and
     ``LockTimeoutError`` when a lock stays held (a data file's past ``data_lock_timeout``, default the
-    ``dirs``' lock timeout); the caller marks the rollout incomplete. No descriptor is leaked.
+    ``dirs``' lock timeout); the caller marks the rollout incomplete. No descriptor is leaked. With
+    ``files`` (the writer thread's), the data files are opened through it and stay open after the batch.
     """
     outcome = AppendOutcome()
     begins = list(begins)
@@ -124,7 +145,9 @@ def fenced_append(
             in_batch = set(mcids)
             begun = [m for m in begins if m not in in_batch]
             lock_timeout = dirs.lock_timeout if data_lock_timeout is None else data_lock_timeout
-            _write_admitted(state, dirs, rollout_id, kept, begun, ended, outcome, file_mode, lock_timeout)
+            _write_admitted(
+                state, dirs, rollout_id, kept, begun, ended, outcome, file_mode, lock_timeout, files
+            )
         finally:
             state.calls.end(rollout_id, mcids)
     return outcome
@@ -169,21 +192,26 @@ def _write_admitted(
     outcome: AppendOutcome,
     file_mode: int,
     lock_timeout: float,
+    files: AppendFiles | None,
 ) -> None:
     # The marker is opened first: a damaged one fails the batch before any line is written.
     marker = state.markers.open(dirs, rollout_id, create=bool(begun)) if begun or ended else None
     try:
         if kept:
             lines = b"".join(line for _, line, _ in kept)
-            _append_file(dirs, rollout_id + CAPTURE_SUFFIX, lines, file_mode, outcome, lock_timeout)
+            _append_file(dirs, rollout_id + CAPTURE_SUFFIX, lines, file_mode, outcome, lock_timeout, files)
             token_data = b"".join(tokens for _, _, tokens in kept if tokens)
             if token_data:
-                _append_file(dirs, rollout_id + TOKENS_SUFFIX, token_data, file_mode, outcome, lock_timeout)
+                name = rollout_id + TOKENS_SUFFIX
+                _append_file(dirs, name, token_data, file_mode, outcome, lock_timeout, files)
         if marker is not None:
             state.markers.write_to(dirs, marker, rollout_id, begun, ended)
     except BaseException:
         for fd in outcome.fds:
-            os.close(fd)
+            if files is None:
+                os.close(fd)
+            else:
+                files.discard(fd)
         outcome.fds.clear()
         raise
     finally:

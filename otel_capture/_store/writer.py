@@ -29,8 +29,10 @@ Durability contract, written before the code (``docs/durability.md`` names the t
   reports and never parses).
 * Nothing outside the capture directory is written: every file is opened without following a link, and
   must be a regular file with one link (a planted link, hard link or FIFO fails that rollout's capture,
-  marked incomplete with the reason; no open loops or blocks). A capture directory other users can write
-  is refused (:class:`UnsafeDirectoryError`) unless ``allow_shared_directory``.
+  marked incomplete with the reason; no open loops or blocks). A data file stays open from one batch to
+  the next only while an ``lstat`` of its name finds that same file, still regular with one link
+  (:class:`.fs.AppendFiles`); all are closed after ``IDLE_CLOSE`` without a batch. A capture directory
+  other users can write is refused (:class:`UnsafeDirectoryError`) unless ``allow_shared_directory``.
 * A call begun with ``begin`` is in this process's view of calls in flight at once. Its ``+`` marker file
   (what a freeze in *another* process reads) is written once the call has been in flight ``marker_delay``
   (20 ms), or at a ``flush``/``close``, whichever comes first; a call whose line is queued sooner is
@@ -68,7 +70,7 @@ from .._correlation import validate_rollout_id
 from .._settings import DEFAULT_LOCK_TIMEOUT_S
 from .._sink import LoopWaiter
 from .dirstate import DirState, dir_state
-from .fs import DIR_MODE, FILE_MODE, check_directory, make_root
+from .fs import DIR_MODE, FILE_MODE, AppendFiles, check_directory, make_root
 from .journal import Fence
 from .lifecycle_io import fenced_append, fenced_mark_incomplete
 from .types import CaptureFrozenError, LockTimeoutError, UnsafeDirectoryError
@@ -156,6 +158,8 @@ MARKER_DELAY = 0.02
 """Seconds a begun call may go without its ``+`` marker file (see :meth:`JsonlWriter.begin`)."""
 LOCKED_OUT_WAIT = 0.1
 """Seconds a batch waits for a data file whose lock outlasted the lock timeout and was not seen free since."""
+IDLE_CLOSE = 1.0
+"""Seconds without a batch after which the thread closes the data files it keeps open between batches."""
 
 
 class JsonlWriter:
@@ -199,6 +203,7 @@ class JsonlWriter:
         self._begins: deque[_Begin] = deque()  # begun, not yet seen by the thread (no wake-up each)
         self._deferred: dict[tuple[str, str], _Begin] = {}  # seen by the thread, no marker yet (thread only)
         self._idle = False  # the thread is blocked with nothing to time: a begin must wake it
+        self._files = AppendFiles()  # data files kept open between batches (thread only)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="otel-capture-writer", daemon=True)
         self._thread.start()
@@ -287,6 +292,11 @@ class JsonlWriter:
                     return self._queue.get(timeout=timeout)
                 except queue.Empty:
                     return _TICK
+            if self._files:
+                try:
+                    return self._queue.get(timeout=IDLE_CLOSE)
+                except queue.Empty:
+                    self._files.close_all()  # idle: a retired rollout's file is not held open for long
             return self._queue.get()
         finally:
             self._idle = False
@@ -363,6 +373,7 @@ class JsonlWriter:
             self._flush_wakeups()
             for barrier in barriers:
                 barrier.future.set_result(None)
+        self._files.close_all()
 
     def _write_batch(self, batch: list[_Item], begins: list[_Begin]) -> None:
         if batch:
@@ -394,6 +405,7 @@ class JsonlWriter:
                         begun.get(rollout_id, []),
                         file_mode=self._file_mode,
                         data_lock_timeout=self._data_lock_wait(rollout_id),
+                        files=self._files,
                     )
                 except OSError as exc:
                     exc = self._locked_out_error(rollout_id, exc)
@@ -406,17 +418,16 @@ class JsonlWriter:
                 written.append((rollout_id, [items[index] for index in outcome.accepted]))
                 fds.extend(outcome.fds)
                 created_any |= outcome.created
-        # Phase 2: one sync covers the whole batch (see _sync); only then is any call acknowledged.
+        # Phase 2: one sync covers the whole batch (see _sync); only then is any call acknowledged. The
+        # files stay open for the next batch (AppendFiles), unless the sync failed.
         try:
             self._sync(fds, created_any)
         except OSError as exc:
+            self._files.close_all()  # after a failed fsync, nothing is assumed of those descriptors
             for rollout_id, items in written:
                 if items:
                     self._fail(rollout_id, items, exc)
             return
-        finally:
-            for fd in fds:
-                os.close(fd)
         for _, items in written:
             self.stats.records_written += len(items)
             for item in items:

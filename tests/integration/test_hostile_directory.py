@@ -449,3 +449,46 @@ def test_a_directory_made_world_writable_under_a_running_writer_stops_capture_th
         assert writer.stats.failures == 1
     finally:
         writer.close(BOUND)
+
+
+@pytest.mark.parametrize("change", ["symlink", "hardlink", "renamed", "widened"])
+def test_a_data_file_changed_under_a_running_writer_is_never_written_through(
+    tmp_path: Path, outside: Path, change: str
+) -> None:
+    """The writer keeps a data file open from one batch to the next: whatever replaced it meanwhile (a
+    link planted in its place, a hard link made to it, a retire's rename, a wider mode) is seen at the next
+    batch, as at a first open."""
+    from otel_capture import DamagedEntryError
+    from otel_capture._store.writer import JsonlWriter
+
+    root = tmp_path / "calls"
+    root.mkdir(mode=0o700)
+    data = root / "r.capture.jsonl"
+    writer = JsonlWriter(root)
+    try:
+        writer.submit("r", b'{"model_call_id":"c1"}\n', "c1").result(BOUND)
+        if change == "symlink":
+            data.unlink()
+            data.symlink_to(outside / "notes.txt")
+        elif change == "hardlink":
+            os.link(data, outside / "linked.capture.jsonl")
+        elif change == "renamed":
+            data.rename(root / "moved-away")
+        else:
+            data.chmod(0o644)
+        before = _tree(outside)
+        future = writer.submit("r", b'{"model_call_id":"c2"}\n', "c2")
+        if change in ("symlink", "hardlink"):
+            with pytest.raises(DamagedEntryError):
+                future.result(BOUND)
+            assert _tree(outside) == before, "written through a file changed under the writer"
+        else:
+            future.result(BOUND)
+        if change == "renamed":
+            assert (root / "moved-away").read_bytes() == b'{"model_call_id":"c1"}\n'
+            assert data.read_bytes() == b'{"model_call_id":"c2"}\n'
+        if change == "widened":
+            assert data.read_bytes() == b'{"model_call_id":"c1"}\n{"model_call_id":"c2"}\n'
+            assert stat.S_IMODE(data.stat().st_mode) == 0o600
+    finally:
+        writer.close(BOUND)
