@@ -31,6 +31,10 @@ class ServerMetrics:
 
     def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
         meter = metrics.get_meter("otel_capture", __version__, meter_provider)
+        # An SDK provider keeps its readers in its measurement consumer (readers can be added later, so it is
+        # looked at per call); any other provider (a vendor's, the API's proxy) is assumed to record.
+        provider = meter_provider or metrics.get_meter_provider()
+        self._consumer = getattr(provider, "_measurement_consumer", None)
         self.request_duration = meter.create_histogram(
             A.METRIC_SERVER_REQUEST_DURATION,
             unit="s",
@@ -62,7 +66,11 @@ class ServerMetrics:
         time_to_first_token: float | None,
         time_per_output_token: float | None,
     ) -> None:
-        """Record one call. Never raises (telemetry never breaks the host app)."""
+        """Record one call. Never raises (telemetry never breaks the host app). Nothing is done for an SDK
+        meter provider without a reader (the distro's under ``OTEL_METRICS_EXPORTER=none``), where the
+        attribute set and one histogram record cost about 10 µs for nothing."""
+        if self._consumer is not None and not getattr(self._consumer, "_reader_storages", True):
+            return
         try:
             attributes = {k: span_attributes[k] for k in A.METRIC_ATTRIBUTES if k in span_attributes}
             if duration is not None:
