@@ -84,6 +84,17 @@ class SSEDecoder:
             return []
         if type(chunk) is not bytes:
             chunk = bytes(chunk)
+        if (
+            chunk[-2:] == b"\n\n"
+            and chunk[:6] == b"data: "
+            and self._started
+            and not (self._tail or self._data or self._skip_lf or self._discarding_line)
+            and self._event is None
+            and b"\r" not in chunk
+        ):
+            whole = self._whole_data_events(chunk)
+            if whole is not None:
+                return whole
         if self._skip_lf:
             self._skip_lf = False
             if chunk[0] == 0x0A:
@@ -126,6 +137,23 @@ class SSEDecoder:
         return events
 
     # -- internals ----------------------------------------------------------------------------------
+
+    def _whole_data_events(self, chunk: bytes) -> list[SSEEvent] | None:
+        """The fast path for what model servers send: a chunk of whole ``data: <one line>`` events, each
+        ending in a blank line, nothing pending before it (checked by the caller). Each event is then
+        exactly what the line-by-line rules give: no ``event:`` name, the line after ``data: `` as its data.
+        ``None`` when the chunk has any other shape (the caller takes the general path)."""
+        if len(chunk) - 2 > self._max_line_bytes:
+            return None
+        end = chunk.find(b"\n", 6)
+        if end == len(chunk) - 2:  # one event: the usual chunk
+            return [SSEEvent(None, chunk[6:end].decode("utf-8", "replace"))]
+        events = []
+        for part in chunk[:-2].split(b"\n\n"):
+            if part[:6] != b"data: " or b"\n" in part:
+                return None
+            events.append(SSEEvent(None, part[6:].decode("utf-8", "replace")))
+        return events
 
     def _extend_tail(self, part: bytes) -> None:
         if len(self._tail) + len(part) > self._max_line_bytes:

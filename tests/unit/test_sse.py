@@ -164,3 +164,27 @@ def test_an_event_whose_data_outgrows_the_cap_is_dropped() -> None:
 def test_max_line_bytes_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_line_bytes"):
         SSEDecoder(max_line_bytes=0)
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [b"data: a\n\n", b"data: {}\n\n", b"data: [DONE]\n\n"],  # one whole event per chunk
+        [b"data: a\n\ndata: b\n\n", b"data: \n\n"],  # several per chunk, an empty one
+        [b"data: a\n\n", b"event: e\ndata: b\n\n", b"data: c\n\n"],  # a named event between
+        [b"data: a\n", b"\ndata: b\n\n", b"data: c\n\n"],  # an event completed by the next chunk
+        [b"data: a\n\n", b"data: b\ndata: c\n\n", b"data: d\n\n\n\ndata: e\n\n"],  # two data lines, blanks
+        [b"data: a\r\n\r\n", b"data: b\n\n", b"data: \xe2\x82\n\n"],  # CRLF, then invalid UTF-8
+        [b"\xef\xbb\xbfdata: a\n\n", b"data: b\n\n"],  # a byte-order mark at the start
+        [b"data: a\n\n", b": keep-alive\n\ndata: b\n\n"],
+    ],
+)
+def test_whole_event_chunks_decode_as_byte_by_byte(chunks: list[bytes]) -> None:
+    # Chunks of whole `data:` events take a shorter path: the events must be the same as the rules give.
+    assert decode(*chunks) == decode(*bytewise(b"".join(chunks)))
+
+
+def test_whole_event_chunks_respect_the_line_cap() -> None:
+    decoder = SSEDecoder(max_line_bytes=8)
+    assert decoder.feed(b"data: a\n\n") + decoder.feed(b"data: 1234\n\n") == [SSEEvent(None, "a")]
+    assert decoder.dropped_bytes == len(b"data: 1234")
