@@ -197,9 +197,12 @@ class InFlightCall:
         """Take one response chunk; True once the dialect's terminal event has been seen."""
         if not chunk:
             return self._accumulator is not None and self._accumulator.terminal is not None
-        now_ms = (time.perf_counter() - self._t0) * 1000
-        if self._first_byte_ms is None:
-            self._first_byte_ms = now_ms
+        if self._first_byte_ms is None or self.ttft_ms is None:
+            now_ms = (time.perf_counter() - self._t0) * 1000
+            if self._first_byte_ms is None:
+                self._first_byte_ms = now_ms
+        else:
+            now_ms = 0.0  # both times are taken: the clock is not read again for every event
         if self._decoding is not None:
             # the client got the bytes as sent; the record keeps them decoded
             chunk = self._decoding.decode(chunk)

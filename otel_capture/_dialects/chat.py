@@ -62,11 +62,12 @@ class ChatCompletionsAccumulator(_Accumulator):
         if error is not None or event.event == "error":
             self._finish("error")
             self._record_error(error if error is not None else payload)
+        top = self._top
         for key, value in payload.items():
             if key in _CHAT_SKIPPED_TOP:
                 continue
-            if self._top.get(key) is None or (key in _CHAT_LATEST_TOP and value is not None):
-                self._top[key] = value
+            if top.get(key) is None or (key in _CHAT_LATEST_TOP and value is not None):
+                top[key] = value
         usage = payload.get("usage")
         if isinstance(usage, dict):
             self._usage = usage
