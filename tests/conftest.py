@@ -1,11 +1,15 @@
-"""Shared fixtures: a tracer provider with both the in-memory exporter and the real JSONL exporter, and
-the replaying model server."""
+"""Shared fixtures: a tracer provider with both the in-memory exporter and the real JSONL exporter, the
+replaying model server, and every SDK client a test makes closed when it ends."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import anthropic
+import openai
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -14,6 +18,25 @@ from support import ReplayModelServer, Telemetry
 
 from otel_capture import CaptureStore
 from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
+
+
+@pytest.fixture(autouse=True)
+def close_sdk_clients(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A test that makes ``openai.OpenAI(...)`` or ``anthropic.Anthropic(...)`` without ``with`` leaves its
+    connection pool to the garbage collector, whose ``ResourceWarning`` (an error here) then fails whichever
+    later test the collection happens in. Each client a test makes is closed when the test ends."""
+    made: weakref.WeakSet[Any] = weakref.WeakSet()
+    for cls in (openai.OpenAI, anthropic.Anthropic):
+        original = cls.__init__
+
+        def tracked(self: Any, *args: Any, __original: Any = original, **kwargs: Any) -> None:
+            __original(self, *args, **kwargs)
+            made.add(self)
+
+        monkeypatch.setattr(cls, "__init__", tracked)
+    yield
+    for client in list(made):
+        client.close()
 
 
 @pytest.fixture

@@ -37,17 +37,17 @@ def _only_record(store: CaptureStore, rollout_id: str) -> ModelCallRecord:
 
 def test_responses_stream(proxied: tuple[str, CaptureStore], tiny_model: TinyModel) -> None:
     url, store = proxied
-    client = openai.OpenAI(base_url=f"{url}/ng-rollout/tiny-resp/v1", api_key="k", max_retries=0)
-    # responses.stream() cannot parse llama.cpp's events (no output_index): iterate create(stream=True)
-    deltas: list[str] = []
-    completed: dict[str, Any] | None = None
-    for event in client.responses.create(
-        model=tiny_model.model, input="Count to five.", max_output_tokens=12, stream=True
-    ):
-        if event.type == "response.output_text.delta":
-            deltas.append(event.delta)
-        elif event.type == "response.completed":
-            completed = event.response.model_dump(mode="json", exclude_unset=True)
+    with openai.OpenAI(base_url=f"{url}/ng-rollout/tiny-resp/v1", api_key="k", max_retries=0) as client:
+        # responses.stream() cannot parse llama.cpp's events (no output_index): iterate create(stream=True)
+        deltas: list[str] = []
+        completed: dict[str, Any] | None = None
+        for event in client.responses.create(
+            model=tiny_model.model, input="Count to five.", max_output_tokens=12, stream=True
+        ):
+            if event.type == "response.output_text.delta":
+                deltas.append(event.delta)
+            elif event.type == "response.completed":
+                completed = event.response.model_dump(mode="json", exclude_unset=True)
     assert completed is not None and deltas
     record = _only_record(store, "tiny-resp")
     assert record.response is not None
@@ -59,16 +59,16 @@ def test_responses_stream(proxied: tuple[str, CaptureStore], tiny_model: TinyMod
 
 def test_chat_stream(proxied: tuple[str, CaptureStore], tiny_model: TinyModel) -> None:
     url, store = proxied
-    client = openai.OpenAI(base_url=f"{url}/ng-rollout/tiny-chat/v1", api_key="k", max_retries=0)
-    state: ChatCompletionStreamState[Any] = ChatCompletionStreamState()
-    for chunk in client.chat.completions.create(
-        model=tiny_model.model,
-        messages=[{"role": "user", "content": "Count to five."}],
-        max_tokens=12,
-        stream=True,
-        stream_options={"include_usage": True},
-    ):
-        state.handle_chunk(chunk)
+    with openai.OpenAI(base_url=f"{url}/ng-rollout/tiny-chat/v1", api_key="k", max_retries=0) as client:
+        state: ChatCompletionStreamState[Any] = ChatCompletionStreamState()
+        for chunk in client.chat.completions.create(
+            model=tiny_model.model,
+            messages=[{"role": "user", "content": "Count to five."}],
+            max_tokens=12,
+            stream=True,
+            stream_options={"include_usage": True},
+        ):
+            state.handle_chunk(chunk)
     sdk = state.current_completion_snapshot
     record = _only_record(store, "tiny-chat")
     assert record.response is not None
@@ -81,10 +81,12 @@ def test_chat_stream(proxied: tuple[str, CaptureStore], tiny_model: TinyModel) -
 
 def test_messages_stream(proxied: tuple[str, CaptureStore], tiny_model: TinyModel) -> None:
     url, store = proxied
-    client = anthropic.Anthropic(base_url=f"{url}/ng-rollout/tiny-msg", api_key="k", max_retries=0)
-    with client.messages.stream(
-        model=tiny_model.model, max_tokens=12, messages=[{"role": "user", "content": "Count to five."}]
-    ) as stream:
+    with (
+        anthropic.Anthropic(base_url=f"{url}/ng-rollout/tiny-msg", api_key="k", max_retries=0) as client,
+        client.messages.stream(
+            model=tiny_model.model, max_tokens=12, messages=[{"role": "user", "content": "Count to five."}]
+        ) as stream,
+    ):
         final = stream.get_final_message().model_dump(mode="json", exclude_unset=True)
     record = _only_record(store, "tiny-msg")
     assert record.response is not None
