@@ -22,6 +22,7 @@ from .dirstate import DirState
 from .fs import FILE_MODE, AppendFiles, DirFds, Fsync, flock_within, open_append, read_locked, write_all
 from .journal import Fence
 from .lazy import LazyLines, LineParser, empty_lines, spans_of
+from .locks import LockFiles
 from .types import CaptureFrozenError, CaptureRetiredError, DamagedEntryError, IncompleteCall
 
 _logger = logging.getLogger(__name__)
@@ -115,6 +116,7 @@ def fenced_append(
     file_mode: int = FILE_MODE,
     data_lock_timeout: float | None = None,
     files: AppendFiles | None = None,
+    lock_files: LockFiles | None = None,
 ) -> AppendOutcome:
     """Append one rollout's ``(model_call_id, capture line, tokens line)`` entries, unless fenced.
 
@@ -125,12 +127,13 @@ def fenced_append(
     file cannot be written, ``DamagedEntryError`` when one is not a regular file of its own, and
     ``LockTimeoutError`` when a lock stays held (a data file's past ``data_lock_timeout``, default the
     ``dirs``' lock timeout); the caller marks the rollout incomplete. No descriptor is leaked. With
-    ``files`` (the writer thread's), the data files are opened through it and stay open after the batch.
+    ``files`` (the writer thread's), the data files are opened through it and stay open after the batch;
+    with ``lock_files``, so does the stripe's lock file.
     """
     outcome = AppendOutcome()
     begins = list(begins)
     mcids = [mcid for mcid, _, _ in calls]
-    with state.locks.hold_ids(dirs, [rollout_id]):
+    with state.locks.hold_ids(dirs, [rollout_id], files=lock_files):
         try:
             state.journal.refresh()
             fence = state.journal.fence(rollout_id)

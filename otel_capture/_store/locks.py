@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import stat
 import threading
 import zlib
 from collections.abc import Iterable, Iterator
@@ -25,13 +26,78 @@ _logger = logging.getLogger(__name__)
 STRIPES = 64
 
 
+class LockFiles:
+    """One writer thread's stripe lock files, kept open from one hold to the next instead of opened,
+    checked and closed per hold (an ``openat``, an ``fstat`` and a ``close`` each time).
+
+    A kept descriptor is used only once the name still leads to it *while its ``flock`` is held*: after
+    the ``flock``, one ``lstat`` of ``NN.lock`` relative to this operation's ``locks/`` descriptor (no
+    link followed) must find a regular file with the same device and inode. Anything else (a link, a FIFO
+    or another file planted in its place, the name gone, ``locks/`` replaced) unlocks and closes it, and
+    the name is opened afresh with every check of a first open: a planted link is a
+    :class:`DamagedEntryError` for that rollout, never followed. Checked under the lock, the name leads to
+    the locked inode at that moment, so a process that opens the name then locks the same inode, and waits
+    for us. The inode cannot be reused while the descriptor holds it.
+
+    At most :data:`STRIPES` descriptors (one per stripe, for one directory); :meth:`close_all` closes them
+    when the writer goes idle or stops. Used by one thread only, and each descriptor only under its
+    stripe's in-process lock.
+    """
+
+    def __init__(self) -> None:
+        self._fds: dict[int, tuple[int, int, int]] = {}  # stripe -> (fd, st_dev, st_ino)
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def close_all(self) -> None:
+        fds, self._fds = self._fds, {}
+        for fd, _, _ in fds.values():
+            _close(fd)
+
+    def kept(self, stripe: int) -> int | None:
+        entry = self._fds.get(stripe)
+        return None if entry is None else entry[0]
+
+    def keep(self, stripe: int, fd: int, st: os.stat_result) -> None:
+        self._fds[stripe] = (fd, st.st_dev, st.st_ino)
+
+    def still_named(self, locks_fd: int, stripe: int, name: str) -> bool:
+        """Whether ``name`` in ``locks_fd`` is still the kept file of ``stripe`` (a regular file, same
+        device and inode); when not, the descriptor is unlocked, closed and forgotten."""
+        fd, dev, ino = self._fds[stripe]
+        try:
+            st = os.stat(name, dir_fd=locks_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is not None and st.st_ino == ino and st.st_dev == dev and stat.S_ISREG(st.st_mode):
+            return True
+        del self._fds[stripe]
+        _close(fd)  # closing releases its flock
+        return False
+
+    def forget(self, stripe: int) -> None:
+        entry = self._fds.pop(stripe, None)
+        if entry is not None:
+            _close(entry[0])
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError as exc:  # a lock file: nothing was ever written through it
+        _logger.warning("closing a stripe lock file failed: %s", exc)
+
+
 class StripedLocks:
     """64 lock files per directory, each paired with an in-process lock.
 
-    A lock file is opened for each hold and closed after it (closing releases the ``flock``): one ``open``
-    per stripe per batch is cheap, and a process touching thousands of directories never holds thousands
-    of descriptors. A lock file that is not a regular file (a planted link: following it would create or
-    lock a file outside) is a ``DamagedEntryError``; nobody ever locks it, so no two holders can disagree.
+    Without ``files``, a lock file is opened for each hold and closed after it (closing releases the
+    ``flock``): a lifecycle operation holds no descriptor once it returns, and a process touching
+    thousands of directories never holds thousands of descriptors. With ``files`` (the writer thread's
+    :class:`LockFiles`), the descriptors stay open between holds and are checked under the lock instead.
+    A lock file that is not a regular file (a planted link: following it would create or lock a file
+    outside) is a ``DamagedEntryError``; nobody ever locks it, so no two holders can disagree.
     """
 
     def __init__(self) -> None:
@@ -42,26 +108,28 @@ class StripedLocks:
         return zlib.crc32(rollout_id.encode()) % STRIPES
 
     @contextlib.contextmanager
-    def hold(self, dirs: DirFds, stripes: Iterable[int], *, or_unlocked: bool = False) -> Iterator[None]:
+    def hold(
+        self,
+        dirs: DirFds,
+        stripes: Iterable[int],
+        *,
+        or_unlocked: bool = False,
+        files: LockFiles | None = None,
+    ) -> Iterator[None]:
         """Hold these stripes (acquired in ascending order, so two holders never deadlock).
 
         ``or_unlocked``: a stripe whose lock file is damaged is logged and not held (only for marking a
-        rollout incomplete, where a visible loss matters more than the lock)."""
+        rollout incomplete, where a visible loss matters more than the lock). ``files``: lock files kept
+        open between holds (one thread's; see :class:`LockFiles`)."""
         held: list[tuple[int, int]] = []
         try:
             for stripe in sorted(set(stripes)):
                 name = f"{stripe:02d}.lock"
+                label = f".otel-capture/locks/{name}"
                 if not self._threads[stripe].acquire(timeout=dirs.lock_timeout):
-                    label = f".otel-capture/locks/{name}"
                     raise LockTimeoutError(label, dirs.lock_timeout, "another thread of this process")
                 try:
-                    fd, _ = open_file(
-                        dirs.state_fd("locks"),
-                        name,
-                        os.O_RDWR | os.O_CREAT,
-                        f".otel-capture/locks/{name}",
-                        single_link=False,  # only ever locked, never written: a hard link changes nothing
-                    )
+                    fd = self._locked(dirs, stripe, name, label, files)
                 except DamagedEntryError as exc:
                     self._threads[stripe].release()
                     if not or_unlocked:
@@ -72,14 +140,59 @@ class StripedLocks:
                     self._threads[stripe].release()
                     raise
                 held.append((stripe, fd))
-                flock_within(fd, fcntl.LOCK_EX, dirs.lock_timeout, f".otel-capture/locks/{name}")
             yield
         finally:
             for stripe, fd in reversed(held):
-                os.close(fd)
-                self._threads[stripe].release()
+                try:
+                    if files is None or files.kept(stripe) != fd:
+                        _close(fd)
+                    else:
+                        fcntl.flock(fd, fcntl.LOCK_UN)
+                except OSError as exc:
+                    _logger.warning("unlocking a stripe lock file failed: %s", exc)
+                    if files is not None:
+                        files.forget(stripe)  # closing it releases the lock in any case
+                finally:
+                    self._threads[stripe].release()
+
+    @staticmethod
+    def _locked(dirs: DirFds, stripe: int, name: str, label: str, files: LockFiles | None) -> int:
+        """A descriptor of the stripe's lock file, ``flock``-ed (kept by ``files`` when given)."""
+        locks_fd = dirs.state_fd("locks")
+        if files is not None:
+            fd = files.kept(stripe)
+            if fd is not None:
+                try:
+                    flock_within(fd, fcntl.LOCK_EX, dirs.lock_timeout, label)
+                    if files.still_named(locks_fd, stripe, name):
+                        return fd
+                except BaseException:
+                    files.forget(stripe)
+                    raise
+        fd, st = open_file(
+            locks_fd,
+            name,
+            os.O_RDWR | os.O_CREAT,
+            label,
+            single_link=False,  # only ever locked, never written: a hard link changes nothing
+        )
+        try:
+            flock_within(fd, fcntl.LOCK_EX, dirs.lock_timeout, label)
+        except BaseException:
+            os.close(fd)
+            raise
+        if files is not None:
+            files.keep(stripe, fd, st)
+        return fd
 
     def hold_ids(
-        self, dirs: DirFds, rollout_ids: Iterable[str], *, or_unlocked: bool = False
+        self,
+        dirs: DirFds,
+        rollout_ids: Iterable[str],
+        *,
+        or_unlocked: bool = False,
+        files: LockFiles | None = None,
     ) -> contextlib.AbstractContextManager[None]:
-        return self.hold(dirs, (self.stripe(rid) for rid in rollout_ids), or_unlocked=or_unlocked)
+        return self.hold(
+            dirs, (self.stripe(rid) for rid in rollout_ids), or_unlocked=or_unlocked, files=files
+        )

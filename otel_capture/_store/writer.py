@@ -31,7 +31,9 @@ Durability contract, written before the code (``docs/durability.md`` names the t
   must be a regular file with one link (a planted link, hard link or FIFO fails that rollout's capture,
   marked incomplete with the reason; no open loops or blocks). A data file stays open from one batch to
   the next only while an ``lstat`` of its name finds that same file, still regular with one link
-  (:class:`.fs.AppendFiles`); all are closed after ``IDLE_CLOSE`` without a batch. A capture directory
+  (:class:`.fs.AppendFiles`). The stripe lock files stay open too, each used again only while an ``lstat``
+  taken under its ``flock`` finds the same regular file (:class:`.locks.LockFiles`). All are closed after
+  ``IDLE_CLOSE`` without a batch and when the writer stops. A capture directory
   other users can write is refused (:class:`UnsafeDirectoryError`) unless ``allow_shared_directory``.
 * A call begun with ``begin`` is in this process's view of calls in flight at once. Its ``+`` marker file
   (what a freeze in *another* process reads) is written once the call has been in flight ``marker_delay``
@@ -73,6 +75,7 @@ from .dirstate import DirState, dir_state
 from .fs import DIR_MODE, FILE_MODE, AppendFiles, check_directory, make_root
 from .journal import Fence
 from .lifecycle_io import fenced_append, fenced_mark_incomplete
+from .locks import LockFiles
 from .types import CaptureFrozenError, LockTimeoutError, UnsafeDirectoryError
 
 _logger = logging.getLogger(__name__)
@@ -204,6 +207,7 @@ class JsonlWriter:
         self._deferred: dict[tuple[str, str], _Begin] = {}  # seen by the thread, no marker yet (thread only)
         self._idle = False  # the thread is blocked with nothing to time: a begin must wake it
         self._files = AppendFiles()  # data files kept open between batches (thread only)
+        self._lock_files = LockFiles()  # stripe lock files kept open between batches (thread only)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="otel-capture-writer", daemon=True)
         self._thread.start()
@@ -292,11 +296,12 @@ class JsonlWriter:
                     return self._queue.get(timeout=timeout)
                 except queue.Empty:
                     return _TICK
-            if self._files:
+            if self._files or self._lock_files:
                 try:
                     return self._queue.get(timeout=IDLE_CLOSE)
                 except queue.Empty:
                     self._files.close_all()  # idle: a retired rollout's file is not held open for long
+                    self._lock_files.close_all()
             return self._queue.get()
         finally:
             self._idle = False
@@ -374,6 +379,7 @@ class JsonlWriter:
             for barrier in barriers:
                 barrier.future.set_result(None)
         self._files.close_all()
+        self._lock_files.close_all()
 
     def _write_batch(self, batch: list[_Item], begins: list[_Begin]) -> None:
         if batch:
@@ -406,6 +412,7 @@ class JsonlWriter:
                         file_mode=self._file_mode,
                         data_lock_timeout=self._data_lock_wait(rollout_id),
                         files=self._files,
+                        lock_files=self._lock_files,
                     )
                 except OSError as exc:
                     exc = self._locked_out_error(rollout_id, exc)

@@ -492,3 +492,119 @@ def test_a_data_file_changed_under_a_running_writer_is_never_written_through(
             assert stat.S_IMODE(data.stat().st_mode) == 0o600
     finally:
         writer.close(BOUND)
+
+
+def _lock_path(root: Path, rollout_id: str) -> Path:
+    return root / ".otel-capture" / "locks" / f"{zlib.crc32(rollout_id.encode()) % 64:02d}.lock"
+
+
+def _lock_fds(root: Path) -> list[str]:
+    """This process's descriptors open on a stripe lock file of ``root``."""
+    locks = str(root / ".otel-capture" / "locks") + "/"
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with_target = f"/proc/self/fd/{fd}"
+        try:
+            target = os.readlink(with_target)
+        except OSError:
+            continue
+        if target.startswith(locks):
+            found.append(target)
+    return found
+
+
+@pytest.mark.parametrize("target", ["existing", "dangling"])
+def test_a_stripe_lock_file_replaced_by_a_link_under_a_running_writer_is_never_followed(
+    tmp_path: Path, outside: Path, target: str
+) -> None:
+    """The writer keeps its stripe lock files open between batches: a link planted in place of one
+    meanwhile is seen at the next batch (checked under the lock), as at a first open: nothing outside is
+    locked, created or written, and the rollout says its lock file is damaged."""
+    from otel_capture import DamagedEntryError
+    from otel_capture._store.writer import JsonlWriter
+
+    root = tmp_path / "calls"
+    root.mkdir(mode=0o700)
+    writer = JsonlWriter(root)
+    try:
+        writer.submit("r", b'{"model_call_id":"c1"}\n', "c1").result(BOUND)
+        lock = _lock_path(root, "r")
+        lock.unlink()
+        lock.symlink_to(outside / ("notes.txt" if target == "existing" else "planted.lock"))
+        before = _tree(outside)
+        future = writer.submit("r", b'{"model_call_id":"c2"}\n', "c2")
+        with pytest.raises(DamagedEntryError, match=r"locks/\d\d\.lock"):
+            future.result(BOUND)
+        assert _tree(outside) == before, "a planted stripe lock link was followed"
+        assert (root / "r.capture.jsonl").read_bytes() == b'{"model_call_id":"c1"}\n'
+        assert "c2" in (root / "r.capture.incomplete").read_text()
+        assert writer.stats.failures == 1
+    finally:
+        writer.close(BOUND)
+
+
+HOLD_NEW_LOCK = """
+    import fcntl, os, sys, time
+    os.unlink(sys.argv[1])  # another inode takes the name
+    fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    print("locked", flush=True)
+    while True:
+        time.sleep(60)
+"""
+
+
+def test_a_stripe_lock_file_replaced_by_another_file_is_the_one_locked(tmp_path: Path) -> None:
+    """A stripe lock file replaced by another regular file (another inode) while the writer keeps the old
+    one open: the writer locks the new one, as every process opening the name does. A process holding the
+    new file's lock holds the writer off until the lock timeout; once it is gone, the rollout is written."""
+    from otel_capture import LockTimeoutError
+    from otel_capture._store.writer import JsonlWriter
+
+    root = tmp_path / "calls"
+    root.mkdir(mode=0o700)
+    writer = JsonlWriter(root, lock_timeout_s=0.5)
+    try:
+        writer.submit("r", b'{"model_call_id":"c1"}\n', "c1").result(BOUND)
+        lock = _lock_path(root, "r")
+        with subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(HOLD_NEW_LOCK), str(lock)],
+            stdout=subprocess.PIPE,
+            text=True,
+        ) as holder:
+            try:
+                assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+                future = writer.submit("r", b'{"model_call_id":"c2"}\n', "c2")
+                with pytest.raises(LockTimeoutError, match=r"locks/\d\d\.lock"):
+                    future.result(BOUND)
+            finally:
+                holder.kill()
+                holder.wait(BOUND)
+        writer.submit("r", b'{"model_call_id":"c3"}\n', "c3").result(BOUND)
+        assert (root / "r.capture.jsonl").read_bytes() == b'{"model_call_id":"c1"}\n{"model_call_id":"c3"}\n'
+    finally:
+        writer.close(BOUND)
+
+
+def test_the_writer_s_kept_stripe_lock_files_are_closed_when_it_stops(tmp_path: Path) -> None:
+    """At most one kept descriptor per stripe while the writer runs; none once it is closed, and none left
+    by the store's lifecycle operations (they open a lock file per hold)."""
+    from otel_capture._store.writer import JsonlWriter
+
+    root = tmp_path / "calls"
+    root.mkdir(mode=0o700)
+    writer = JsonlWriter(root)
+    try:
+        for i in range(200):
+            writer.submit(f"r{i}", b'{"model_call_id":"c1"}\n', "c1")
+        assert writer.flush(BOUND)
+        kept = _lock_fds(root)
+        assert kept and len(kept) == len(set(kept)) <= 64
+        store = CaptureStore(root)
+        store.freeze_now("r1")
+        store.retire_now(["r2"])
+        store.mark_incomplete("r3", "c9", "why")
+        assert _lock_fds(root) == kept
+    finally:
+        writer.close(BOUND)
+    assert _lock_fds(root) == []
