@@ -133,26 +133,28 @@ def fenced_append(
     outcome = AppendOutcome()
     begins = list(begins)
     mcids = [mcid for mcid, _, _ in calls]
-    with state.locks.hold_ids(dirs, [rollout_id], files=lock_files):
+    stripe = state.locks.stripe(rollout_id)
+    lock_fd = state.locks.acquire(dirs, stripe, lock_files)  # hold_ids, without a context manager
+    try:
+        state.journal.refresh()
+        fence = state.journal.fence(rollout_id)
+        if fence is not None:
+            error = fence_error(rollout_id, fence)
+            outcome.dropped = [(i, error) for i in range(len(calls))]
+            last = state.journal.last_seq(rollout_id)
+            for mcid in begins:  # admitted at this epoch: still late after a delete reuses the id
+                state.calls.admit(rollout_id, mcid, last)
+            return outcome
+        kept, ended = _admit(state, rollout_id, calls, begins, outcome)
+        in_batch = set(mcids)
+        begun = [m for m in begins if m not in in_batch]
+        lock_timeout = dirs.lock_timeout if data_lock_timeout is None else data_lock_timeout
+        _write_admitted(state, dirs, rollout_id, kept, begun, ended, outcome, file_mode, lock_timeout, files)
+    finally:
         try:
-            state.journal.refresh()
-            fence = state.journal.fence(rollout_id)
-            if fence is not None:
-                error = fence_error(rollout_id, fence)
-                outcome.dropped = [(i, error) for i in range(len(calls))]
-                last = state.journal.last_seq(rollout_id)
-                for mcid in begins:  # admitted at this epoch: still late after a delete reuses the id
-                    state.calls.admit(rollout_id, mcid, last)
-                return outcome
-            kept, ended = _admit(state, rollout_id, calls, begins, outcome)
-            in_batch = set(mcids)
-            begun = [m for m in begins if m not in in_batch]
-            lock_timeout = dirs.lock_timeout if data_lock_timeout is None else data_lock_timeout
-            _write_admitted(
-                state, dirs, rollout_id, kept, begun, ended, outcome, file_mode, lock_timeout, files
-            )
-        finally:
             state.calls.end(rollout_id, mcids)
+        finally:
+            state.locks.release(stripe, lock_fd, lock_files)
     return outcome
 
 

@@ -24,6 +24,8 @@ from .types import DamagedEntryError, LockTimeoutError
 _logger = logging.getLogger(__name__)
 
 STRIPES = 64
+_NAMES = [f"{stripe:02d}.lock" for stripe in range(STRIPES)]
+_LABELS = [f".otel-capture/locks/{name}" for name in _NAMES]
 
 
 class LockFiles:
@@ -124,36 +126,44 @@ class StripedLocks:
         held: list[tuple[int, int]] = []
         try:
             for stripe in sorted(set(stripes)):
-                name = f"{stripe:02d}.lock"
-                label = f".otel-capture/locks/{name}"
-                if not self._threads[stripe].acquire(timeout=dirs.lock_timeout):
-                    raise LockTimeoutError(label, dirs.lock_timeout, "another thread of this process")
                 try:
-                    fd = self._locked(dirs, stripe, name, label, files)
+                    fd = self.acquire(dirs, stripe, files)
                 except DamagedEntryError as exc:
-                    self._threads[stripe].release()
                     if not or_unlocked:
                         raise
                     _logger.error("%s; going on without that lock", exc)
                     continue
-                except BaseException:
-                    self._threads[stripe].release()
-                    raise
                 held.append((stripe, fd))
             yield
         finally:
             for stripe, fd in reversed(held):
-                try:
-                    if files is None or files.kept(stripe) != fd:
-                        _close(fd)
-                    else:
-                        fcntl.flock(fd, fcntl.LOCK_UN)
-                except OSError as exc:
-                    _logger.warning("unlocking a stripe lock file failed: %s", exc)
-                    if files is not None:
-                        files.forget(stripe)  # closing it releases the lock in any case
-                finally:
-                    self._threads[stripe].release()
+                self.release(stripe, fd, files)
+
+    def acquire(self, dirs: DirFds, stripe: int, files: LockFiles | None = None) -> int:
+        """Hold one stripe (the writer's path: no context manager, no sorting); returns the lock file's
+        descriptor, for :meth:`release`. On any error nothing is held."""
+        name = _NAMES[stripe]
+        if not self._threads[stripe].acquire(timeout=dirs.lock_timeout):
+            raise LockTimeoutError(_LABELS[stripe], dirs.lock_timeout, "another thread of this process")
+        try:
+            return self._locked(dirs, stripe, name, _LABELS[stripe], files)
+        except BaseException:
+            self._threads[stripe].release()
+            raise
+
+    def release(self, stripe: int, fd: int, files: LockFiles | None = None) -> None:
+        """Let go of a stripe taken by :meth:`acquire`: a kept descriptor is unlocked, any other closed."""
+        try:
+            if files is None or files.kept(stripe) != fd:
+                _close(fd)
+            else:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError as exc:
+            _logger.warning("unlocking a stripe lock file failed: %s", exc)
+            if files is not None:
+                files.forget(stripe)  # closing it releases the lock in any case
+        finally:
+            self._threads[stripe].release()
 
     @staticmethod
     def _locked(dirs: DirFds, stripe: int, name: str, label: str, files: LockFiles | None) -> int:
