@@ -75,13 +75,21 @@ class LockFiles:
         if st is not None and st.st_ino == ino and st.st_dev == dev and stat.S_ISREG(st.st_mode):
             return True
         del self._fds[stripe]
-        _close(fd)  # closing releases its flock
+        _unlock_and_close(fd)
         return False
 
     def forget(self, stripe: int) -> None:
         entry = self._fds.pop(stripe, None)
         if entry is not None:
-            _close(entry[0])
+            _unlock_and_close(entry[0])
+
+
+def _unlock_and_close(fd: int) -> None:
+    # Unlocked first: a close releases the flock only with the last descriptor of that open file, and a
+    # child forked meanwhile shares it.
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    _close(fd)
 
 
 def _close(fd: int) -> None:
