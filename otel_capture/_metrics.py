@@ -24,6 +24,7 @@ from ._version import __version__
 _logger = logging.getLogger(__name__)
 
 UNCORRELATED_CALLS = "otel_capture.uncorrelated_calls"
+_MAX_ATTRIBUTE_SETS = 1024  # past it (many models or hosts), further sets are built per call
 
 
 class ServerMetrics:
@@ -35,6 +36,13 @@ class ServerMetrics:
         # looked at per call); any other provider (a vendor's, the API's proxy) is assumed to record.
         provider = meter_provider or metrics.get_meter_provider()
         self._consumer = getattr(provider, "_measurement_consumer", None)
+        # The API's stand-in for a provider not set yet forwards to the one set later: until then, nothing
+        # is recorded (looked at per call too); the API's no-op provider never records.
+        self._proxy = provider if hasattr(provider, "_real_meter_provider") else None
+        self._noop = isinstance(provider, metrics.NoOpMeterProvider)
+        # One attribute set per distinct combination of values (dialect, model, server, error type), made
+        # once: a handful per process, never the rollout id.
+        self._attribute_sets: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.request_duration = meter.create_histogram(
             A.METRIC_SERVER_REQUEST_DURATION,
             unit="s",
@@ -71,8 +79,17 @@ class ServerMetrics:
         attribute set and one histogram record cost about 10 µs for nothing."""
         if self._consumer is not None and not getattr(self._consumer, "_reader_storages", True):
             return
+        if self._noop or (
+            self._proxy is not None and getattr(self._proxy, "_real_meter_provider", 0) is None
+        ):
+            return
         try:
-            attributes = {k: span_attributes[k] for k in A.METRIC_ATTRIBUTES if k in span_attributes}
+            key = tuple(map(span_attributes.get, A.METRIC_ATTRIBUTES))
+            attributes = self._attribute_sets.get(key)
+            if attributes is None:
+                attributes = {k: v for k, v in zip(A.METRIC_ATTRIBUTES, key, strict=True) if v is not None}
+                if len(self._attribute_sets) < _MAX_ATTRIBUTE_SETS:
+                    self._attribute_sets[key] = attributes
             if duration is not None:
                 self.request_duration.record(duration, attributes)
             if time_to_first_token is not None:
