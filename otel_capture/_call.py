@@ -156,6 +156,7 @@ class InFlightCall:
         self.end_time_ns: int | None = None
         self.request = _Body(settings.max_body_bytes)
         self.request_obj: dict[str, Any] | None = None
+        self.request_model: str | None = None  # the request's "model", once set_request has parsed it
         self.response = _Body(settings.max_body_bytes)
         self.status_code: int | None = None
         self.stream = False
@@ -177,11 +178,8 @@ class InFlightCall:
         past the cap, for the span's request attributes; the record keeps at most the cap."""
         self.request.add(raw)
         self.request_obj = parse_object(raw)
-
-    @property
-    def request_model(self) -> str | None:
         model = self.request_obj.get("model") if self.request_obj else None
-        return model if isinstance(model, str) else None
+        self.request_model = model if isinstance(model, str) else None
 
     # -- response -----------------------------------------------------------------------------------
 
@@ -339,8 +337,9 @@ class InFlightCall:
         }
         if spec.openai_api_type is not None:
             attributes[A.OPENAI_API_TYPE] = spec.openai_api_type
-        if self.request_model:
-            attributes[A.GEN_AI_REQUEST_MODEL] = self.request_model
+        model = self.request_model
+        if model:
+            attributes[A.GEN_AI_REQUEST_MODEL] = model
         if self.session_id:
             attributes[A.GEN_AI_CONVERSATION_ID] = self.session_id
         attributes.update(request_attributes(self.request_obj))

@@ -195,6 +195,30 @@ def first_header(headers: Any, name: bytes) -> str:
     return ""
 
 
+def response_headers(headers: Any) -> tuple[str, str, int | None]:
+    """``(content type, content encoding, content length)`` of a response's headers in one pass: the
+    first of each (``""``, ``""``, ``None`` when absent), as :func:`first_header` and
+    :func:`content_length` read them."""
+    content_type = content_encoding = length = None
+    for key, value in headers:
+        name = key.lower()
+        if name == b"content-type":
+            if content_type is None:
+                content_type = bytes(value).decode("latin-1")
+        elif name == b"content-encoding":
+            if content_encoding is None:
+                content_encoding = bytes(value).decode("latin-1")
+        elif name == b"content-length" and length is None:
+            length = bytes(value).decode("latin-1")
+    if length is not None:
+        length = length.strip()
+    return (
+        content_type or "",
+        content_encoding or "",
+        int(length) if length is not None and length.isdigit() else None,
+    )
+
+
 def content_length(headers: Any) -> int | None:
     value = first_header(headers, b"content-length").strip()
     return int(value) if value.isdigit() else None

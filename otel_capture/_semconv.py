@@ -49,9 +49,10 @@ def request_attributes(request: dict[str, Any] | None) -> dict[str, Any]:
     if not request:
         return {}
     attributes: dict[str, Any] = {}
+    get = request.get
     for key, name, kind in _REQUEST_NUMBERS:
-        value: Any = request.get(key)
-        if _number(value):
+        value: Any = get(key)
+        if value is not None and (value.__class__ is int or value.__class__ is float or _number(value)):
             attributes[name] = kind(value)
     if attributes.get(A.GEN_AI_REQUEST_CHOICE_COUNT) == 1:
         del attributes[A.GEN_AI_REQUEST_CHOICE_COUNT]  # conditionally required only when != 1
