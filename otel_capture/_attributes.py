@@ -62,7 +62,7 @@ GEN_AI_TOOL_DEFINITIONS = "gen_ai.tool.definitions"
 ROLLOUT_ID = "rollout.id"
 ROLLOUT_ID_BAGGAGE = "rollout.id.baggage"  # set only when baggage disagreed with the URL prefix
 MODEL_CALL_ID = "otel_capture.model_call.id"
-MODEL_CALL_DIALECT = "otel_capture.model_call.dialect"
+MODEL_CALL_DIALECT = "otel_capture.model_call.dialect"  # the uncorrelated-calls counter's; not on spans (provider + openai.api.type say it)
 MODEL_CALL_ROLLOUT_SOURCE = "otel_capture.rollout.source"  # "url_prefix", "header" or "baggage"
 
 OPERATION_CHAT = "chat"

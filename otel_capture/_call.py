@@ -333,7 +333,6 @@ class InFlightCall:
             A.GEN_AI_PROVIDER_NAME: spec.provider_name,
             A.ROLLOUT_ID: self.rollout_id,
             A.MODEL_CALL_ID: self.model_call_id,
-            A.MODEL_CALL_DIALECT: self.dialect,
         }
         if spec.openai_api_type is not None:
             attributes[A.OPENAI_API_TYPE] = spec.openai_api_type
