@@ -11,11 +11,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from support import RECORDED, ReplayModelServer, serve, sse_chunks
 
 from otel_capture import CaptureStore, read_available_model_call_records
+from otel_capture._store.writer import IDLE_CLOSE
 
 CALLS_PER_CLIENT = int(os.environ.get("OTEL_CAPTURE_LOAD_CALLS", "400"))
 CLIENT_PROCESSES = 3
@@ -43,6 +45,19 @@ def _usage(pid: int) -> tuple[int, int, int]:
     status = Path(f"/proc/{pid}/status").read_text().splitlines()
     fields = dict(line.split(":", 1) for line in status)
     return int(fields["VmRSS"].split()[0]), len(os.listdir(f"/proc/{pid}/fd")), int(fields["Threads"])
+
+
+def _idle_usage(pid: int, fds_at_most: int | None = None) -> tuple[int, int, int]:
+    """``_usage`` once the writer has been idle long enough to close the files it keeps open between batches
+    (data files and stripe lock files, ``IDLE_CLOSE`` after its last batch); with ``fds_at_most``, polled
+    until the count is down to it, for at most 30 s (a loaded machine may run the writer thread late)."""
+    time.sleep(2 * IDLE_CLOSE)
+    deadline = time.monotonic() + 30
+    usage = _usage(pid)
+    while fds_at_most is not None and usage[1] > fds_at_most and time.monotonic() < deadline:
+        time.sleep(0.2)
+        usage = _usage(pid)
+    return usage
 
 
 def _load(url: str, rollouts: list[str], calls: int) -> int:
@@ -82,9 +97,9 @@ def test_sustained_load_keeps_memory_fds_and_threads_flat_and_loses_no_call(tmp_
         try:
             # warm-up: imports, connection pools, allocator arenas
             warm = _load(url, [f"warm-{i}" for i in range(CLIENT_PROCESSES)], CALLS_PER_CLIENT // 4)
-            before = _usage(proxy.pid)
+            before = _idle_usage(proxy.pid)
             acked = _load(url, [f"load-{i}" for i in range(CLIENT_PROCESSES)], CALLS_PER_CLIENT)
-            after = _usage(proxy.pid)
+            after = _idle_usage(proxy.pid, fds_at_most=before[1] + 2)
         finally:
             proxy.send_signal(signal.SIGTERM)
             proxy.communicate(timeout=60)
