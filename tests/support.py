@@ -96,6 +96,27 @@ class Reply:
     gate_after: int = 1  # ... after this many chunks
 
 
+async def serve_lifespan(receive: Any, send: Any) -> None:
+    """Answer an ASGI lifespan scope: startup complete, then shutdown complete."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        else:
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def read_body(receive: Any) -> bytes:
+    """A request's whole body, read message by message (empty when the client left first)."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
 class ReplayModelServer:
     """An ASGI model server that answers the three dialects with recorded bodies or SSE chunks.
 
@@ -117,19 +138,9 @@ class ReplayModelServer:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                else:
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+            await serve_lifespan(receive, send)
+            return
+        body = await read_body(receive)
         # the path it routes, as an ASGI app mounted at root_path does (the capture puts the prefix there)
         path = scope["path"].removeprefix(scope.get("root_path", ""))
         self.seen.append((scope["method"], path, body))

@@ -25,7 +25,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.trace import SpanKind
 from otlp_receiver import OtlpReceiver
-from support import Telemetry, recorded_json, serve, start_cli_proxy
+from support import Telemetry, read_body, recorded_json, serve, start_cli_proxy
 from zero_code import instrumented_model_server
 
 from otel_capture import (
@@ -88,12 +88,7 @@ def _gateway(target: str) -> Any:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         headers = [(k, v) for k, v in scope["headers"] if k.startswith(b"x-") or k == b"content-type"]
         url = target + scope["path"] + ("?" + scope["query_string"].decode() if scope["query_string"] else "")
         async with httpx.AsyncClient() as client:

@@ -28,8 +28,10 @@ from support import (
     Gate,
     ReplayModelServer,
     Telemetry,
+    read_body,
     recorded_json,
     serve,
+    serve_lifespan,
     sse_chunks,
     start_cli_proxy,
 )
@@ -52,25 +54,6 @@ STREAMS = {
 BOUND = 60  # seconds: only ever a bound on "does not hang", never a measured time
 
 
-async def _lifespan(receive: Any, send: Any) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        else:
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-
-
-async def _read_request(receive: Any) -> bytes:
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            return body
-
-
 class SilentUpstream:
     """Reads the request, then never answers. ``reached`` is set once a request is in; ``gone`` once its
     client (the proxy) has closed the connection."""
@@ -81,9 +64,9 @@ class SilentUpstream:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await serve_lifespan(receive, send)
             return
-        await _read_request(receive)
+        await read_body(receive)
         self.reached.set()
         while (await receive())["type"] != "http.disconnect":
             pass
@@ -122,9 +105,9 @@ class CompressingUpstream:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await serve_lifespan(receive, send)
             return
-        await _read_request(receive)
+        await read_body(receive)
         self.accept_encoding += [v for k, v in scope["headers"] if k == b"accept-encoding"]
         content_type = b"text/event-stream" if self.stream else b"application/json"
         headers = [(b"content-type", content_type)]
@@ -391,9 +374,9 @@ def test_a_damaged_compressed_answer_is_recorded_as_cut_and_reaches_the_client_a
     class Damaged(CompressingUpstream):
         async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
             if scope["type"] == "lifespan":
-                await _lifespan(receive, send)
+                await serve_lifespan(receive, send)
                 return
-            await _read_request(receive)
+            await read_body(receive)
             data = gzip.compress(self.body)
             self.sent += data[: len(data) // 2] + b"\x00not gzip\x00" * 8
             await send(

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from support import serve
+from support import read_body, serve
 
 from otel_capture import start_proxy
 
@@ -24,12 +24,7 @@ class _Echo:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
+        body = await read_body(receive)
         self.seen.append(
             {
                 "method": scope["method"],
