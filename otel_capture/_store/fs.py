@@ -140,6 +140,17 @@ def open_append(dir_fd: int, name: str, label: str, mode: int = FILE_MODE) -> tu
     raise OSError(errno.EAGAIN, f"{label}: created and removed under us {OPEN_TRIES} times in a row")
 
 
+def still_named(dir_fd: int, name: str, dev: int, ino: int) -> os.stat_result | None:
+    """The ``lstat`` of ``name`` in ``dir_fd`` when it still leads to the file a kept descriptor holds (same
+    device and inode, no link followed), else ``None``: how a descriptor kept between batches is checked
+    before it is used again (the inode cannot be reused while the descriptor holds it)."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return st if st.st_ino == ino and st.st_dev == dev else None
+
+
 class AppendFiles:
     """The writer thread's data files, kept open from one batch to the next instead of opened, checked and
     closed per rollout per batch (an ``openat``, an ``fstat`` and a ``close`` each time).
@@ -170,14 +181,9 @@ class AppendFiles:
         kept = self._files.pop(name, None)
         if kept is not None:
             fd, dev, ino = kept
-            try:
-                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            except FileNotFoundError:
-                st = None
+            st = still_named(dir_fd, name, dev, ino)
             if (
                 st is not None
-                and st.st_ino == ino
-                and st.st_dev == dev
                 and problem(st, single_link=True) is None
                 and not stat.S_IMODE(st.st_mode) & ~mode
             ):

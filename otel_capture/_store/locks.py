@@ -18,7 +18,7 @@ import threading
 import zlib
 from collections.abc import Iterable, Iterator
 
-from .fs import DirFds, flock_within, open_file
+from .fs import DirFds, flock_within, open_file, still_named
 from .types import DamagedEntryError, LockTimeoutError
 
 _logger = logging.getLogger(__name__)
@@ -68,11 +68,8 @@ class LockFiles:
         """Whether ``name`` in ``locks_fd`` is still the kept file of ``stripe`` (a regular file, same
         device and inode); when not, the descriptor is unlocked, closed and forgotten."""
         fd, dev, ino = self._fds[stripe]
-        try:
-            st = os.stat(name, dir_fd=locks_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            st = None
-        if st is not None and st.st_ino == ino and st.st_dev == dev and stat.S_ISREG(st.st_mode):
+        st = still_named(locks_fd, name, dev, ino)
+        if st is not None and stat.S_ISREG(st.st_mode):
             return True
         del self._fds[stripe]
         _unlock_and_close(fd)
