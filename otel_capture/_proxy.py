@@ -523,6 +523,17 @@ class RunningProxy:
         self.stop()
 
 
+def server_options(proxy: ProxySettings) -> dict[str, Any]:
+    """uvicorn's options for the proxy, however it is started (``start_proxy``, the CLI, its workers): the
+    lifespan on (the writer is flushed at its shutdown), no access log, the graceful-shutdown bound."""
+    return {
+        "lifespan": "on",
+        "log_level": "warning",
+        "access_log": False,
+        "timeout_graceful_shutdown": proxy.shutdown_timeout,
+    }
+
+
 def start_proxy(
     upstream: str,
     capture_dir: str | None = None,
@@ -545,14 +556,7 @@ def start_proxy(
         upstream, settings=settings, writer=writer, tracer_provider=tracer_provider, proxy=proxy
     )
     sock = bind_socket(host, port)
-    config = uvicorn.Config(
-        app,
-        lifespan="on",
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=proxy.shutdown_timeout,
-    )
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn.Config(app, **server_options(proxy)))
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="otel-capture-proxy", daemon=True
     )

@@ -137,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _proxy(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from .._proxy import bind_socket, build_proxy_app, display_url, socket_url
+    from .._proxy import bind_socket, build_proxy_app, display_url, server_options, socket_url
     from .._settings import ENV_CAPTURE_DIR, ENV_UPSTREAM, CaptureSettings, WriterSettings
 
     settings = CaptureSettings.from_environ()
@@ -167,21 +167,11 @@ def _proxy(args: argparse.Namespace) -> int:
             factory=True,
             fd=sock.fileno(),
             workers=args.workers,
-            lifespan="on",
-            log_level="warning",
-            access_log=False,
-            timeout_graceful_shutdown=proxy.shutdown_timeout,
+            **server_options(proxy),
         )
         return EXIT_OK
     app = build_proxy_app(args.upstream, settings=settings, writer=writer, proxy=proxy)
-    config = uvicorn.Config(
-        app,
-        lifespan="on",
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=proxy.shutdown_timeout,
-    )
-    server = _server_class()(config)
+    server = _server_class()(uvicorn.Config(app, **server_options(proxy)))
     server.run(sockets=[sock])
     print("stopped; every acknowledged record is on disk", flush=True)
     return EXIT_OK
