@@ -357,7 +357,7 @@ class JsonlWriter:
                 elif isinstance(obj, _Discard):
                     discards.append(obj)
                 elif obj is not _TICK:
-                    batch.append(obj)  # type: ignore[arg-type]  # only _Item, _Abandon, _Barrier, _TICK, _STOP are queued
+                    batch.append(obj)  # type: ignore[arg-type]  # only _Item, _Abandon, _Discard, _Barrier, _TICK, _STOP are queued
                 try:
                     obj = self._queue.get_nowait()
                 except queue.Empty:
@@ -558,7 +558,10 @@ class JsonlWriter:
         rid, mcid = discarded.rollout_id, discarded.model_call_id
         try:
             if discarded.marked:  # its "+" is on disk: a freeze elsewhere must not take it for in flight
-                with self._state.dirs() as dirs, self._state.locks.hold_ids(dirs, [rid]):
+                with (
+                    self._state.dirs(lock_timeout=self._lock_timeout) as dirs,
+                    self._state.locks.hold_ids(dirs, [rid]),
+                ):
                     self._state.markers.write(dirs, rid, [], [mcid])
         except OSError as exc:
             _logger.error("could not end the in-flight marker of rollout %s, call %s: %s", rid, mcid, exc)
