@@ -460,18 +460,11 @@ def forwarder_app(kind: str, upstream: str) -> Any:
             state["host"] = parts.netloc.encode()
             state["idle"] = []
         elif kind == "aiohttp-conn":
-            import asyncio
-
-            import aiohttp
-            from aiohttp.client_reqrep import ClientRequest
             from yarl import URL
 
-            loop = asyncio.get_running_loop()
-            state["connector"] = aiohttp.TCPConnector(limit=256, limit_per_host=0, ttl_dns_cache=None)
-            # connect() reads only the connection's key, host, port and TLS settings from a request
-            state["template"] = ClientRequest("GET", URL(base), loop=loop)
-            state["timeout"] = aiohttp.ClientTimeout(total=None, connect=30, sock_read=600)
-            state["host"] = URL(base).raw_authority.encode()
+            from otel_capture._proxy import _Pool  # the proxy's own client path, not a copy of it
+
+            state["conn_pool"] = _Pool(URL(base), 600.0, keep_alive=True)
         elif kind == "aiohttp":
             import aiohttp
 
@@ -488,8 +481,8 @@ def forwarder_app(kind: str, upstream: str) -> Any:
             await state["pool"].aclose()
         if "session" in state:
             await state["session"].close()
-        if "connector" in state:
-            await state["connector"].close()
+        if "conn_pool" in state:
+            await state["conn_pool"].close()
         for connection in state.get("idle", ()):
             connection.transport.close()
 
@@ -531,32 +524,17 @@ def forwarder_app(kind: str, upstream: str) -> Any:
                 async for chunk in response.aiter_stream():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
         elif kind == "aiohttp-conn":
-            connection = await state["connector"].connect(state["template"], [], state["timeout"])
-            protocol = connection.protocol
-            protocol.set_response_params(auto_decompress=False, read_timeout=600.0)
-            head = [
-                scope["method"].encode(),
-                b" ",
-                scope["path"].encode(),
-                b" HTTP/1.1\r\nhost: ",
-                state["host"],
-                b"\r\ncontent-length: ",
-                str(len(body)).encode(),
-                b"\r\n",
-            ]
-            for k, v in headers:
-                head += [k, b": ", v, b"\r\n"]
-            head.append(b"\r\n")
-            connection.transport.write(b"".join(head) + body)
-            message, payload = await protocol.read()
-            out = [(k, v) for k, v in message.raw_headers if k.lower() not in _DROP]
-            await send({"type": "http.response.start", "status": message.code, "headers": out})
-            while chunk := await payload.readany():
+            lines = b"".join(k + b": " + v + b"\r\n" for k, v in headers)
+            lines += b"content-length: " + str(len(body)).encode() + b"\r\n"
+            response = await state["conn_pool"].send(scope["method"], scope["path"].encode(), lines, body)
+            out = [(k, v) for k, v in response.raw_headers if k.lower() not in _DROP]
+            await send({"type": "http.response.start", "status": response.status, "headers": out})
+            while chunk := await response.content.readany():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            if payload.is_eof() and not protocol.should_close:
-                connection.release()
+            if response.content.is_eof():
+                response.release()
             else:
-                connection.close()
+                response.close()
         elif kind == "raw":
             import asyncio
 

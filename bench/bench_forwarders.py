@@ -39,7 +39,7 @@ from bench_goals import CONCURRENCY, Servers, Spec, rounds_of, run_table
 
 FORWARDERS = [
     ("fwd-aiohttp", "forwarder: one aiohttp.ClientSession"),
-    ("fwd-aiohttp-conn", "forwarder: aiohttp's connector + response protocol, no ClientSession"),
+    ("fwd-aiohttp-conn", "forwarder: the proxy's own client (_Pool)"),
     ("fwd-httpcore", "forwarder: one httpcore.AsyncConnectionPool"),
     ("fwd-httpx", "forwarder: one httpx.AsyncClient"),
     ("fwd-httpx16", "forwarder: 16 httpx.AsyncClients (the proxy's former shards)"),
