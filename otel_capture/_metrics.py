@@ -67,6 +67,17 @@ class ServerMetrics:
             description="Model calls served without a rollout id, so not recorded.",
         )
 
+    @property
+    def recording(self) -> bool:
+        """Whether a measurement would go anywhere now: not for an SDK provider without a reader, the
+        API's stand-in before a provider is set, or the no-op provider."""
+        if self._consumer is not None and not getattr(self._consumer, "_reader_storages", True):
+            return False
+        return not (
+            self._noop
+            or (self._proxy is not None and getattr(self._proxy, "_real_meter_provider", 0) is None)
+        )
+
     def record(
         self,
         span_attributes: Mapping[str, Any],
@@ -77,11 +88,7 @@ class ServerMetrics:
         """Record one call. Never raises (telemetry never breaks the host app). Nothing is done for an SDK
         meter provider without a reader (the distro's under ``OTEL_METRICS_EXPORTER=none``), where the
         attribute set and one histogram record cost about 10 µs for nothing."""
-        if self._consumer is not None and not getattr(self._consumer, "_reader_storages", True):
-            return
-        if self._noop or (
-            self._proxy is not None and getattr(self._proxy, "_real_meter_provider", 0) is None
-        ):
+        if not self.recording:
             return
         try:
             key = tuple(map(span_attributes.get, A.METRIC_ATTRIBUTES))

@@ -54,6 +54,7 @@ from ._dialects.tokens import tokens_line
 from ._metrics import ServerMetrics
 from ._settings import CaptureSettings
 from ._sink import CallSink, FinishedCall, LoopWaiter, find_sink
+from ._spans import SpanGate
 from ._version import __version__
 
 _logger = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class ModelCallCaptureMiddleware:
         self.sink = sink if sink is not None else find_sink(tracer_provider)
         self.settings = settings if settings is not None else CaptureSettings.from_environ()
         self._tracer = trace.get_tracer(__name__, __version__, tracer_provider)
+        self._spans = SpanGate(tracer_provider)
         self._metrics = ServerMetrics(meter_provider)
         self._span_kind = span_kind
         self._uncorrelated_notice = _RateLimitedNotice(_UNCORRELATED_NOTICE_INTERVAL_S)
@@ -252,28 +254,46 @@ class ModelCallCaptureMiddleware:
         headers: dict[str, list[bytes]],
         source: str,
         baggage_id: str | None,
-    ) -> tuple[trace.Span, dict[str, Any]]:
+    ) -> tuple[trace.Span, dict[str, Any] | None]:
+        """The model-call span and its start attributes (kept for the metrics). When no processor would see
+        the span, only its context is made (``_spans``), and the attributes only if the metrics need them."""
         parent = None
         if not trace.get_current_span().get_span_context().is_valid:
             # No HTTP server span around us: continue the caller's trace from its traceparent header.
             parent = propagate.extract(headers, getter=_HEADERS_GETTER)
-        attributes = call.start_attributes()
-        attributes[A.MODEL_CALL_ROLLOUT_SOURCE] = source
-        if baggage_id is not None and baggage_id != call.rollout_id:
-            attributes[A.ROLLOUT_ID_BAGGAGE] = baggage_id
-        attributes.update(R.server_attributes(scope, headers))
         model = call.request_model
         name = f"{A.OPERATION_CHAT} {model}" if model else A.OPERATION_CHAT
+        if self._spans.unseen():
+            span: trace.Span = self._spans.context_only(name, parent, self._span_kind)
+            if not self._metrics.recording:
+                return span, None
+            return span, self._start_attributes(call, scope, headers, source, baggage_id)
+        attributes = self._start_attributes(call, scope, headers, source, baggage_id)
         span = self._tracer.start_span(
             name, context=parent, kind=self._span_kind, attributes=attributes, start_time=call.start_time_ns
         )
         return span, attributes
 
+    @staticmethod
+    def _start_attributes(
+        call: InFlightCall,
+        scope: Scope,
+        headers: dict[str, list[bytes]],
+        source: str,
+        baggage_id: str | None,
+    ) -> dict[str, Any]:
+        attributes = call.start_attributes()
+        attributes[A.MODEL_CALL_ROLLOUT_SOURCE] = source
+        if baggage_id is not None and baggage_id != call.rollout_id:
+            attributes[A.ROLLOUT_ID_BAGGAGE] = baggage_id
+        attributes.update(R.server_attributes(scope, headers))
+        return attributes
+
     async def _finish(
         self,
         call: InFlightCall,
         span: trace.Span,
-        attributes: dict[str, Any],
+        attributes: dict[str, Any] | None,
         exception: BaseException | None,
         cancelled: bool,
     ) -> None:
@@ -282,18 +302,23 @@ class ModelCallCaptureMiddleware:
         finished: FinishedCall | None = None
         try:
             call.finish(exception=exception, cancelled=cancelled)
-            end_attributes = call.end_attributes()
-            span.set_attributes(end_attributes)  # the start attributes are on the span already
-            attributes.update(end_attributes)
-            if self.settings.content_on_spans:
-                span.set_attributes(call.content_attributes(self.settings.content_max_length))
-            self._metrics.record(
-                attributes, *call.server_timings(attributes.get(A.GEN_AI_USAGE_OUTPUT_TOKENS))
-            )
-            if call.error_category is not None:
-                span.set_status(Status(StatusCode.ERROR, call.error_category))
-            if exception is not None and not isinstance(exception, asyncio.CancelledError):
-                span.record_exception(exception)
+            recording = span.is_recording()
+            if recording or attributes is not None:
+                end_attributes = call.end_attributes()
+                if recording:
+                    span.set_attributes(end_attributes)  # the start attributes are on the span already
+                if attributes is not None:
+                    attributes.update(end_attributes)
+                    self._metrics.record(
+                        attributes, *call.server_timings(attributes.get(A.GEN_AI_USAGE_OUTPUT_TOKENS))
+                    )
+            if recording:
+                if self.settings.content_on_spans:
+                    span.set_attributes(call.content_attributes(self.settings.content_max_length))
+                if call.error_category is not None:
+                    span.set_status(Status(StatusCode.ERROR, call.error_category))
+                if exception is not None and not isinstance(exception, asyncio.CancelledError):
+                    span.record_exception(exception)
             if self.sink is not None:
                 context = span.get_span_context()
                 loop = asyncio.get_running_loop()

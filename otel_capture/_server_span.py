@@ -15,7 +15,9 @@ same response propagator. What differs, each to save CPU per request:
 - one metric, ``http.server.request.duration``, recorded once, and only when the meter provider has a
   reader (the distro installs an SDK provider without one under ``OTEL_METRICS_EXPORTER=none``, where
   contrib still records three histograms and two counters per request);
-- one context attach per request, no per-message work beyond one type check.
+- one context attach per request, no per-message work beyond one type check;
+- no span at all when no processor of the provider would see it and no reader the duration: only its
+  context, current for the app (``otel_capture._spans``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from ._asgi import ASGIApp, Message, Receive, Scope, Send
 from ._proxy_guards import redact_query
 from ._routing import server_span_details
 from ._settings import SECRET_HEADERS
+from ._spans import SpanGate
 from ._version import __version__
 
 _logger = logging.getLogger(__name__)
@@ -77,6 +80,7 @@ class LeanServerSpanMiddleware:
     ) -> None:
         self.app = app
         self._tracer = trace.get_tracer(__name__, __version__, tracer_provider, schema_url=_SCHEMA_URL)
+        self._spans = SpanGate(tracer_provider)
         self._duration = _DurationMetric(meter_provider)
         self._excluded = (
             parse_excluded_urls(excluded_urls) if isinstance(excluded_urls, str) else excluded_urls
@@ -101,17 +105,22 @@ class LeanServerSpanMiddleware:
             await self.app(scope, receive, send)
             return
         name, extra = self._details(scope)
-        attributes = _request_attributes(scope, headers)
-        attributes.update(extra)
-        if self._request_headers is not None:
-            attributes.update(self._request_headers.attributes(scope.get("headers", ())))
         parent: otel_context.Context | None = None
         span_kind = SpanKind.INTERNAL
         if not trace.get_current_span().get_span_context().is_valid:
             span_kind = SpanKind.SERVER
             if any(field in headers for field in self._propagation.fields):
                 parent = propagate.extract(headers)
-        span = self._tracer.start_span(name, context=parent, kind=span_kind, attributes=attributes)
+        span: trace.Span
+        if self._spans.unseen() and not self._duration.recording:
+            # no processor would see the span and no reader the duration: its context alone (_spans)
+            span, attributes = self._spans.context_only(name, parent, span_kind), {}
+        else:
+            attributes = _request_attributes(scope, headers)
+            attributes.update(extra)
+            if self._request_headers is not None:
+                attributes.update(self._request_headers.attributes(scope.get("headers", ())))
+            span = self._tracer.start_span(name, context=parent, kind=span_kind, attributes=attributes)
         exchange = _Exchange(self, span, attributes, send)
         token = otel_context.attach(trace.set_span_in_context(span, parent))
         try:
@@ -204,9 +213,14 @@ class _DurationMetric:
         # per request); any other provider (a vendor's, the API's proxy) is assumed to record.
         self._consumer = getattr(provider, "_measurement_consumer", None)
 
+    @property
+    def recording(self) -> bool:
+        """False for an SDK provider without a reader: a measurement would go nowhere, at ~10 µs."""
+        return self._consumer is None or bool(getattr(self._consumer, "_reader_storages", True))
+
     def record(self, seconds: float, request: Mapping[str, Any], outcome: Mapping[str, Any]) -> None:
-        if self._consumer is not None and not getattr(self._consumer, "_reader_storages", True):
-            return  # an SDK provider without a reader: the measurement would go nowhere, at ~10 µs
+        if not self.recording:
+            return
         try:
             attributes = {key: request[key] for key in _METRIC_KEYS if key in request}
             attributes.update(outcome)

@@ -40,7 +40,7 @@ def build_tracer_provider(capture: CaptureSettings, writer: WriterSettings) -> T
             _logger.error("the %s exporter is not installed: no records will be written", JSONL_EXPORTER)
         else:
             # its export() does nothing per span (records go through the middleware's sink): no per-span call
-            provider.add_span_processor(_SinkOnly(jsonl(settings=writer)))  # type: ignore[call-arg]  # ours takes settings
+            provider.add_span_processor(SinkOnlyProcessor(jsonl(settings=writer)))  # type: ignore[call-arg]  # ours takes settings
     for name in _standard_exporter_names():
         cls = _exporter_class(name)
         if cls is None:
@@ -53,7 +53,7 @@ def build_tracer_provider(capture: CaptureSettings, writer: WriterSettings) -> T
     return provider
 
 
-class _SinkOnly(SimpleSpanProcessor):
+class SinkOnlyProcessor(SimpleSpanProcessor):
     """Holds the records' exporter on the provider (where ``find_sink`` finds it, and ``force_flush`` and
     ``shutdown`` reach it) without handing it each ended span: its ``export()`` does nothing per span, and
     the SDK's processor would attach a context and count the span for that nothing, twice per call."""
