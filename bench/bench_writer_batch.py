@@ -27,7 +27,7 @@ import _harness as H
 
 CHILD = r"""
 import os, sys, tempfile, time
-from otel_capture._store.writer import JsonlWriter, _Item
+from otel_capture._store.writer import JsonlWriter, _Item  # _Item lives in writer_items.py now; writer.py has it at every revision
 batches, records = int(sys.argv[1]), 16
 root = tempfile.mkdtemp(prefix="bench-writer-batch-")
 writer = JsonlWriter(os.path.join(root, "calls"), fsync=lambda fd: None, syncfs=None)

@@ -48,6 +48,9 @@ Durability contract, written before the code (``docs/durability.md`` names the t
 
 Concurrent calls that finish together share a batch: the thread takes everything queued, writes it file
 by file, and syncs each file once.
+
+What the queue carries is in :mod:`.writer_items`; how calls whose line did not reach the disk are
+failed, marked incomplete or ended, in :mod:`.writer_failures`.
 """
 
 from __future__ import annotations
@@ -57,7 +60,6 @@ import concurrent.futures
 import contextlib
 import ctypes
 import ctypes.util
-import errno
 import logging
 import os
 import queue
@@ -73,10 +75,11 @@ from .._settings import DEFAULT_LOCK_TIMEOUT_S
 from .._sink import LoopWaiter
 from .dirstate import DirState, dir_state
 from .fs import DIR_MODE, FILE_MODE, AppendFiles, check_directory, make_root
-from .journal import Fence
-from .lifecycle_io import fenced_append, fenced_mark_incomplete
+from .lifecycle_io import fenced_append
 from .locks import LockFiles
-from .types import CaptureFrozenError, LockTimeoutError, UnsafeDirectoryError
+from .types import CaptureFrozenError, LockTimeoutError
+from .writer_failures import WriterFailures
+from .writer_items import _Abandon, _Barrier, _Begin, _Discard, _Item
 
 _logger = logging.getLogger(__name__)
 
@@ -102,41 +105,6 @@ LIBC_SYNCFS = _libc_syncfs()
 
 
 @dataclass(slots=True)
-class _Item:
-    rollout_id: str
-    line: bytes
-    model_call_id: str
-    tokens_line: bytes | None = None
-    future: concurrent.futures.Future[None] | None = None
-    """None when a ``waiter`` is given (the middleware's route): the thread resolves the waiter alone."""
-    waiter: LoopWaiter | None = None
-    resolved: bool = False
-
-
-@dataclass(slots=True)
-class _Abandon:
-    rollout_id: str
-    model_call_id: str
-    reason: str
-
-
-@dataclass(slots=True)
-class _Discard:
-    rollout_id: str
-    model_call_id: str
-    marked: bool = True
-    """False when the call's ``+`` marker was never written (nothing to end on disk)."""
-
-
-@dataclass(slots=True)
-class _Begin:
-    rollout_id: str
-    model_call_id: str
-    at: float = 0.0
-    """``time.monotonic()`` when the call began: its ``+`` marker is due ``marker_delay`` later."""
-
-
-@dataclass(slots=True)
 class WriterStats:
     """Counters a user can read to see what the writer did (and what it failed to do)."""
 
@@ -147,11 +115,6 @@ class WriterStats:
     last_failure: str | None = None
     late_write_dropped: int = 0
     """Lines of frozen or retired rollouts (or of calls admitted before a retire or delete), dropped."""
-
-
-class _Barrier:
-    def __init__(self) -> None:
-        self.future: concurrent.futures.Future[None] = concurrent.futures.Future()
 
 
 _STOP = object()
@@ -165,7 +128,7 @@ IDLE_CLOSE = 1.0
 """Seconds without a batch after which the thread closes the data files it keeps open between batches."""
 
 
-class JsonlWriter:
+class JsonlWriter(WriterFailures):
     """Appends record lines to per-rollout files from one background thread, with group commit.
 
     Raises :class:`UnsafeDirectoryError` for a directory other users can write, unless
@@ -512,82 +475,6 @@ class JsonlWriter:
             os.close(fd)
         self.stats.fsyncs += 1
 
-    # -- failures ------------------------------------------------------------------------------------
-
-    def _fail_all(self, items: list[_Item], exc: OSError) -> None:
-        if isinstance(exc, UnsafeDirectoryError):  # refused: not even an incomplete marker is written there
-            self.stats.failures += len(items)
-            self.stats.last_failure = str(exc)
-            _logger.error("capture of %d call(s) failed: %s", len(items), exc)
-            for item in items:
-                self._resolve(item, exc)
-            return
-        by_rollout: dict[str, list[_Item]] = {}
-        for item in items:
-            by_rollout.setdefault(item.rollout_id, []).append(item)
-        for rollout_id, group in by_rollout.items():
-            self._fail(rollout_id, group, exc)
-
-    def _fail(self, rollout_id: str, items: list[_Item], exc: OSError) -> None:
-        reason = _describe(exc)
-        self.stats.failures += len(items)
-        self.stats.last_failure = reason
-        _logger.error("capture of %d call(s) of rollout %s failed: %s", len(items), rollout_id, reason)
-        self._mark_incomplete(rollout_id, [item.model_call_id for item in items], reason)
-        for item in items:
-            self._resolve(item, exc)
-
-    def _fail_append(self, rollout_id: str, items: list[_Item], begun: list[str], exc: OSError) -> None:
-        """A rollout's append failed: its lines fail, and the calls begun without their ``+`` marker are
-        marked incomplete too (a freeze in another process could not see them in flight)."""
-        if items:
-            self._fail(rollout_id, items, exc)
-        in_batch = {item.model_call_id for item in items}
-        unmarked = [mcid for mcid in begun if mcid not in in_batch]
-        if unmarked:
-            reason = f"in-flight marker not written: {_describe(exc)}"
-            _logger.error("rollout %s: %s", rollout_id, reason)
-            self._mark_incomplete(rollout_id, unmarked, reason)
-
-    def _abandon(self, abandoned: _Abandon) -> None:
-        self.stats.failures += 1
-        self.stats.last_failure = abandoned.reason  # logged by the middleware, with its traceback
-        self._mark_incomplete(abandoned.rollout_id, [abandoned.model_call_id], abandoned.reason)
-
-    def _discard(self, discarded: _Discard) -> None:
-        rid, mcid = discarded.rollout_id, discarded.model_call_id
-        try:
-            if discarded.marked:  # its "+" is on disk: a freeze elsewhere must not take it for in flight
-                with (
-                    self._state.dirs(lock_timeout=self._lock_timeout) as dirs,
-                    self._state.locks.hold_ids(dirs, [rid]),
-                ):
-                    self._state.markers.write(dirs, rid, [], [mcid])
-        except OSError as exc:
-            _logger.error("could not end the in-flight marker of rollout %s, call %s: %s", rid, mcid, exc)
-        finally:
-            self._state.calls.end(rid, [mcid])
-
-    def _mark_incomplete(self, rollout_id: str, model_call_ids: list[str], reason: str) -> None:
-        try:
-            with self._state.dirs(lock_timeout=self._lock_timeout) as dirs:
-                fenced_mark_incomplete(
-                    self._state,
-                    dirs,
-                    rollout_id,
-                    [(mcid, reason) for mcid in model_call_ids],
-                    fsync=self._fsync,
-                    check=self._fence,
-                    file_mode=self._file_mode,
-                )
-        except OSError as exc:
-            # The disk that refused the record may refuse the marker too; the log line is all that is left.
-            _logger.error("could not mark rollout %s incomplete: %s", rollout_id, exc)
-
-    def _fence(self, rollout_id: str) -> Fence | None:
-        self._state.journal.refresh()
-        return self._state.journal.fence(rollout_id)
-
 
 def _wake(entries: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:
     """On the waiters' loop: resolve a whole batch's waiters in one callback."""
@@ -598,7 +485,3 @@ def _wake(entries: list[tuple[asyncio.Future[None], BaseException | None]]) -> N
             future.set_result(None)
         else:
             future.set_exception(error)
-
-
-def _describe(exc: OSError) -> str:
-    return f"{type(exc).__name__}: {errno.errorcode.get(exc.errno or 0, '')} {exc.strerror or exc}".strip()
