@@ -462,7 +462,7 @@ def forwarder_app(kind: str, upstream: str) -> Any:
         elif kind == "aiohttp-conn":
             from yarl import URL
 
-            from otel_capture._proxy import _Pool  # the proxy's own client path, not a copy of it
+            from otel_capture._proxy_pool import _Pool  # the proxy's own client path, not a copy of it
 
             state["conn_pool"] = _Pool(URL(base), 600.0, keep_alive=True)
         elif kind == "aiohttp":
