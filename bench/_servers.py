@@ -11,11 +11,14 @@ Variants:
 
 * ``bare``: the upstream alone, a raw ASGI app that answers a fixed chat completion at once;
 * ``spans``: the upstream inside ``ModelCallCaptureMiddleware`` with an SDK tracer provider and no
-  capture directory (spans only: capture off);
+  capture directory (no record; no processor either, so no span is built, only its context:
+  ``otel_capture._spans``);
 * ``capture``: the same plus the ``model_call_jsonl`` exporter on a synchronous processor (durable
-  records, group commit);
+  records, group commit; the exporter alone ignores spans, so none is built);
 * ``capture-nosync``: ``capture`` with the writer's fsync replaced by a no-op (diagnostic only: the CPU
   cost of capture without the disk);
+* ``capture-traced``: ``capture`` plus one processor that does nothing but sees the spans, so they are
+  built as for an OTLP exporter (without the exporter's own work);
 * ``gym``: the upstream inside the per-call-fsync baseline (``_gym_baseline.py``);
 * ``fwd-httpx``, ``fwd-httpx16``, ``fwd-httpcore``, ``fwd-aiohttp``, ``fwd-aiohttp-conn``, ``fwd-raw``:
   minimal forwarders to ``--upstream`` (no capture, no span), one client each: one ``httpx.AsyncClient``;
@@ -40,7 +43,8 @@ middleware), ``lean-server-span`` that app inside ``LeanServerSpanMiddleware`` a
 Completions chunks (one SSE event per ASGI message, then the finish and usage chunks and ``[DONE]``)
 instead of the JSON answer.
 
-``BENCH_UVICORN_HTTP`` and ``BENCH_UVICORN_LOOP`` (``h11``, ``asyncio``) override uvicorn's ``auto`` choice, to show
+``BENCH_SEES_SPANS=1`` adds such a processor to the variant's tracer provider, and to the global one (the one
+``opentelemetry-instrument`` set), so that the spans are built: ``spans`` with it is "spans only". ``BENCH_UVICORN_HTTP`` and ``BENCH_UVICORN_LOOP`` (``h11``, ``asyncio``) override uvicorn's ``auto`` choice, to show
 what the stack itself is worth. ``BENCH_CPROFILE=<file>`` in the environment runs the server under ``cProfile`` and dumps the stats to
 ``<file>`` when it stops (``bench/profile_goals.py`` uses it).
 """
@@ -49,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import socket
 import sys
@@ -331,7 +336,7 @@ def _in_process_app(variant: str, capture_dir: str | None, app_kind: str = "asgi
         store = GymStore(Path(capture_dir))
         return StatsRoute(GymCaptureMiddleware(model, store), store.stats)
 
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
     from otel_capture import CaptureSettings, ModelCallCaptureMiddleware
@@ -339,7 +344,7 @@ def _in_process_app(variant: str, capture_dir: str | None, app_kind: str = "asgi
     provider = TracerProvider()
     settings = CaptureSettings.from_environ({})
     exporter = None
-    if variant in ("capture", "capture-nosync"):
+    if variant in ("capture", "capture-nosync", "capture-traced"):
         from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
         assert capture_dir, f"{variant} needs --capture-dir"
@@ -350,6 +355,9 @@ def _in_process_app(variant: str, capture_dir: str | None, app_kind: str = "asgi
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     elif variant != "spans":
         raise SystemExit(f"unknown variant {variant!r}")
+    if variant == "capture-traced" or os.environ.get("BENCH_SEES_SPANS"):
+        # spans are built, as for an OTLP exporter (without the exporter's own work)
+        provider.add_span_processor(SpanProcessor())
     app = ModelCallCaptureMiddleware(model, tracer_provider=provider, settings=settings)
     return StatsRoute(app, lambda: _writer_stats(exporter))
 
@@ -699,6 +707,7 @@ def main() -> int:
             "spans",
             "capture",
             "capture-nosync",
+            "capture-traced",
             "gym",
             "server-span",
             "lean-server-span",
@@ -719,6 +728,15 @@ def main() -> int:
         "--events", type=int, default=0, help="stream this many chunks (default: a JSON answer)"
     )
     args = parser.parse_args()
+    if os.environ.get("BENCH_SEES_SPANS"):
+        # a processor that does nothing but sees the spans, on the provider opentelemetry-instrument set: the
+        # spans are built, as for an exporter (with no processor, ours make only their context)
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import SpanProcessor
+
+        add = getattr(trace.get_tracer_provider(), "add_span_processor", None)
+        if add is not None:
+            add(SpanProcessor())
     if args.variant in ("proxy", "proxy-as-shipped"):
         return int(
             _profiled(

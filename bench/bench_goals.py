@@ -33,9 +33,12 @@ was during that window (``/proc/stat`` busy time minus the server, upstream, wrk
 Diagnostic rows (not goals; ``--no-diagnostics`` and ``--quick`` skip them) build each goal up layer by layer,
 so the CPU each layer adds per call is a difference of figures measured side by side: the HTTP server span
 alone around the Starlette app (zero-code's lean one, and contrib's ``OpenTelemetryMiddleware`` it replaced),
-zero-code with no exporter (both spans, no record), library mode without
-records (``spans``) and without fsync (``capture-nosync``), the proxy without ``--capture-dir``; and the bare
-app on uvicorn's pure-Python stack (h11 and asyncio), to show what the server stack itself is worth per call.
+zero-code with no exporter (no record; no span built either: with no processor on the provider, only each
+span's context is made, ``otel_capture._spans``), library mode without records (``spans``: no span built),
+without fsync (``capture-nosync``), and durable with spans built (``capture-traced``: one more processor that
+sees the spans, as an OTLP exporter would; the exporter's own work is not in it), the proxy without
+``--capture-dir``; and the bare app on uvicorn's pure-Python stack (h11 and asyncio), to show what the server
+stack itself is worth per call.
 ``bench/profile_goals.py`` profiles inside each layer; ``bench/bench_forwarders.py`` compares upstream clients.
 """
 
@@ -489,16 +492,16 @@ def goal_zero_code(
     if diagnostics:
         rows += [
             ("diag: contrib HTTP server span alone (no capture)", runs["server-span"], base),
-            ("diag: lean HTTP server span alone (zero-code's)", runs["lean-server-span"], base),
-            ("diag: zero-code, spans only (no exporter)", runs["zero-code-spans"], base),
+            ("diag: lean server span alone, no exporter (context only)", runs["lean-server-span"], base),
+            ("diag: zero-code, no exporter (no span built, no record)", runs["zero-code-spans"], base),
         ]
     if diagnostics:
         disk.append(
             _ladder(
                 [
                     ("the app", base),
-                    ("+ lean server span", runs["lean-server-span"]),
-                    ("+ model-call span (zero-code, no exporter)", runs["zero-code-spans"]),
+                    ("+ lean server span's context", runs["lean-server-span"]),
+                    ("+ capture middleware (zero-code, no exporter)", runs["zero-code-spans"]),
                     ("+ record and writer (durable)", zc),
                 ]
             )
@@ -553,6 +556,11 @@ def goal_library(
                 capture_dir=data / "nosync",
             ),
             Spec(
+                "library-traced",
+                H.server_argv("capture-traced", "--capture-dir", str(data / "traced")),
+                capture_dir=data / "traced",
+            ),
+            Spec(
                 "bare-h11",
                 H.server_argv("bare"),
                 env={"BENCH_UVICORN_HTTP": "h11", "BENCH_UVICORN_LOOP": "asyncio"},
@@ -567,8 +575,13 @@ def goal_library(
     rows = [("raw ASGI app alone", base, None), ("library mode, durable capture", lib, base)]
     if diagnostics:
         rows += [
-            ("diag: library mode, spans only", runs["library-spans"], base),
+            ("diag: library mode, no exporter (no span built, no record)", runs["library-spans"], base),
             ("diag: library mode, fsync off", runs["library-nosync"], base),
+            (
+                "diag: library mode, durable, spans built (a processor sees them)",
+                runs["library-traced"],
+                base,
+            ),
             ("diag: raw ASGI app alone on h11 + asyncio", runs["bare-h11"], base),
         ]
     if diagnostics:
@@ -576,7 +589,7 @@ def goal_library(
             _ladder(
                 [
                     ("the app", base),
-                    ("+ middleware and model-call span", runs["library-spans"]),
+                    ("+ middleware, no span built", runs["library-spans"]),
                     ("+ record and writer, fsync off", runs["library-nosync"]),
                     ("+ fsync (durable)", lib),
                 ]
@@ -625,7 +638,7 @@ def goal_proxy(
         ("proxy with capture, --workers 2", w2, base),
     ]
     if diagnostics:
-        rows.append(("diag: proxy without --capture-dir", runs["proxy-off"], base))
+        rows.append(("diag: proxy without --capture-dir (no span built)", runs["proxy-off"], base))
     run_table(
         "goal 3: otel-capture proxy in front of an upstream that answers at once",
         rows,

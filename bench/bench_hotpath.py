@@ -11,11 +11,14 @@ ASGI stack with in-memory ``receive``/``send``, ``--calls`` times per variant (d
 2. ``middleware, unprefixed``: ``ModelCallCaptureMiddleware`` on a call it does not capture;
 3. ``capture, no-op tracer``: a captured call with OpenTelemetry's no-op tracer provider and no sink:
    correlation, body teeing, parsing, attributes (no SDK span, no record);
-4. ``+ SDK span``: the SDK ``TracerProvider`` (no processor): what the OpenTelemetry SDK costs per call;
+4. ``+ SDK span``: the SDK ``TracerProvider`` with one processor that does nothing but is not known to
+   ignore spans (as OTLP would be), so the span is built: what the OpenTelemetry SDK costs per call;
 5. ``+ record line, sink in memory``: a sink that resolves each call's future at once: the record line
    (orjson), the hand-off and the durability wait, without the writer thread;
 6. ``+ JSONL exporter, fsync off``: the real exporter and writer thread (files in a temp dir, fsync a
-   no-op): queueing, the thread, the file appends and the wake-up of the event loop.
+   no-op): queueing, the thread, the file appends and the wake-up of the event loop;
+7. ``JSONL exporter alone, fsync off``: row 6 without the other processor, so no span is built, only its
+   context (``otel_capture._spans``): the usual set-up of a training run.
 
 Then the pieces on their own, in microseconds per call.
 """
@@ -40,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as H
 from _servers import REQUEST_BODY, RESPONSE_BODY, upstream_app
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from otel_capture import CaptureSettings, ModelCallCaptureMiddleware
@@ -103,16 +106,25 @@ async def _drive(app: Any, path: str, calls: int) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+class SeesSpans(SpanProcessor):
+    """Does nothing with the spans, but is not one the capture knows to ignore them: spans are built."""
+
+
 def _variants(tmp: Path) -> list[tuple[str, Any, str, Callable[[], None], Callable[[], None]]]:
     settings = CaptureSettings.from_environ({})
     noop = trace.NoOpTracerProvider()
     sdk = TracerProvider()
+    sdk.add_span_processor(SeesSpans())
     memory = MemorySink()
     from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
     exporter_provider = TracerProvider()
-    exporter = ModelCallJsonlExporter(tmp, fsync=lambda fd: None)
+    exporter = ModelCallJsonlExporter(tmp / "traced", fsync=lambda fd: None)
     exporter_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    exporter_provider.add_span_processor(SeesSpans())
+    alone_provider = TracerProvider()
+    alone = ModelCallJsonlExporter(tmp / "alone", fsync=lambda fd: None)
+    alone_provider.add_span_processor(SimpleSpanProcessor(alone))
 
     def nothing():
         return None
@@ -134,7 +146,7 @@ def _variants(tmp: Path) -> list[tuple[str, Any, str, Callable[[], None], Callab
             nothing,
         ),
         (
-            "+ SDK span (no processor)",
+            "+ SDK span (a processor sees it)",
             ModelCallCaptureMiddleware(upstream_app, tracer_provider=sdk, settings=settings),
             CAPTURED_PATH,
             nothing,
@@ -150,6 +162,13 @@ def _variants(tmp: Path) -> list[tuple[str, Any, str, Callable[[], None], Callab
         (
             "+ JSONL exporter, fsync off",
             ModelCallCaptureMiddleware(upstream_app, tracer_provider=exporter_provider, settings=settings),
+            CAPTURED_PATH,
+            nothing,
+            nothing,
+        ),
+        (
+            "JSONL exporter alone: no span, its context",
+            ModelCallCaptureMiddleware(upstream_app, tracer_provider=alone_provider, settings=settings),
             CAPTURED_PATH,
             nothing,
             nothing,

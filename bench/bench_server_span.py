@@ -4,7 +4,8 @@
                                       [--no-http]
 
 1. **In process, no HTTP** (steady, exact): one ``POST /ng-rollout/<id>/v1/chat/completions`` at a time
-   through each server span alone around a trivial ASGI app, with an SDK tracer provider (no processor) and
+   through each server span alone around a trivial ASGI app, with an SDK tracer provider (one processor that
+   does nothing but sees the spans, so both are built) and
    what the distro installs under ``OTEL_METRICS_EXPORTER=none`` (an SDK meter provider without a reader):
    microseconds of CPU per request (best of several repeats), and the SDK work per request counted by
    cProfile: attribute validations, ``set_attribute`` calls, histogram records, counter adds, context
@@ -91,12 +92,15 @@ def _scope(i: int) -> dict[str, Any]:
 def _variants() -> dict[str, Any]:
     from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
     from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 
     from otel_capture._routing import server_span_details
     from otel_capture._server_span import LeanServerSpanMiddleware
 
-    tracer, meter = TracerProvider(), MeterProvider()  # no processor; no reader (OTEL_METRICS_EXPORTER=none)
+    tracer, meter = TracerProvider(), MeterProvider()  # no reader (OTEL_METRICS_EXPORTER=none)
+    # one processor that does nothing but sees the spans (as an exporter's would), so both server spans are
+    # built: with no processor at all the lean one would make only its context (otel_capture._spans)
+    tracer.add_span_processor(SpanProcessor())
     return {
         "the app alone": _model_app,
         "contrib OpenTelemetryMiddleware": OpenTelemetryMiddleware(
@@ -146,7 +150,7 @@ def in_process(n: int, repeats: int) -> None:
         rows.append([label, us, us - base_us if label != "the app alone" else None, *counts])
     header = ["server span (in process, no HTTP)", "CPU us/req", "+ vs app", *(c[0] for c in COUNTED)]
     H.print_table(
-        f"1. in process: {n} requests x best of {repeats}, SDK tracer provider without processor, "
+        f"1. in process: {n} requests x best of {repeats}, SDK tracer provider with a do-nothing processor, "
         "SDK meter provider without reader",
         header,
         rows,
@@ -234,7 +238,13 @@ def over_http(
     )
     for source in (old, new):
         _imported_from(source)
-    span_only = {**G._zero_code_env(None), "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "otel_capture"}
+    # BENCH_SEES_SPANS: a processor that does nothing but sees the spans, so they are built (with none, ours
+    # would make only their context; contrib's builds them regardless)
+    span_only = {
+        **G._zero_code_env(None),
+        "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "otel_capture",
+        "BENCH_SEES_SPANS": "1",
+    }
     specs = [G.Spec("starlette", H.server_argv("bare", "--app", "starlette"), prefixed=False)]
     specs += [
         G.Spec(
@@ -255,7 +265,7 @@ def over_http(
             G.Spec(
                 f"spans-{tag}",
                 _argv(source, "bare"),
-                env={**G._zero_code_env(None), "PYTHONPATH": str(source)},
+                env={**G._zero_code_env(None), "PYTHONPATH": str(source), "BENCH_SEES_SPANS": "1"},
             )
         )
         directory = data / f"capture-{tag}"

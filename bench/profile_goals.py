@@ -76,7 +76,8 @@ def configs(data: Path) -> dict[str, Config]:
     return {
         "starlette": Config(st, prefixed=False),
         "zero-code": Config([INSTRUMENT, *st], env=_zc_env(data / "zero-code")),
-        "zero-code-spans": Config([INSTRUMENT, *st], env=_zc_env(None)),
+        # spans built, no records: a processor that sees them (BENCH_SEES_SPANS), else only their context is made
+        "zero-code-spans": Config([INSTRUMENT, *st], env={**_zc_env(None), "BENCH_SEES_SPANS": "1"}),
         "server-span": Config(
             [INSTRUMENT, *H.server_argv("server-span", "--app", "starlette")],
             env={**_zc_env(None), "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "otel_capture"},
@@ -85,7 +86,7 @@ def configs(data: Path) -> dict[str, Config]:
         "gym": Config(H.server_argv("gym", "--app", "starlette", "--capture-dir", str(data / "gym"))),
         "bare": Config(H.server_argv("bare")),
         "library": Config(H.server_argv("capture", "--capture-dir", str(data / "library"))),
-        "library-spans": Config(H.server_argv("spans")),
+        "library-spans": Config(H.server_argv("spans"), env={"BENCH_SEES_SPANS": "1"}),
         "library-nosync": Config(H.server_argv("capture-nosync", "--capture-dir", str(data / "nosync"))),
         "proxy": Config(
             H.server_argv("proxy", "--upstream", "{upstream}", "--capture-dir", str(data / "proxy")),
