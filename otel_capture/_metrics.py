@@ -27,19 +27,38 @@ UNCORRELATED_CALLS = "otel_capture.uncorrelated_calls"
 _MAX_ATTRIBUTE_SETS = 1024  # past it (many models or hosts), further sets are built per call
 
 
+class MeterGate:
+    """Whether measurements on a meter provider go anywhere now, looked at per call (a reader, or the real
+    provider behind the API's stand-in, can come later). Not for an SDK provider without a reader (the
+    distro's under ``OTEL_METRICS_EXPORTER=none``), the API's stand-in before a provider is set, or the no-op
+    provider; any other provider (a vendor's) is assumed to record."""
+
+    __slots__ = ("_consumer", "_noop", "_proxy")
+
+    def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
+        provider = meter_provider or metrics.get_meter_provider()
+        # an SDK provider keeps its readers in its measurement consumer
+        self._consumer = getattr(provider, "_measurement_consumer", None)
+        # the API's stand-in forwards to the provider set later: until then, nothing is recorded
+        self._proxy = provider if hasattr(provider, "_real_meter_provider") else None
+        self._noop = isinstance(provider, metrics.NoOpMeterProvider)
+
+    @property
+    def recording(self) -> bool:
+        if self._consumer is not None and not getattr(self._consumer, "_reader_storages", True):
+            return False
+        return not (
+            self._noop
+            or (self._proxy is not None and getattr(self._proxy, "_real_meter_provider", 0) is None)
+        )
+
+
 class ServerMetrics:
     """The three ``gen_ai.server.*`` histograms of one meter."""
 
     def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
         meter = metrics.get_meter("otel_capture", __version__, meter_provider)
-        # An SDK provider keeps its readers in its measurement consumer (readers can be added later, so it is
-        # looked at per call); any other provider (a vendor's, the API's proxy) is assumed to record.
-        provider = meter_provider or metrics.get_meter_provider()
-        self._consumer = getattr(provider, "_measurement_consumer", None)
-        # The API's stand-in for a provider not set yet forwards to the one set later: until then, nothing
-        # is recorded (looked at per call too); the API's no-op provider never records.
-        self._proxy = provider if hasattr(provider, "_real_meter_provider") else None
-        self._noop = isinstance(provider, metrics.NoOpMeterProvider)
+        self._gate = MeterGate(meter_provider)
         # One attribute set per distinct combination of values (dialect, model, server, error type), made
         # once: a handful per process, never the rollout id.
         self._attribute_sets: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -69,14 +88,8 @@ class ServerMetrics:
 
     @property
     def recording(self) -> bool:
-        """Whether a measurement would go anywhere now: not for an SDK provider without a reader, the
-        API's stand-in before a provider is set, or the no-op provider."""
-        if self._consumer is not None and not getattr(self._consumer, "_reader_storages", True):
-            return False
-        return not (
-            self._noop
-            or (self._proxy is not None and getattr(self._proxy, "_real_meter_provider", 0) is None)
-        )
+        """Whether a measurement would go anywhere now (:class:`MeterGate`)."""
+        return self._gate.recording
 
     def record(
         self,

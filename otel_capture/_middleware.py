@@ -170,8 +170,9 @@ class ModelCallCaptureMiddleware:
         start = _CallStart(self.sink, rollout_id, call.model_call_id)
         body_messages, disconnected = await _read_request(receive)
         call.set_request(b"".join(m.get("body", b"") for m in body_messages))
-        span, attributes = self._start_span(call, scope, headers, source, baggage_id)
-        token = otel_context.attach(trace.set_span_in_context(span))
+        span, attributes, parent = self._start_span(call, scope, headers, source, baggage_id)
+        # in the caller's context when there is no server span (its baggage too), else in the current one
+        token = otel_context.attach(trace.set_span_in_context(span, parent))
         state = _SendState()
         cancelled = disconnected
 
@@ -254,9 +255,10 @@ class ModelCallCaptureMiddleware:
         headers: dict[str, list[bytes]],
         source: str,
         baggage_id: str | None,
-    ) -> tuple[trace.Span, dict[str, Any] | None]:
-        """The model-call span and its start attributes (kept for the metrics). When no processor would see
-        the span, only its context is made (``_spans``), and the attributes only if the metrics need them."""
+    ) -> tuple[trace.Span, dict[str, Any] | None, otel_context.Context | None]:
+        """The model-call span, its start attributes (kept for the metrics) and the caller's context read
+        from the headers when no span is current (``None`` otherwise). When no processor would see the
+        span, only its context is made (``_spans``), and the attributes only if the metrics need them."""
         parent = None
         if not trace.get_current_span().get_span_context().is_valid:
             # No HTTP server span around us: continue the caller's trace from its traceparent header.
@@ -266,13 +268,13 @@ class ModelCallCaptureMiddleware:
         if self._spans.unseen():
             span: trace.Span = self._spans.context_only(name, parent, self._span_kind)
             if not self._metrics.recording:
-                return span, None
-            return span, self._start_attributes(call, scope, headers, source, baggage_id)
+                return span, None, parent
+            return span, self._start_attributes(call, scope, headers, source, baggage_id), parent
         attributes = self._start_attributes(call, scope, headers, source, baggage_id)
         span = self._tracer.start_span(
             name, context=parent, kind=self._span_kind, attributes=attributes, start_time=call.start_time_ns
         )
-        return span, attributes
+        return span, attributes, parent
 
     @staticmethod
     def _start_attributes(

@@ -14,10 +14,13 @@ same response propagator. What differs, each to save CPU per request:
   credential headers (:data:`otel_capture._settings.SECRET_HEADERS`) always ``[REDACTED]``;
 - one metric, ``http.server.request.duration``, recorded once, and only when the meter provider has a
   reader (the distro installs an SDK provider without one under ``OTEL_METRICS_EXPORTER=none``, where
-  contrib still records three histograms and two counters per request);
+  contrib still records three histograms and two counters per request) or is not the SDK's (a vendor's;
+  the API's stand-in counts once a provider is set behind it);
 - one context attach per request, no per-message work beyond one type check;
-- no span at all when no processor of the provider would see it and no reader the duration: only its
-  context, current for the app (``otel_capture._spans``).
+- nothing at all when no processor of the provider would see the span (``otel_capture._spans``), no reader
+  records the duration and no response propagator sends the span back: the app runs in the caller's
+  context (its ``traceparent`` and ``baggage``, extracted as above), and a model call's span (or its context)
+  is the caller's child directly.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from opentelemetry.util.http import ExcludeList, parse_excluded_urls
 
 from . import _attributes as A
 from ._asgi import ASGIApp, Message, Receive, Scope, Send
+from ._metrics import MeterGate
 from ._proxy_guards import redact_query
 from ._routing import server_span_details
 from ._settings import SECRET_HEADERS
@@ -104,23 +108,25 @@ class LeanServerSpanMiddleware:
         if self._excluded is not None and self._excluded.url_disabled(_full_url(scope, headers)):
             await self.app(scope, receive, send)
             return
-        name, extra = self._details(scope)
         parent: otel_context.Context | None = None
         span_kind = SpanKind.INTERNAL
         if not trace.get_current_span().get_span_context().is_valid:
             span_kind = SpanKind.SERVER
             if any(field in headers for field in self._propagation.fields):
                 parent = propagate.extract(headers)
-        span: trace.Span
-        if self._spans.unseen() and not self._duration.recording:
-            # no processor would see the span and no reader the duration: its context alone (_spans)
-            span, attributes = self._spans.context_only(name, parent, span_kind), {}
-        else:
-            attributes = _request_attributes(scope, headers)
-            attributes.update(extra)
-            if self._request_headers is not None:
-                attributes.update(self._request_headers.attributes(scope.get("headers", ())))
-            span = self._tracer.start_span(name, context=parent, kind=span_kind, attributes=attributes)
+        if (
+            self._spans.unseen() and not self._duration.recording and get_global_response_propagator() is None  # type: ignore[no-untyped-call]  # contrib's, untyped
+        ):
+            # Nobody would see the span, read its duration or get it back in a header: the app runs in the
+            # caller's context (its traceparent and baggage, when it sent them), with no span of ours between.
+            await self._in_context(parent, scope, receive, send)
+            return
+        name, extra = self._details(scope)
+        attributes = _request_attributes(scope, headers)
+        attributes.update(extra)
+        if self._request_headers is not None:
+            attributes.update(self._request_headers.attributes(scope.get("headers", ())))
+        span = self._tracer.start_span(name, context=parent, kind=span_kind, attributes=attributes)
         exchange = _Exchange(self, span, attributes, send)
         token = otel_context.attach(trace.set_span_in_context(span, parent))
         try:
@@ -131,6 +137,18 @@ class LeanServerSpanMiddleware:
         finally:
             otel_context.detach(token)
             exchange.end(None)
+
+    async def _in_context(
+        self, parent: otel_context.Context | None, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        if parent is None:
+            await self.app(scope, receive, send)
+            return
+        token = otel_context.attach(parent)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            otel_context.detach(token)
 
 
 class _Exchange:
@@ -209,14 +227,12 @@ class _DurationMetric:
             description="Duration of HTTP server requests.",
             explicit_bucket_boundaries_advisory=list(A.BUCKETS_HTTP_SERVER_REQUEST_DURATION),
         )
-        # The SDK keeps its readers in its measurement consumer (readers can be added later, so it is read
-        # per request); any other provider (a vendor's, the API's proxy) is assumed to record.
-        self._consumer = getattr(provider, "_measurement_consumer", None)
+        self._gate = MeterGate(meter_provider)
 
     @property
     def recording(self) -> bool:
-        """False for an SDK provider without a reader: a measurement would go nowhere, at ~10 µs."""
-        return self._consumer is None or bool(getattr(self._consumer, "_reader_storages", True))
+        """False while a measurement would go nowhere (:class:`MeterGate`), where it costs about 10 µs."""
+        return self._gate.recording
 
     def record(self, seconds: float, request: Mapping[str, Any], outcome: Mapping[str, Any]) -> None:
         if not self.recording:

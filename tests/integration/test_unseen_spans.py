@@ -10,7 +10,12 @@ from typing import Any
 
 import httpx
 import pytest
-from opentelemetry import trace
+from opentelemetry import baggage, trace
+from opentelemetry.instrumentation.propagators import (
+    TraceResponsePropagator,
+    get_global_response_propagator,
+    set_global_response_propagator,
+)
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -36,6 +41,7 @@ class ContextProbe:
 
     def __init__(self) -> None:
         self.seen: list[trace.SpanContext] = []
+        self.baggage: list[dict[str, object]] = []
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -43,6 +49,7 @@ class ContextProbe:
             return
         await read_body(receive)
         self.seen.append(trace.get_current_span().get_span_context())
+        self.baggage.append(dict(baggage.get_all()))
         await send(
             {
                 "type": "http.response.start",
@@ -201,3 +208,56 @@ def test_only_the_sdks_own_processors_around_the_records_exporter_ignore_spans(
 def test_a_provider_that_is_not_the_sdks_decides_for_itself() -> None:
     assert SpanGate(trace.NoOpTracerProvider()).unseen() is False
     assert SpanGate(TracerProvider()).unseen() is True  # no processor at all: nobody sees a span
+
+
+def test_the_app_gets_the_callers_baggage_with_the_calls_context(
+    records_only: tuple[TracerProvider, CaptureStore],
+) -> None:
+    provider, _ = records_only
+    probe = ContextProbe()
+    app = ModelCallCaptureMiddleware(probe, tracer_provider=provider, settings=CaptureSettings())
+    with serve(app) as url:
+        _chat(url, "r-bag", {"traceparent": TRACEPARENT, "baggage": "team=rl,stage=eval"})
+    assert probe.baggage == [{"team": "rl", "stage": "eval"}]
+    assert format(probe.seen[0].trace_id, "032x") == TRACE_ID
+
+
+def test_when_nobody_sees_the_server_span_any_request_runs_in_the_callers_context(
+    records_only: tuple[TracerProvider, CaptureStore],
+) -> None:
+    """No span of ours between: the app's own outgoing calls still continue the caller's trace."""
+    provider, store = records_only
+    probe = ContextProbe()
+    app = LeanServerSpanMiddleware(
+        ModelCallCaptureMiddleware(probe, tracer_provider=provider, settings=CaptureSettings()),
+        tracer_provider=provider,
+    )
+    with serve(app) as url:
+        health = httpx.get(f"{url}/health", headers={"traceparent": TRACEPARENT, "baggage": "team=rl"})
+        _chat(url, "r-child", {"traceparent": TRACEPARENT})
+        httpx.get(f"{url}/health")
+    assert health.status_code == 200
+    caller, call, untraced = probe.seen
+    assert (format(caller.trace_id, "032x"), format(caller.span_id, "016x")) == (TRACE_ID, PARENT_SPAN_ID)
+    assert caller.is_remote and probe.baggage[0] == {"team": "rl"}
+    (record,) = read_model_call_records(store, "r-child")
+    assert (format(call.trace_id, "032x"), format(call.span_id, "016x")) == (TRACE_ID, record.span_id)
+    assert not untraced.is_valid  # no caller context, no span: nothing made up
+
+
+def test_a_response_propagator_keeps_the_server_span_whose_context_it_sends_back(
+    records_only: tuple[TracerProvider, CaptureStore],
+) -> None:
+    provider, _ = records_only
+    probe = ContextProbe()
+    app = LeanServerSpanMiddleware(probe, tracer_provider=provider)
+    previous = get_global_response_propagator()  # type: ignore[no-untyped-call]
+    set_global_response_propagator(TraceResponsePropagator())  # type: ignore[no-untyped-call]
+    try:
+        with serve(app) as url:
+            response = httpx.get(f"{url}/health", headers={"traceparent": TRACEPARENT})
+    finally:
+        set_global_response_propagator(previous)  # type: ignore[no-untyped-call]
+    (seen,) = probe.seen
+    assert format(seen.trace_id, "032x") == TRACE_ID and format(seen.span_id, "016x") != PARENT_SPAN_ID
+    assert response.headers["traceresponse"] == f"00-{TRACE_ID}-{format(seen.span_id, '016x')}-01"
