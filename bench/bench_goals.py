@@ -492,7 +492,7 @@ def goal_zero_code(
     if diagnostics:
         rows += [
             ("diag: contrib HTTP server span alone (no capture)", runs["server-span"], base),
-            ("diag: lean server span alone, no exporter (context only)", runs["lean-server-span"], base),
+            ("diag: lean server span alone, no exporter (steps aside)", runs["lean-server-span"], base),
             ("diag: zero-code, no exporter (no span built, no record)", runs["zero-code-spans"], base),
         ]
     if diagnostics:
@@ -500,7 +500,7 @@ def goal_zero_code(
             _ladder(
                 [
                     ("the app", base),
-                    ("+ lean server span's context", runs["lean-server-span"]),
+                    ("+ lean server span (steps aside)", runs["lean-server-span"]),
                     ("+ capture middleware (zero-code, no exporter)", runs["zero-code-spans"]),
                     ("+ record and writer (durable)", zc),
                 ]
