@@ -114,11 +114,9 @@ class LeanServerSpanMiddleware:
             span_kind = SpanKind.SERVER
             if any(field in headers for field in self._propagation.fields):
                 parent = propagate.extract(headers)
-        if (
-            self._spans.unseen() and not self._duration.recording and get_global_response_propagator() is None  # type: ignore[no-untyped-call]  # contrib's, untyped
-        ):
-            # Nobody would see the span, read its duration or get it back in a header: the app runs in the
-            # caller's context (its traceparent and baggage, when it sent them), with no span of ours between.
+        if self._nobody_would_see():
+            # the app runs in the caller's context (its traceparent and baggage, when it sent them), with no
+            # span of ours between
             await self._in_context(parent, scope, receive, send)
             return
         name, extra = self._details(scope)
@@ -137,6 +135,13 @@ class LeanServerSpanMiddleware:
         finally:
             otel_context.detach(token)
             exchange.end(None)
+
+    def _nobody_would_see(self) -> bool:
+        """No processor would see the span, no reader record its duration, no response propagator send it
+        back to the client."""
+        if not self._spans.unseen() or self._duration.recording:
+            return False
+        return get_global_response_propagator() is None  # type: ignore[no-untyped-call]  # contrib's, untyped
 
     async def _in_context(
         self, parent: otel_context.Context | None, scope: Scope, receive: Receive, send: Send
