@@ -92,10 +92,11 @@ def ignores_spans(processor: object) -> bool:
     kind = type(processor)
     if kind is SinkOnlyProcessor:
         return True
-    if kind is SimpleSpanProcessor:
-        exporter = getattr(processor, "span_exporter", None)
-    elif kind is BatchSpanProcessor:
-        exporter = getattr(getattr(processor, "_batch_processor", None), "_exporter", None)
-    else:
+    if kind is not SimpleSpanProcessor and kind is not BatchSpanProcessor:
         return False
+    # where the SDK keeps the exporter (as find_sink reads it): SimpleSpanProcessor.span_exporter, and
+    # BatchSpanProcessor._batch_processor._exporter (span_exporter in older SDKs); not found: built
+    exporter = getattr(processor, "span_exporter", None)
+    if exporter is None:
+        exporter = getattr(getattr(processor, "_batch_processor", None), "_exporter", None)
     return getattr(exporter, IGNORES_SPANS, False) is True
