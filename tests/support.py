@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -232,6 +233,20 @@ def serve(app: Any, **config: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def metric_points(reader: InMemoryMetricReader, name: str) -> list[Any]:
+    """Every data point of the metric ``name`` the reader has collected so far."""
+    data = reader.get_metrics_data()
+    assert data is not None
+    return [
+        point
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == name
+        for point in metric.data.data_points
+    ]
 
 
 def free_port() -> int:

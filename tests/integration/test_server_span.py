@@ -20,7 +20,16 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-from support import RECORDED, ReplayModelServer, Reply, Telemetry, recorded_json, serve, sse_chunks
+from support import (
+    RECORDED,
+    ReplayModelServer,
+    Reply,
+    Telemetry,
+    metric_points,
+    recorded_json,
+    serve,
+    sse_chunks,
+)
 
 from otel_capture import CaptureSettings, ModelCallCaptureMiddleware, ModelCallInstrumentor
 from otel_capture import _attributes as A
@@ -156,7 +165,7 @@ def test_a_streamed_call_span_covers_the_whole_stream_and_its_metric_is_recorded
     assert events[-1] == "data: [DONE]"
     assert model.parent is not None and model.parent.span_id == server.context.span_id
     assert server.start_time <= model.start_time and model.end_time <= server.end_time
-    (point,) = _points(reader, A.METRIC_HTTP_SERVER_REQUEST_DURATION)
+    (point,) = metric_points(reader, A.METRIC_HTTP_SERVER_REQUEST_DURATION)
     assert point.count == 1 and tuple(point.explicit_bounds) == A.BUCKETS_HTTP_SERVER_REQUEST_DURATION
     assert dict(point.attributes) == {  # low cardinality: no path, no rollout, no address
         A.HTTP_REQUEST_METHOD: "POST",
@@ -180,7 +189,7 @@ def test_a_metric_reader_added_while_serving_gets_the_duration(
         httpx.post(f"{url}/v1/chat/completions", json={"model": "m"})
         meters.add_metric_reader(reader)
         httpx.post(f"{url}/v1/chat/completions", json={"model": "m"})
-    (point,) = _points(reader, A.METRIC_HTTP_SERVER_REQUEST_DURATION)
+    (point,) = metric_points(reader, A.METRIC_HTTP_SERVER_REQUEST_DURATION)
     assert point.count == 1
     assert len(telemetry.spans.get_finished_spans()) == 2
 
@@ -255,16 +264,3 @@ def test_a_configured_response_propagator_tells_the_client_its_trace(
     assert (
         response.headers["traceresponse"] == f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags:02x}"
     )
-
-
-def _points(reader: InMemoryMetricReader, name: str) -> list[Any]:
-    data = reader.get_metrics_data()
-    assert data is not None
-    return [
-        point
-        for rm in data.resource_metrics
-        for sm in rm.scope_metrics
-        for metric in sm.metrics
-        if metric.name == name
-        for point in metric.data.data_points
-    ]

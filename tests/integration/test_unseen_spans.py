@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
-from support import read_body, recorded_json, serve, serve_lifespan
+from support import metric_points, read_body, recorded_json, serve, serve_lifespan
 
 from otel_capture import CaptureSettings, CaptureStore, ModelCallCaptureMiddleware, read_model_call_records
 from otel_capture import _attributes as A
@@ -152,16 +152,7 @@ def test_without_spans_the_metrics_keep_their_attributes(
     )
     with serve(app) as url:
         _chat(url, "r-metrics")
-    data = reader.get_metrics_data()
-    assert data is not None
-    points = [
-        point
-        for resource in data.resource_metrics
-        for scope in resource.scope_metrics
-        for metric in scope.metrics
-        if metric.name == A.METRIC_SERVER_REQUEST_DURATION
-        for point in metric.data.data_points
-    ]
+    points = metric_points(reader, A.METRIC_SERVER_REQUEST_DURATION)
     assert len(points) == 1 and points[0].count == 1
     assert points[0].attributes[A.GEN_AI_REQUEST_MODEL] == "gpt-4o"
     assert points[0].attributes[A.GEN_AI_RESPONSE_MODEL] == "gpt-4o-2024-08-06"

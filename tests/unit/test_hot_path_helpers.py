@@ -12,6 +12,7 @@ from opentelemetry import baggage, propagate
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.trace import get_current_span
+from support import metric_points
 
 from otel_capture import _attributes as A
 from otel_capture._metrics import ServerMetrics
@@ -99,16 +100,7 @@ def test_metric_attribute_sets_are_made_once_per_combination_and_keep_only_the_m
     server.record(dict(span_attributes, **{A.ROLLOUT_ID: "another"}), 0.2, None, None)
     server.record(dict(span_attributes, **{A.ERROR_TYPE: "timeout"}), 0.3, None, None)
     assert len(server._attribute_sets) == 2
-    data = reader.get_metrics_data()
-    assert data is not None
-    points = [
-        point
-        for resource in data.resource_metrics
-        for scope in resource.scope_metrics
-        for metric in scope.metrics
-        if metric.name == A.METRIC_SERVER_REQUEST_DURATION
-        for point in metric.data.data_points
-    ]
+    points = metric_points(reader, A.METRIC_SERVER_REQUEST_DURATION)
     expected = {k: v for k, v in span_attributes.items() if k != A.ROLLOUT_ID}
     assert sorted(((dict(p.attributes), p.count) for p in points), key=str) == sorted(
         [(expected, 2), ({**expected, A.ERROR_TYPE: "timeout"}, 1)], key=str
