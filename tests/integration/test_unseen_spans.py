@@ -41,6 +41,7 @@ class ContextProbe:
 
     def __init__(self) -> None:
         self.seen: list[trace.SpanContext] = []
+        self.recording: list[bool] = []  # whether a span was built for the call (its current span records)
         self.baggage: list[dict[str, object]] = []
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -48,7 +49,9 @@ class ContextProbe:
             await serve_lifespan(receive, send)
             return
         await read_body(receive)
-        self.seen.append(trace.get_current_span().get_span_context())
+        current = trace.get_current_span()
+        self.seen.append(current.get_span_context())
+        self.recording.append(current.is_recording())
         self.baggage.append(dict(baggage.get_all()))
         await send(
             {
@@ -102,6 +105,7 @@ def test_with_the_records_exporter_alone_the_record_continues_the_callers_trace_
         (fresh.trace_id, fresh.span_id),
     ]
     assert all(c.trace_flags.sampled and not c.is_remote for c in probe.seen)
+    assert probe.recording == [False, False]  # no span was built, only its context
 
 
 def test_the_providers_sampler_still_decides_the_flags_the_app_passes_on(tmp_path: Path) -> None:
@@ -121,7 +125,8 @@ def test_a_processor_added_later_brings_the_spans_back_with_the_records_ids(
     records_only: tuple[TracerProvider, CaptureStore],
 ) -> None:
     provider, store = records_only
-    app = ModelCallCaptureMiddleware(ContextProbe(), tracer_provider=provider, settings=CaptureSettings())
+    probe = ContextProbe()
+    app = ModelCallCaptureMiddleware(probe, tracer_provider=provider, settings=CaptureSettings())
     with serve(app) as url:
         _chat(url, "r-before")
         spans = InMemorySpanExporter()
@@ -129,6 +134,7 @@ def test_a_processor_added_later_brings_the_spans_back_with_the_records_ids(
         _chat(url, "r-after", {"traceparent": TRACEPARENT})
 
     (span,) = spans.get_finished_spans()  # the call before the processor was added built none
+    assert probe.recording == [False, True]
     (record,) = read_model_call_records(store, "r-after")
     assert (format(span.context.trace_id, "032x"), format(span.context.span_id, "016x")) == (
         record.trace_id,
@@ -173,6 +179,7 @@ def test_behind_the_lean_server_span_the_call_is_a_child_of_the_servers_context(
     (record,) = read_model_call_records(store, "r-zero-code")
     assert record.trace_id == TRACE_ID
     assert [format(c.span_id, "016x") for c in probe.seen] == [record.span_id]
+    assert probe.recording == [False]
     assert response.json()["id"]  # the answer went through untouched
 
 
