@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_capture import WriterSettings
 from otel_capture._sink import FinishedCall
-from otel_capture._store.writer import LIBC_SYNCFS, JsonlWriter, WriterStats
+from otel_capture._store import LIBC_SYNCFS, JsonlWriter, WriterStats
 
 _logger = logging.getLogger(__name__)
 

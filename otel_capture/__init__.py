@@ -21,6 +21,7 @@ from ._correlation import (
     validate_rollout_id,
 )
 from ._dialects.tokens import extract_tokens
+from ._errors import CaptureError
 from ._httpx_baggage import (
     async_rollout_baggage_hook,
     inject_rollout_baggage,
@@ -30,27 +31,25 @@ from ._httpx_baggage import (
 from ._instrumentor import ModelCallInstrumentor
 from ._middleware import ModelCallCaptureMiddleware
 from ._proxy import build_proxy_app, start_proxy
-from ._records import (
-    AvailableRecords,
-    CaptureReadError,
-    InvalidLine,
-    ModelCallRecord,
-    aggregate_model_call_metrics,
-    read_available_model_call_records,
-    read_model_call_records,
-)
+from ._records import CaptureReadError, InvalidLine, ModelCallRecord
 from ._settings import CaptureSettings, CorrelationSettings, ProxySettings, WriterSettings
-from ._store.store import CaptureStore
-from ._store.types import (
+from ._sink import CallSink, FinishedCall, LoopWaiter
+from ._store import (
+    AvailableRecords,
     CaptureFrozenError,
     CaptureRetiredError,
     CaptureSnapshot,
     CaptureStateError,
+    CaptureStore,
     DamagedEntryError,
     IncompleteCall,
     LockTimeoutError,
     RemovalResult,
     UnsafeDirectoryError,
+    WriterStats,
+    aggregate_model_call_metrics,
+    read_available_model_call_records,
+    read_model_call_records,
     validate_rollout_ids,
 )
 from ._version import __version__
@@ -58,6 +57,8 @@ from ._version import __version__
 __all__ = [
     "ROLLOUT_ID_PATTERN",
     "AvailableRecords",
+    "CallSink",
+    "CaptureError",
     "CaptureFrozenError",
     "CaptureReadError",
     "CaptureRetiredError",
@@ -67,10 +68,12 @@ __all__ = [
     "CaptureStore",
     "CorrelationSettings",
     "DamagedEntryError",
+    "FinishedCall",
     "IncompleteCall",
     "InvalidLine",
     "InvalidRolloutIdError",
     "LockTimeoutError",
+    "LoopWaiter",
     "ModelCallCaptureMiddleware",
     "ModelCallInstrumentor",
     "ModelCallRecord",
@@ -78,6 +81,7 @@ __all__ = [
     "RemovalResult",
     "UnsafeDirectoryError",
     "WriterSettings",
+    "WriterStats",
     "__version__",
     "aggregate_model_call_metrics",
     "async_rollout_baggage_hook",

@@ -46,14 +46,15 @@ from typing import Any, TypeAlias
 
 from ._agent import maybe_rollout_id_from_run_body
 from ._correlation import validate_rollout_id
-from ._records import (
+from ._records import ModelCallRecord, aggregate_model_call_records
+from ._store import (
     AvailableRecords,
-    ModelCallRecord,
-    aggregate_model_call_records,
+    CaptureStore,
+    RemovalResult,
+    empty_result,
     read_available_model_call_records,
+    validate_rollout_ids,
 )
-from ._store.store import CaptureStore
-from ._store.types import RemovalResult, empty_result, validate_rollout_ids
 
 _logger = logging.getLogger(__name__)
 

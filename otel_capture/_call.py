@@ -18,13 +18,12 @@ from . import _attributes as A
 from ._content_encoding import ResponseDecoding, decoding_for
 from ._dialects import DIALECTS, Dialect, StreamAccumulator
 from ._dialects.sse import SSEDecoder
-from ._records.schema import call_failed
+from ._records import call_failed, encode_record_line
 from ._semconv import content_attributes, request_attributes, response_attributes
 from ._settings import CaptureSettings
 
 _logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
 _MODEL_REF_TYPE = "responses_api_models"  # the only type NeMo Gym's reader accepts
 
 
@@ -274,7 +273,8 @@ class InFlightCall:
         return self.response.size > 0 and self.response_obj is None
 
     def line(self, trace_id: int, span_id: int) -> bytes:
-        """The record as one NeMo Gym 0.7.0 line (its keys first, in its order; ours after)."""
+        """The record as one NeMo Gym 0.7.0 line (its keys first, in its order; ours after): the values
+        are decided here, the line is the codec's (:func:`otel_capture._records.codec.encode_record_line`)."""
         record: dict[str, Any] = {
             "model_call_id": self.model_call_id,
             "dialect": self.dialect,
@@ -298,7 +298,6 @@ class InFlightCall:
             record["request_raw"] = self.request.bytes().decode("utf-8", errors="replace")
         if self._raw_response_needed():
             record["response_raw"] = self.response.bytes().decode("utf-8", errors="replace")
-        record["schema_version"] = SCHEMA_VERSION
         record["rollout_id"] = self.rollout_id
         record["trace_id"] = format(trace_id, "032x")
         record["span_id"] = format(span_id, "016x")
@@ -309,7 +308,7 @@ class InFlightCall:
             record["truncated"] = True
         if self.failure is not None:
             record["failure"] = self.failure
-        return orjson.dumps(record, default=str, option=orjson.OPT_APPEND_NEWLINE)
+        return encode_record_line(record)
 
     def _request_value(self) -> Any:
         if self.request_obj is None or self.request.truncated:

@@ -13,6 +13,8 @@ import re
 from collections.abc import Iterator
 from urllib.parse import unquote
 
+from ._errors import CaptureError
+
 ROLLOUT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 ROLLOUT_ID_RULE = "a rollout id is 1-200 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit"
 ROLLOUT_PATH_PREFIX = "ng-rollout"
@@ -27,7 +29,7 @@ _ROLLOUT_ID_RE = re.compile(ROLLOUT_ID_PATTERN)
 _PREFIX = "/" + ROLLOUT_PATH_PREFIX + "/"
 
 
-class InvalidRolloutIdError(ValueError):
+class InvalidRolloutIdError(CaptureError, ValueError):
     """A rollout id that breaks :data:`ROLLOUT_ID_PATTERN`."""
 
     def __init__(self, rollout_id: object) -> None:

@@ -41,26 +41,17 @@ from . import _attributes as A
 from . import _routing as R
 from ._asgi import ASGIApp, Message, Receive, Scope, Send
 from ._call import InFlightCall
-from ._correlation import (
-    BAGGAGE_ROLLOUT_KEY,
-    CAPTURED_HEADER,
-    CAPTURED_VALUE,
-    ROLLOUT_ID_HEADER,
-    is_valid_rollout_id,
-    rollout_id_from_baggage,
-)
+from ._correlation import BAGGAGE_ROLLOUT_KEY, ROLLOUT_ID_HEADER
 from ._dialects import Dialect
-from ._dialects.tokens import tokens_line
 from ._metrics import ServerMetrics
-from ._settings import CaptureSettings
-from ._sink import CallSink, FinishedCall, LoopWaiter, find_sink
+from ._records import tokens_line
+from ._settings import JSONL_EXPORTER, CaptureSettings
+from ._sink import CallSink, FinishedCall, LoopWaiter, SinkLookup, find_sink
 from ._spans import SpanGate
 from ._version import __version__
 
 _logger = logging.getLogger(__name__)
 
-SCOPE_CAPTURED = "otel_capture.captured"
-_CAPTURED_MARK = (CAPTURED_HEADER.encode(), CAPTURED_VALUE.encode())
 _UNCORRELATED_NOTICE_INTERVAL_S = 60.0
 # Set in the app's scope once a captured stream's last event has gone to `send`: an app still relaying
 # (the proxy) may stop reading its source and end the body, so the client's end of stream never waits for
@@ -85,6 +76,9 @@ class ModelCallCaptureMiddleware:
     ) -> None:
         self.app = app
         self.sink = sink if sink is not None else find_sink(tracer_provider)
+        # none yet: the provider may be set (or its exporter added) later; looked for on each call until found
+        self._sink_lookup = SinkLookup(tracer_provider) if self.sink is None else None
+        self._no_sink_warned = False
         self.settings = settings if settings is not None else CaptureSettings.from_environ()
         self._tracer = trace.get_tracer(__name__, __version__, tracer_provider)
         self._spans = SpanGate(tracer_provider)
@@ -94,45 +88,47 @@ class ModelCallCaptureMiddleware:
         self._deadlines: _Deadlines | None = None  # of the loop that last finished a call
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get(SCOPE_CAPTURED):
+        if scope["type"] != "http" or scope.get(R.SCOPE_CAPTURED):
             await self.app(scope, receive, send)
             return
-        correlated = R.correlate(scope)
-        if isinstance(correlated, dict):  # an id that breaks the grammar: refused, naming the rule
-            await _send_json(send, 400, correlated)
+        found = R.correlate(scope)  # the one decision: what this request is, or the rule it breaks
+        if isinstance(found, R.Refusal):
+            await _send_json(send, found.status, found.payload())
             return
-        original = scope
-        scope, rollout_id, source, prefixed = correlated
-        dialect = R.dialect_of(scope)
-        if prefixed:
-            R.name_server_span(scope, dialect)
-        if dialect is None:
-            await self.app(scope, receive, send)
+        if found.prefixed:
+            R.name_server_span(found.scope, found.dialect)
+        if found.invalid_baggage_id is not None:
+            # Baggage is ambient context from any upstream system: a bad value must not fail the call.
+            _logger.warning(
+                "not capturing a call with invalid baggage rollout.id %r", found.invalid_baggage_id[:64]
+            )
+        if not found.captured:
+            if found.dialect is not None and found.rollout_id is None:
+                self._uncorrelated(found.scope, found.dialect)
+            # not a model call, or one a capture layer in front of this one records (one call, one record)
+            await self.app(found.scope, receive, send)
             return
-        headers = R.headers_by_name(scope)
-        marks = headers.get(CAPTURED_HEADER)
-        if marks and CAPTURED_VALUE in (v.decode("latin-1").strip() for v in marks):
-            # A capture layer in front of this one records the call: pass it through (one call, one record).
-            await self.app(scope, receive, send)
-            return
-        baggage = headers.get("baggage")
-        baggage_id = rollout_id_from_baggage(baggage) if baggage else None
-        if rollout_id is None and baggage_id is not None:
-            if is_valid_rollout_id(baggage_id):
-                rollout_id, source = baggage_id, "baggage"
-            else:
-                # Baggage is ambient context from any upstream system: a bad value must not fail the call.
-                _logger.warning("not capturing a call with invalid baggage rollout.id %r", baggage_id[:64])
-        if rollout_id is None:
-            self._uncorrelated(scope, dialect)
-            await self.app(scope, receive, send)
-            return
-        if scope is original:  # else correlate made a copy of its own already
-            scope = dict(scope)
-        scope[SCOPE_CAPTURED] = True
-        if self.sink is not None:  # this layer records: mark the request for any capture layer behind it
-            scope["headers"] = [*scope.get("headers", ()), _CAPTURED_MARK]
-        await self._capture(scope, receive, send, dialect, rollout_id, source, baggage_id, headers)
+        sink = self.sink if self._sink_lookup is None else self._late_sink()
+        await self._capture(found.scope_for_capture(mark=sink is not None), receive, send, found, sink)
+
+    def _late_sink(self) -> CallSink | None:
+        """The sink of a tracer provider set after this middleware was built, once there is one; until
+        then ``None``, with one warning when the records' exporter is configured (its calls would be
+        traced and not recorded, silently)."""
+        assert self._sink_lookup is not None
+        sink = self._sink_lookup.find()
+        if sink is not None:
+            self.sink, self._sink_lookup = sink, None
+        elif self.settings.records_expected and not self._no_sink_warned:
+            self._no_sink_warned = True
+            _logger.warning(
+                "OTEL_TRACES_EXPORTER names %s, but this capture middleware's tracer provider has no %s "
+                "exporter: its calls are traced, not recorded, until one is added (set the tracer provider "
+                "before the first call, or pass sink=); see docs/architecture.md",
+                JSONL_EXPORTER,
+                JSONL_EXPORTER,
+            )
+        return sink
 
     def _uncorrelated(self, scope: Scope, dialect: Dialect) -> None:
         """A model call without a rollout id is served but cannot be recorded: say so (the first time,
@@ -160,17 +156,16 @@ class ModelCallCaptureMiddleware:
         scope: Scope,
         receive: Receive,
         send: Send,
-        dialect: Dialect,
-        rollout_id: str,
-        source: str,
-        baggage_id: str | None,
-        headers: dict[str, list[bytes]],
+        found: R.Correlation,
+        sink: CallSink | None,
     ) -> None:
-        call = InFlightCall(dialect, rollout_id, self.settings, session_id=R.session_id(headers))
-        start = _CallStart(self.sink, rollout_id, call.model_call_id)
+        assert found.dialect is not None and found.rollout_id is not None  # found.captured
+        rollout_id, headers = found.rollout_id, found.headers
+        call = InFlightCall(found.dialect, rollout_id, self.settings, session_id=R.session_id(headers))
+        start = _CallStart(sink, rollout_id, call.model_call_id)
         body_messages, disconnected = await _read_request(receive)
         call.set_request(b"".join(m.get("body", b"") for m in body_messages))
-        span, attributes, parent = self._start_span(call, scope, headers, source, baggage_id)
+        span, attributes, parent = self._start_span(call, scope, headers, found.source, found.baggage_id)
         # in the caller's context when there is no server span (its baggage too), else in the current one
         token = otel_context.attach(trace.set_span_in_context(span, parent))
         state = _SendState()
@@ -236,12 +231,12 @@ class ModelCallCaptureMiddleware:
                 if call.status_code is not None:
                     span.set_attribute(A.HTTP_RESPONSE_STATUS_CODE, call.status_code)
                 span.end()
-                if start.begun and self.sink is not None:
-                    self.sink.discard_call(rollout_id, call.model_call_id)
+                if start.begun and sink is not None:
+                    sink.discard_call(rollout_id, call.model_call_id)
             else:
                 start.now()
                 # A disconnect after the app produced the whole response is not a cancelled call.
-                await self._finish(call, span, attributes, exception, cancelled and not state.holding)
+                await self._finish(call, span, attributes, exception, cancelled and not state.holding, sink)
             # Capture never changes the response: what was held goes out now, durable or not.
             for message in state.held:
                 await send(message)
@@ -298,6 +293,7 @@ class ModelCallCaptureMiddleware:
         attributes: dict[str, Any] | None,
         exception: BaseException | None,
         cancelled: bool,
+        sink: CallSink | None,
     ) -> None:
         """End the span exactly once, record the metrics, and wait until the record is durable (or
         failed). Never raises."""
@@ -321,7 +317,7 @@ class ModelCallCaptureMiddleware:
                     span.set_status(Status(StatusCode.ERROR, call.error_category))
                 if exception is not None and not isinstance(exception, asyncio.CancelledError):
                     span.record_exception(exception)
-            if self.sink is not None:
+            if sink is not None:
                 context = span.get_span_context()
                 loop = asyncio.get_running_loop()
                 finished = FinishedCall(
@@ -335,15 +331,15 @@ class ModelCallCaptureMiddleware:
                 )
         except Exception as exc:
             _logger.exception("model-call capture failed while finishing a %s call", call.dialect)
-            if self.sink is not None:
-                self.sink.abandon_call(
+            if sink is not None:
+                sink.abandon_call(
                     call.rollout_id, call.model_call_id, f"capture_error: {type(exc).__name__}: {exc}"
                 )
         finally:
             span.end(end_time=call.end_time_ns)  # None (the finish failed): now
-        if finished is None or self.sink is None:
+        if finished is None or sink is None:
             return
-        self.sink.write_call(finished)
+        sink.write_call(finished)
         future = finished.waiter.future
         deadlines = self._deadlines
         if deadlines is None or deadlines.loop is not finished.waiter.loop:
@@ -358,7 +354,7 @@ class ModelCallCaptureMiddleware:
         ):  # a stalled writer (a hung disk) never holds the call: answer, mark it failed
             reason = f"capture_error: record not durable within {self.settings.durable_timeout_s:g} s"
             _logger.error("rollout %s, call %s: %s", call.rollout_id, call.model_call_id, reason)
-            self.sink.abandon_call(call.rollout_id, call.model_call_id, reason)
+            sink.abandon_call(call.rollout_id, call.model_call_id, reason)
         except Exception:  # the writer logged it, counted it and marked the rollout incomplete
             pass
 

@@ -1,10 +1,12 @@
-"""Where a request goes: its rollout id (URL prefix, ``x-rollout-id`` header), the route the app sees, its
-dialect, and the HTTP server span's name. Pure functions of the ASGI scope, shared by the capture middleware,
+"""Where a request goes: :func:`correlate` (its rollout id from the URL prefix, the ``x-rollout-id`` header or
+baggage, the route the app sees, its dialect, whether this layer captures it; or the rule it breaks), and
+the HTTP server span's name. Pure functions of the ASGI scope, shared by the capture middleware,
 the lean server span and the proxy."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import trace
@@ -13,29 +15,85 @@ from opentelemetry.trace import SpanKind
 from . import _attributes as A
 from ._asgi import Scope
 from ._correlation import (
+    CAPTURED_HEADER,
+    CAPTURED_VALUE,
     ROLLOUT_ID_HEADER,
     ROLLOUT_ID_RULE,
     ROLLOUT_PATH_PREFIX,
     is_valid_rollout_id,
+    rollout_id_from_baggage,
     rollout_id_from_header,
     rollout_path_prefix,
     split_rollout_prefix,
 )
 from ._dialects import DIALECT_PATHS, Dialect
 
+SCOPE_CAPTURED = "otel_capture.captured"  # set on a scope a capture middleware captures: others pass it
 SCOPE_ROLLOUT_ID = "otel_capture.rollout_id"  # from a URL prefix stripped by an outer capture middleware
 SCOPE_ROLLOUT_SOURCE = "otel_capture.rollout_source"  # where that id came from: "url_prefix" or "header"
 # The raw path without the /ng-rollout/<id> part (the path and raw_path keep it, as the ASGI spec wants with
 # the prefix in root_path): what a forwarding app (the proxy) sends on.
 SCOPE_UNPREFIXED_RAW_PATH = "otel_capture.unprefixed_raw_path"
 _ROLLOUT_ID_HEADER = ROLLOUT_ID_HEADER.encode()
+_CAPTURED_MARK = (CAPTURED_HEADER.encode(), CAPTURED_VALUE.encode())
 _PREFIX_IN_TEXT = re.compile("/" + ROLLOUT_PATH_PREFIX + "/[^/\\s]*")  # in a span name or a decoded path
 
 
-def correlate(scope: Scope) -> tuple[Scope, str | None, str, bool] | dict[str, Any]:
-    """Read the rollout id a request carries in its URL prefix or ``x-rollout-id`` header (baggage is read
-    later, for model calls only) and hide both from the app: ``(scope, id, source, prefixed)``, or the
-    ``400`` error payload for an id that breaks the grammar.
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A request refused before the app sees it (``400``), naming the rule it breaks: a rollout id that
+    breaks the grammar (in the prefix or the header), or more than one ``/ng-rollout/<id>/`` prefix."""
+
+    message: str
+    rule: str
+    type: str = "invalid_rollout_id"
+    status: int = 400
+
+    def payload(self) -> dict[str, Any]:
+        return {"error": {"type": self.type, "message": self.message, "rule": self.rule}}
+
+
+@dataclass(frozen=True, slots=True)
+class Correlation:
+    """What a request is, for capture: the scope the app sees (the prefix moved into ``root_path``, the
+    header removed), its rollout id and where it came from, its dialect, and whether a capture layer in
+    front of this one records it already. :attr:`captured` says whether this layer records it."""
+
+    scope: Scope
+    rollout_id: str | None
+    source: str  # "url_prefix", "header" or "baggage" (meaningless without a rollout id)
+    prefixed: bool  # the id came from a prefix this layer read (the server span is renamed)
+    dialect: Dialect | None
+    headers: dict[str, list[bytes]]  # by lower-case name; read only for a model call ({} otherwise)
+    captured_upstream: bool = False  # the request carries x-otel-capture: captured
+    baggage_id: str | None = None  # the baggage's rollout.id, valid or not (the span notes a disagreement)
+    invalid_baggage_id: str | None = None  # a baggage rollout.id that breaks the grammar: ignored, logged
+
+    @property
+    def captured(self) -> bool:
+        """A model call with a rollout id that no layer in front records: this layer records it."""
+        return self.dialect is not None and self.rollout_id is not None and not self.captured_upstream
+
+    def scope_for_capture(self, *, mark: bool) -> Scope:
+        """The scope handed to the app for a captured call: a copy marked captured (a capture middleware
+        below passes it through), with ``x-otel-capture: captured`` added when ``mark`` (this layer records
+        to a sink, so a capture layer behind it, in another process, records nothing)."""
+        scope = dict(self.scope)
+        scope[SCOPE_CAPTURED] = True
+        if mark:
+            scope["headers"] = [*scope.get("headers", ()), _CAPTURED_MARK]
+        return scope
+
+
+DOUBLE_PREFIX_RULE = "a request carries at most one /ng-rollout/<id>/ prefix"
+
+
+def correlate(scope: Scope) -> Correlation | Refusal:
+    """The one decision of what an HTTP request is for capture: :class:`Correlation`, or a
+    :class:`Refusal` naming the rule it breaks. The carriers in order (``docs/gateways.md``): the
+    ``/ng-rollout/<id>/`` URL prefix (or the id an outer capture middleware read from one), the
+    ``x-rollout-id`` header, the W3C ``baggage`` entry ``rollout.id`` (read for model calls only; a bad one
+    is ambient context from any upstream system, so it is ignored, not refused).
 
     The prefix moves into ``root_path`` (``path`` keeps the full path, as the ASGI spec and Starlette want),
     so the app routes the rest and the URLs it builds (redirects, ``url_for``) keep the prefix.
@@ -50,7 +108,13 @@ def correlate(scope: Scope) -> tuple[Scope, str | None, str, bool] | dict[str, A
     if split is not None:
         prefix_id, raw_rest = split
         if not is_valid_rollout_id(prefix_id):
-            return invalid_id_error(prefix_id, "/ng-rollout/<id>/")
+            return _invalid_id(prefix_id, "/ng-rollout/<id>/")
+        if split_rollout_prefix(raw_rest) is not None:
+            # /ng-rollout/a/ng-rollout/b/...: which id is meant is anyone's guess, and the app would route
+            # /ng-rollout/b/... (no dialect path): refused rather than answered and not recorded
+            return Refusal(
+                f"more than one /ng-rollout/<id>/ prefix in {raw_route[:256]!r}", DOUBLE_PREFIX_RULE
+            )
         changes["root_path"] = root_path + rollout_path_prefix(prefix_id)
         changes[SCOPE_UNPREFIXED_RAW_PATH] = (raw_root + raw_rest).encode("latin-1")
         rollout_id, source = prefix_id, "url_prefix"
@@ -58,16 +122,40 @@ def correlate(scope: Scope) -> tuple[Scope, str | None, str, bool] | dict[str, A
     header_id = rollout_id_from_header(header_values)
     if header_id is not None:
         if not is_valid_rollout_id(header_id):
-            return invalid_id_error(header_id, f"the {ROLLOUT_ID_HEADER} header")
+            return _invalid_id(header_id, f"the {ROLLOUT_ID_HEADER} header")
         changes["headers"] = [(k, v) for k, v in scope["headers"] if k.lower() != _ROLLOUT_ID_HEADER]
         if rollout_id is None:
             rollout_id, source = header_id, "header"
-    if not changes:
-        return scope, rollout_id, source, False
-    scope = dict(scope, **changes)
-    if rollout_id is not None:  # for a capture middleware below this one (a mounted sub-app)
-        scope[SCOPE_ROLLOUT_ID], scope[SCOPE_ROLLOUT_SOURCE] = rollout_id, source
-    return scope, rollout_id, source, split is not None
+    if changes:
+        scope = dict(scope, **changes)
+        if rollout_id is not None:  # for a capture middleware below this one (a mounted sub-app)
+            scope[SCOPE_ROLLOUT_ID], scope[SCOPE_ROLLOUT_SOURCE] = rollout_id, source
+    prefixed = split is not None
+    dialect = dialect_of(scope)
+    if dialect is None:  # not a model call: nothing more to read
+        return Correlation(scope, rollout_id, source, prefixed, None, {})
+    headers = headers_by_name(scope)
+    marks = headers.get(CAPTURED_HEADER)
+    if marks and CAPTURED_VALUE in (v.decode("latin-1").strip() for v in marks):
+        return Correlation(scope, rollout_id, source, prefixed, dialect, headers, captured_upstream=True)
+    baggage = headers.get("baggage")
+    baggage_id = rollout_id_from_baggage(baggage) if baggage else None
+    invalid_baggage_id = None
+    if rollout_id is None and baggage_id is not None:
+        if is_valid_rollout_id(baggage_id):
+            rollout_id, source = baggage_id, "baggage"
+        else:
+            invalid_baggage_id = baggage_id
+    return Correlation(
+        scope,
+        rollout_id,
+        source,
+        prefixed,
+        dialect,
+        headers,
+        baggage_id=baggage_id,
+        invalid_baggage_id=invalid_baggage_id,
+    )
 
 
 def split_root(scope: Scope, root_path: str) -> tuple[str, str]:
@@ -224,11 +312,5 @@ def content_length(headers: Any) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def invalid_id_error(rollout_id: str, where: str) -> dict[str, Any]:
-    return {
-        "error": {
-            "type": "invalid_rollout_id",
-            "message": f"invalid rollout id {rollout_id[:256]!r} in {where}: {ROLLOUT_ID_RULE}",
-            "rule": ROLLOUT_ID_RULE,
-        }
-    }
+def _invalid_id(rollout_id: str, where: str) -> Refusal:
+    return Refusal(f"invalid rollout id {rollout_id[:256]!r} in {where}: {ROLLOUT_ID_RULE}", ROLLOUT_ID_RULE)

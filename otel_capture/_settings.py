@@ -43,6 +43,8 @@ ENV_MAX_REQUEST_BYTES = "OTEL_CAPTURE_MAX_REQUEST_BYTES"
 ENV_SHUTDOWN_TIMEOUT = "OTEL_CAPTURE_SHUTDOWN_TIMEOUT"
 ENV_LOCK_TIMEOUT = "OTEL_CAPTURE_LOCK_TIMEOUT_S"
 # standard
+ENV_TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
+JSONL_EXPORTER = "model_call_jsonl"  # the records' exporter, by its entry-point name
 ENV_SERVICE_NAME = "OTEL_SERVICE_NAME"
 ENV_RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
 ENV_GENAI_CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
@@ -105,6 +107,9 @@ class CaptureSettings:
     durable_timeout_s: float = DEFAULT_DURABLE_TIMEOUT_S
     """Longest wait for a call's record to be durable before its terminal chunk is released anyway and its
     capture marked failed (a disk or network filesystem that stopped answering never holds a call)."""
+    records_expected: bool = False
+    """``OTEL_TRACES_EXPORTER`` names ``model_call_jsonl``: a middleware that finds no records' exporter
+    on its tracer provider when a call comes says so (once) instead of recording nothing in silence."""
 
     @property
     def content_on_spans(self) -> bool:
@@ -156,6 +161,8 @@ class CaptureSettings:
             durable_timeout_s=_pick(
                 durable_timeout_s, env, (ENV_DURABLE_TIMEOUT,), _seconds, DEFAULT_DURABLE_TIMEOUT_S
             ),
+            records_expected=JSONL_EXPORTER
+            in (n.strip() for n in env.get(ENV_TRACES_EXPORTER, "").split(",")),
         )
 
 

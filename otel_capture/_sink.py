@@ -2,8 +2,9 @@
 
 The record's payloads (exact request and response bodies) never ride on the span: span attributes obey
 ``OTEL_*`` length and count limits, every other exporter would see raw prompts, and a 50 MB body would be
-copied into the span. Instead the middleware is bound once, when it is built, to the ``model_call_jsonl``
-exporter of its tracer provider (:func:`find_sink`), and every call takes the same route through it:
+copied into the span. Instead the middleware is bound to the ``model_call_jsonl`` exporter of its tracer
+provider (:func:`find_sink` when it is built; :class:`SinkLookup` on its calls while it has none, so a
+provider set later is found), and every call takes the same route through it:
 
 1. ``begin_call`` when the call starts (a freeze meanwhile reports the rollout incomplete);
 2. ``write_call`` with the finished line after the span ends, whatever the span processor, the sampler or
@@ -20,11 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from opentelemetry import trace
+
+from ._sdk_private import processor_exporter, span_processors
 
 _logger = logging.getLogger(__name__)
 
@@ -65,22 +67,43 @@ def find_sink(tracer_provider: trace.TracerProvider | None = None) -> CallSink |
     """The first span exporter of ``tracer_provider`` (the global one by default) that is a
     :class:`CallSink`, whatever processor wraps it; ``None`` when there is none (spans only).
 
-    The SDK has no public way to list a provider's processors, so this reads the SDK's own attributes
-    (``TracerProvider._active_span_processor``, ``SimpleSpanProcessor.span_exporter``,
-    ``BatchSpanProcessor._batch_processor._exporter``); ``tests/unit/test_sink.py`` pins them.
+    The SDK has no public way to list a provider's processors: they are read through
+    :mod:`._sdk_private`, whose test pins each attribute against the installed SDK.
     """
     provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
-    for exporter in _exporters(provider):
-        if isinstance(exporter, CallSink):
+    return _sink_among(span_processors(provider))
+
+
+def _sink_among(processors: tuple[Any, ...] | None) -> CallSink | None:
+    for processor in processors or ():
+        exporter = processor_exporter(processor)
+        if exporter is not None and isinstance(exporter, CallSink):
             return exporter
     return None
 
 
-def _exporters(provider: Any) -> Iterator[Any]:
-    multi = getattr(provider, "_active_span_processor", None)
-    for processor in getattr(multi, "_span_processors", ()):
-        exporter = getattr(processor, "span_exporter", None)
-        if exporter is None:
-            exporter = getattr(getattr(processor, "_batch_processor", None), "_exporter", None)
-        if exporter is not None:
-            yield exporter
+class SinkLookup:
+    """The sink of a tracer provider set (or given its exporter) after the middleware was built: looked
+    for again on each call until found, then kept. Looking again costs two attribute reads and an identity
+    test while nothing changed: the SDK gives its processors a new tuple whenever one is added, and the
+    global provider is set once. ``tracer_provider`` ``None`` means the global one."""
+
+    __slots__ = ("_processors", "_provider", "_seen", "sink")
+
+    def __init__(self, tracer_provider: trace.TracerProvider | None) -> None:
+        self._provider = tracer_provider
+        self._seen: object = None  # the provider looked at last
+        self._processors: object = None  # and its processors then
+        self.sink: CallSink | None = None
+
+    def find(self) -> CallSink | None:
+        """The sink, once a processor of the provider wraps one; ``None`` until then."""
+        if self.sink is not None:
+            return self.sink
+        provider = self._provider if self._provider is not None else trace.get_tracer_provider()
+        processors = span_processors(provider)
+        if provider is self._seen and processors is self._processors:
+            return None
+        self._seen, self._processors = provider, processors
+        self.sink = _sink_among(processors)
+        return self.sink

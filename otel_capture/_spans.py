@@ -25,6 +25,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
+from ._sdk_private import processor_exporter, provider_disabled, span_processors
 from ._telemetry import SinkOnlyProcessor
 
 IGNORES_SPANS = "ignores_spans"  # an exporter's class attribute: True when its export() does nothing
@@ -48,8 +49,8 @@ class SpanGate:
         """True when the provider is the SDK's and every one of its processors ignores spans (or it has
         none). Any other provider (the API's proxy before one is set, a vendor's) decides for itself."""
         provider = self._sdk_provider()
-        processors = getattr(getattr(provider, "_active_span_processor", None), "_span_processors", None)
-        if processors is None or getattr(provider, "_disabled", False):
+        processors = span_processors(provider)
+        if processors is None or provider_disabled(provider):
             return False
         if processors is not self._processors:  # a processor was added: look again
             unseen = all(ignores_spans(p) for p in processors)
@@ -94,9 +95,5 @@ def ignores_spans(processor: object) -> bool:
         return True
     if kind is not SimpleSpanProcessor and kind is not BatchSpanProcessor:
         return False
-    # where the SDK keeps the exporter (as find_sink reads it): SimpleSpanProcessor.span_exporter, and
-    # BatchSpanProcessor._batch_processor._exporter (span_exporter in older SDKs); not found: built
-    exporter = getattr(processor, "span_exporter", None)
-    if exporter is None:
-        exporter = getattr(getattr(processor, "_batch_processor", None), "_exporter", None)
-    return getattr(exporter, IGNORES_SPANS, False) is True
+    # where the SDK keeps the exporter, as the sink lookup reads it (._sdk_private); not found: built
+    return getattr(processor_exporter(processor), IGNORES_SPANS, False) is True

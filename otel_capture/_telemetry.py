@@ -14,16 +14,15 @@ from __future__ import annotations
 import logging
 from importlib.metadata import entry_points
 
-from opentelemetry.sdk import _configuration as sdk_configuration
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 
-from ._settings import CaptureSettings, WriterSettings
+from ._sdk_private import configured_exporter_names, configured_sampler
+from ._settings import JSONL_EXPORTER, CaptureSettings, WriterSettings
 
 _logger = logging.getLogger(__name__)
 
-JSONL_EXPORTER = "model_call_jsonl"
 _GROUP = "opentelemetry_traces_exporter"
 DEFAULT_SERVICE_NAME = "otel-capture"
 
@@ -31,7 +30,7 @@ DEFAULT_SERVICE_NAME = "otel-capture"
 def build_tracer_provider(capture: CaptureSettings, writer: WriterSettings) -> TracerProvider:
     """A provider with the records' exporter (when ``writer.directory`` is set) and the SDK's selection of
     other exporters, sampler and resource. A name that cannot be loaded is logged and skipped."""
-    sampler = sdk_configuration._import_sampler(sdk_configuration._get_sampler())
+    sampler = configured_sampler()
     resource = Resource.create({"service.name": capture.service_name or DEFAULT_SERVICE_NAME})
     provider = TracerProvider(sampler=sampler, resource=resource)
     if writer.directory is not None:
@@ -66,7 +65,7 @@ def _standard_exporter_names() -> list[str]:
     """``OTEL_TRACES_EXPORTER`` as the SDK resolves it (``otlp`` to its protocol's entry point), without
     ``model_call_jsonl``, which is configured from the writer settings instead."""
     try:
-        names = sdk_configuration._get_exporter_names("traces")
+        names = configured_exporter_names()
     except RuntimeError as exc:  # e.g. an unsupported OTLP protocol
         _logger.error("ignoring OTEL_TRACES_EXPORTER: %s", exc)
         return []

@@ -25,11 +25,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ._store.memory import InMemoryCaptureBackend
-from ._store.types import (
+from ._errors import CaptureError
+from ._store import (
     CaptureFrozenError,
     CaptureRetiredError,
     CaptureSnapshot,
+    InMemoryCaptureBackend,
     RemovalResult,
     RolloutState,
 )
@@ -92,7 +93,7 @@ class ConformanceReport:
         return "\n".join(lines)
 
 
-class CheckFailed(AssertionError):
+class CheckFailed(CaptureError, AssertionError):
     """One check's rule was broken."""
 
 

@@ -11,8 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .._records import InvalidLine, read_available_model_call_records
-from .._store.store import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX, CaptureStore
+from .._records import InvalidLine
+from .._store import (
+    CAPTURE_SUFFIX,
+    INCOMPLETE_SUFFIX,
+    TOKENS_SUFFIX,
+    CaptureStore,
+    read_available_model_call_records,
+)
 
 
 @dataclass

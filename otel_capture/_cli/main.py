@@ -143,7 +143,7 @@ def _proxy(args: argparse.Namespace) -> int:
     settings = CaptureSettings.from_environ()
     writer = WriterSettings.from_environ(directory=args.capture_dir)
     if writer.directory is not None:  # refused before listening: a directory others can write never starts
-        from .._store.fs import check_directory
+        from .._store import check_directory
 
         check_directory(writer.directory, allow_shared=writer.allow_shared_directory)
     proxy = _proxy_settings(args)
@@ -227,7 +227,7 @@ def _server_class() -> type:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .._store.store import CaptureStore
+    from .._store import CaptureStore
     from .check import check_capture_dir, format_check
 
     store = CaptureStore(args.dir)
@@ -243,8 +243,7 @@ def _check(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     from .._records import InvalidLine, ModelCallRecord
-    from .._records.readers import scan_available_model_call_records
-    from .._store.store import CaptureStore
+    from .._store import CaptureStore, scan_available_model_call_records
     from .show import format_rollouts_table, iter_calls_table
 
     store = CaptureStore(args.dir)
@@ -279,7 +278,7 @@ def _show(args: argparse.Namespace) -> int:
 def _lifecycle(args: argparse.Namespace) -> int:
     """``ls``: one ``<id> <state>`` line per rollout. ``retire``/``delete``: one ``<outcome> <id>`` line per
     id (``removed``, ``absent``, ``failed``); exit 1 if any id failed (the same command finishes it)."""
-    from .._store.store import CaptureStore
+    from .._store import CaptureStore
 
     store = CaptureStore(args.dir)
     if not store.root.is_dir():

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .._records import ModelCallRecord
-from .._records.readers import iter_model_call_records
+from .._store import iter_model_call_records
 
 if TYPE_CHECKING:
-    from .._store.store import CaptureStore
+    from .._store import CaptureStore
 
 _logger = logging.getLogger(__name__)
 

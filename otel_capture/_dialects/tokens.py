@@ -1,5 +1,7 @@
-"""The token family: prompt and generated token ids and log-probs of one call, as one line of
-``<dir>/<rollout_id>.tokens.jsonl``, when the upstream returned them. A pure function: dict in, bytes out.
+"""The token family: prompt and generated token ids and log-probs of one call, when the upstream returned
+them. A pure function: a response object in, ``{"prompt_token_ids", "generations"}`` out; the line of
+``<dir>/<rollout_id>.tokens.jsonl`` they become is the record codec's
+(:func:`otel_capture._records.codec.tokens_line`).
 
 Shapes read (whichever are present; nothing is invented):
 
@@ -12,12 +14,6 @@ Shapes read (whichever are present; nothing is invented):
   ``prompt_token_ids`` / ``generation_token_ids`` / ``generation_log_probs`` on output items; a top-level
   ``prompt_token_ids``.
 
-The line::
-
-    {"schema_version": 1, "rollout_id": ..., "model_call_id": ..., "model": ...,
-     "prompt_token_ids": [...] | null,
-     "generations": [{"index": 0, "token_ids": [...] | null, "log_probs": [...] | null}, ...]}
-
 A streamed response is read from its reassembled object (:mod:`.reassembly`), which keeps what the
 non-streaming body carries: vLLM's first-chunk ``prompt_token_ids`` and per-chunk ``choices[i].token_ids``
 joined, the chunks' ``logprobs.content`` joined, and a Responses stream's final response (or, for a stream
@@ -29,10 +25,6 @@ same call not streamed give the same line. Anthropic Messages has no log-probs (
 from __future__ import annotations
 
 from typing import Any
-
-import orjson
-
-TOKENS_SCHEMA_VERSION = 1
 
 
 def _int_list(value: Any) -> list[int] | None:
@@ -147,20 +139,3 @@ def extract_tokens(response: dict[str, Any] | None) -> dict[str, Any] | None:
     if prompt is None and not generations:
         return None
     return {"prompt_token_ids": prompt, "generations": generations}
-
-
-def tokens_line(response: dict[str, Any] | None, *, rollout_id: str, model_call_id: str) -> bytes | None:
-    """The ``<id>.tokens.jsonl`` line (ending in ``\\n``) of one call, or ``None`` without token data."""
-    found = extract_tokens(response)
-    if found is None:
-        return None
-    assert response is not None
-    model = response.get("model")
-    record = {
-        "schema_version": TOKENS_SCHEMA_VERSION,
-        "rollout_id": rollout_id,
-        "model_call_id": model_call_id,
-        "model": model if isinstance(model, str) else None,
-        **found,
-    }
-    return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)

@@ -1,18 +1,15 @@
-"""Per-rollout totals over records, NeMo Gym 0.7.0's aggregate then ours."""
+"""Per-rollout totals over records, NeMo Gym 0.7.0's aggregate then ours (over a store's rollout:
+:func:`otel_capture._store.reading.aggregate_model_call_metrics`)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .readers import iter_model_call_records
 from .schema import ModelCallRecord
 
-if TYPE_CHECKING:
-    from .._store.store import CaptureStore
-
-__all__ = ["aggregate_model_call_metrics", "aggregate_model_call_records"]
+__all__ = ["aggregate_model_call_records"]
 
 _logger = logging.getLogger(__name__)
 
@@ -48,10 +45,3 @@ def aggregate_model_call_records(records: Iterable[ModelCallRecord]) -> dict[str
         "cache_creation_tokens": sums["cache_creation_tokens"],
         "latency_ttft_ms_mean": ttft_sum / ttft_count if ttft_count else None,
     }
-
-
-def aggregate_model_call_metrics(store: CaptureStore, rollout_id: str) -> dict[str, Any]:
-    """:func:`aggregate_model_call_records` over the strict reader, as Gym does: a damaged line raises
-    :class:`~.readers.CaptureReadError` rather than giving totals that silently miss calls. The records
-    are aggregated as they are parsed, never all held at once."""
-    return aggregate_model_call_records(iter_model_call_records(store, rollout_id))

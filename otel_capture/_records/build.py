@@ -16,7 +16,7 @@ from typing import Any, cast
 from pydantic import TypeAdapter, ValidationError
 
 from .._dialects.derive import derive_call_facts
-from .schema import EXTRA_RECORD_FIELDS, GYM_RECORD_FIELDS, ModelCallRecord
+from .schema import EXTRA_RECORD_FIELDS, EXTRA_RECORD_TYPES, GYM_RECORD_FIELDS, ModelCallRecord
 from .speed import construct_record, construct_ref
 
 __all__ = ["build_model_call_record"]
@@ -30,16 +30,6 @@ _NO_EXTRAS: dict[str, None] = dict.fromkeys(EXTRA_RECORD_FIELDS)
 _STR_FIELDS = ("model_call_id", "dialect", "local_response_reason", "error_category")
 _INT_FIELDS = ("status_code", "upstream_status_code")
 _FLOAT_FIELDS = ("started_at", "completed_at", "latency_total_ms", "latency_ttft_ms")
-_EXTRA_EXACT_TYPES: dict[str, type] = {
-    "schema_version": int,
-    "rollout_id": str,
-    "trace_id": str,
-    "span_id": str,
-    "stream": bool,
-    "stream_truncated": bool,
-    "truncated": bool,
-    "failure": dict,
-}
 _EXTRA_ADAPTERS: dict[str, TypeAdapter[Any]] = {
     name: TypeAdapter(cast(Any, ModelCallRecord.model_fields[name].annotation))
     for name in EXTRA_RECORD_FIELDS
@@ -132,7 +122,7 @@ def _already_valid(values: dict[str, Any]) -> bool:
 def _add_extras(line: dict[str, Any], values: dict[str, Any]) -> set[str]:
     """Copy our added keys that the line carries into ``values``; a wrongly typed one becomes ``None``."""
     present: set[str] = set()
-    for name, exact_type in _EXTRA_EXACT_TYPES.items():
+    for name, exact_type in EXTRA_RECORD_TYPES.items():
         if name not in line:
             continue
         value = line[name]
@@ -154,7 +144,7 @@ def build_model_call_record(line: dict[str, Any], *, call_index: int) -> ModelCa
     """
     values = _line_values(line, call_index)
     fields_set = set(_GYM_FIELDS_SET)
-    if not line.keys().isdisjoint(_EXTRA_EXACT_TYPES):
+    if not line.keys().isdisjoint(EXTRA_RECORD_TYPES):
         fields_set |= _add_extras(line, values)
     if _already_valid(values):
         return construct_record(values, fields_set)

@@ -8,13 +8,26 @@ in ``docs/records.md``.
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, Field
 
-__all__ = ["EXTRA_RECORD_FIELDS", "GYM_RECORD_FIELDS", "ModelCallRecord", "ModelServerRef", "call_failed"]
+__all__ = [
+    "EXTRA_RECORD_FIELDS",
+    "EXTRA_RECORD_TYPES",
+    "GYM_RECORD_FIELDS",
+    "LINE_KEYS",
+    "SCHEMA_VERSION",
+    "TOKENS_SCHEMA_VERSION",
+    "ModelCallRecord",
+    "ModelServerRef",
+    "call_failed",
+]
 
 _logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1  # of a record line (its ``schema_version``)
+TOKENS_SCHEMA_VERSION = 1  # of a tokens line
 
 FAILED_RESPONSE_STATUSES = frozenset({"failed", "error", "cancelled"})
 
@@ -92,16 +105,45 @@ class ModelCallRecord(BaseModel):
         return call_failed(self.status_code, self.error_category, self.response_status)
 
 
-EXTRA_RECORD_FIELDS: tuple[str, ...] = (
-    "schema_version",
-    "rollout_id",
-    "trace_id",
-    "span_id",
-    "stream",
-    "stream_truncated",
-    "truncated",
-    "failure",
+_FIELDS = tuple(ModelCallRecord.model_fields)
+GYM_RECORD_FIELDS: tuple[str, ...] = _FIELDS[: _FIELDS.index("latency_ttft_ms") + 1]
+"""NeMo Gym 0.7.0's record fields, in its order."""
+EXTRA_RECORD_FIELDS: tuple[str, ...] = _FIELDS[len(GYM_RECORD_FIELDS) :]
+"""Ours: every field after Gym's. Adding one to :class:`ModelCallRecord` is all it takes for the line
+codec to write it (:data:`LINE_KEYS`) and read it back (:data:`EXTRA_RECORD_TYPES`)."""
+
+
+def _exact_type(name: str) -> type:
+    [annotation] = [a for a in get_args(ModelCallRecord.model_fields[name].annotation) if a is not type(None)]
+    origin = get_origin(annotation)
+    exact: type = origin if origin is not None else annotation
+    return exact
+
+
+EXTRA_RECORD_TYPES: dict[str, type] = {name: _exact_type(name) for name in EXTRA_RECORD_FIELDS}
+"""The exact type of each added field's value on a line that needs no validation (``int``, ``dict``...)."""
+
+# The keys a NeMo Gym 0.7.0 line carries, in the order its writer writes them (``latency_ms`` is
+# ``latency_total_ms`` on disk; the derived fields, such as the token counts, are not stored).
+_GYM_LINE_KEYS = (
+    "model_call_id",
+    "dialect",
+    "model_ref",
+    "started_at",
+    "completed_at",
+    "latency_ms",
+    "latency_ttft_ms",
+    "status_code",
+    "error_category",
+    "request",
+    "response",
+    "client_session_id",
+    "request_raw",
+    "response_raw",
+    "upstream_attempted",
+    "response_source",
+    "upstream_status_code",
+    "local_response_reason",
 )
-GYM_RECORD_FIELDS: tuple[str, ...] = tuple(
-    name for name in ModelCallRecord.model_fields if name not in EXTRA_RECORD_FIELDS
-)
+LINE_KEYS: tuple[str, ...] = _GYM_LINE_KEYS + EXTRA_RECORD_FIELDS
+"""The keys of a record line, in the order the codec writes them."""

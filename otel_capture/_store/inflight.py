@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
+from .._records.codec import split_lines
 from .fs import STATE_DIR, DirFds, open_file, read_all, write_all
 
 _logger = logging.getLogger(__name__)
@@ -72,7 +73,8 @@ def marker_label(rollout_id: str) -> str:
 
 
 def _apply(data: bytes, begun: set[str]) -> set[str]:
-    for line in data.split(b"\n"):
+    lines, tail = split_lines(data)
+    for line in (*lines, tail):  # a torn last entry counts, as it always has
         if line[:1] == b"+":
             begun.add(line[1:].decode("utf-8", "replace"))
         elif line[:1] == b"-":

@@ -105,13 +105,3 @@ class LazyLines(Sequence[_T], Generic[_T]):
 
 def empty_lines(parse: LineParser) -> LazyLines[Any]:
     return LazyLines(b"", array("q"), parse)
-
-
-def spans_of(data: bytes) -> Iterator[tuple[int, int]]:
-    """``(start, end)`` of each non-blank complete line of ``data`` (the newline excluded), one at a time."""
-    start = 0
-    while (end := data.find(b"\n", start)) != -1:
-        first = data[start : start + 1]
-        if first and (not first.isspace() or data[start:end].strip()):  # no copy of most lines
-            yield start, end
-        start = end + 1

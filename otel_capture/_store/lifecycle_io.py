@@ -17,11 +17,12 @@ from typing import Any
 
 import orjson
 
-from .._records import ModelCallRecord, parse_record_line
+from .._records import ModelCallRecord, damaged_line, parse_record_line
+from .._records.codec import line_spans
 from .dirstate import DirState
 from .fs import FILE_MODE, AppendFiles, DirFds, Fsync, flock_within, open_append, read_locked, write_all
 from .journal import Fence
-from .lazy import LazyLines, LineParser, empty_lines, spans_of
+from .lazy import LazyLines, LineParser, empty_lines
 from .locks import LockFiles
 from .types import CaptureFrozenError, CaptureRetiredError, DamagedEntryError, IncompleteCall
 
@@ -322,12 +323,8 @@ class Contents:
 
 def _lines(data: bytes) -> Iterator[bytes]:
     """The non-blank complete lines, one at a time (no list of the whole file)."""
-    start = 0
-    while (end := data.find(b"\n", start)) != -1:
-        line = data[start:end]
-        start = end + 1
-        if line.strip():
-            yield line
+    for _, start, end in line_spans(data):
+        yield data[start:end]
 
 
 def _read(dirs: DirFds, name: str, contents: Contents, fsync: Fsync | None) -> bytes | None:
@@ -360,15 +357,15 @@ def _parse_lines(
     if data is None:
         return None
     spans = array("q")
-    for number, (start, end) in enumerate(spans_of(data), 1):
+    for index, (number, start, end) in enumerate(line_spans(data)):
         contents.version += 1
-        value = parse(data[start:end], number - 1)
+        value = parse(data[start:end], index)
         if value is not None:
-            spans.extend((start, end, number - 1))
+            spans.extend((start, end, index))
             if seen is not None:
                 seen(value)
         else:
-            contents.incomplete.append(IncompleteCall("", f"{name}: damaged line {number}"))
+            contents.incomplete.append(IncompleteCall("", f"{name}: {damaged_line(number)}"))
     if data[data.rfind(b"\n") + 1 :].strip():
         contents.incomplete.append(IncompleteCall("", f"{name}: torn final line (a write was cut short)"))
     return LazyLines(data, spans, parse)

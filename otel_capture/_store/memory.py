@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from .._correlation import validate_rollout_id
-from .._records import parse_record_line
+from .._records import damaged_line, parse_record_line
 from .lifecycle import INFLIGHT_REASON
 from .types import (
     ROLLOUT_STATES,
@@ -162,7 +162,7 @@ class InMemoryCaptureBackend:
             # read back as CaptureStore reads its file: the readers' records, a damaged one reported
             records = [parse_record_line(orjson.dumps(r), i) for i, r in enumerate(rollout.records)]
             calls += [
-                IncompleteCall(line["model_call_id"], f"damaged record {i + 1}")
+                IncompleteCall(line["model_call_id"], damaged_line(i + 1))
                 for i, (line, record) in enumerate(zip(rollout.records, records, strict=True))
                 if record is None
             ]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .._correlation import validate_rollout_id
+from .._records.codec import split_lines
 from .._settings import allow_shared_dir_from_environ, lock_timeout_from_environ
 from .fs import flock_within, open_file, problem, read_all
 from .journal import no_hook
@@ -244,6 +245,4 @@ class CaptureStore(FileLifecycle):
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
-        lines = data.split(b"\n")
-        tail = lines.pop()
-        return RawLines(lines, tail)
+        return RawLines(*split_lines(data))

@@ -26,13 +26,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 from .._correlation import validate_rollout_id
-from .._records.schema import ModelCallRecord
+from .._errors import CaptureError
+from .._records import ModelCallRecord
 
 RolloutState = Literal["absent", "live", "frozen", "retired"]
 ROLLOUT_STATES: tuple[RolloutState, ...] = ("absent", "live", "frozen", "retired")
 
 
-class CaptureFrozenError(RuntimeError):
+class CaptureFrozenError(CaptureError, RuntimeError):
     """The rollout is frozen: it takes no more records (``mark_incomplete`` is still accepted)."""
 
 
@@ -40,14 +41,14 @@ class CaptureRetiredError(CaptureFrozenError):
     """The rollout is retired: its records are gone and its fence refuses everything but ``delete``."""
 
 
-class CaptureStateError(ValueError):
+class CaptureStateError(CaptureError, ValueError):
     """A rollout's lifecycle state is damaged (for example a damaged fence journal line naming it).
 
     Only that rollout is affected; ``retire`` or ``delete`` of it writes a fresh event that supersedes
     the damage."""
 
 
-class DamagedEntryError(OSError):
+class DamagedEntryError(CaptureError, OSError):
     """A path of the store is not what the store made: a symbolic link, a FIFO, a directory, or a data file
     with several hard links. It is never followed, written through or waited on (``docs/durability.md``,
     "A hostile directory"); the rollout's capture fails with this reason, and the response is untouched.
@@ -60,7 +61,7 @@ class DamagedEntryError(OSError):
         self.what = what
 
 
-class LockTimeoutError(OSError):
+class LockTimeoutError(CaptureError, OSError):
     """A ``flock`` the store waited for stayed held for the whole lock timeout (``lock_timeout_s``,
     ``OTEL_CAPTURE_LOCK_TIMEOUT_S``): another process holds the file's lock and does not let go. The
     writer fails that rollout's batch with this reason; a freeze, retire or delete raises it.
@@ -76,7 +77,7 @@ class LockTimeoutError(OSError):
         self.waited = waited
 
 
-class UnsafeDirectoryError(PermissionError):
+class UnsafeDirectoryError(CaptureError, PermissionError):
     """The capture directory is world-writable or owned by another user, so others could plant links in it.
 
     Refused unless opted in: ``allow_shared_directory=True`` (``OTEL_CAPTURE_ALLOW_SHARED_DIR=1``)."""

@@ -10,8 +10,14 @@ import pytest
 from otel_capture import InvalidRolloutIdError, rollout_context, rollout_headers
 from otel_capture._correlation import rollout_id_from_header
 from otel_capture._middleware import _RateLimitedNotice
+from otel_capture._routing import (
+    DOUBLE_PREFIX_RULE,
+    Correlation,
+    Refusal,
+    server_span_details,
+    unprefixed_raw_path,
+)
 from otel_capture._routing import correlate as _correlate
-from otel_capture._routing import server_span_details, unprefixed_raw_path
 
 
 def _scope(
@@ -46,9 +52,10 @@ def test_repeated_rollout_headers_that_disagree_break_the_grammar() -> None:
 
 def test_the_prefix_moves_into_root_path_and_the_path_keeps_it() -> None:
     result = _correlate(_scope(b"/api/ng-rollout/%72-1/v1/chat/completions", root_path="/api"))
-    assert not isinstance(result, dict)
-    scope, rollout_id, source, prefixed = result
-    assert (rollout_id, source, prefixed) == ("r-1", "url_prefix", True)
+    assert isinstance(result, Correlation)
+    scope = result.scope
+    assert (result.rollout_id, result.source, result.prefixed) == ("r-1", "url_prefix", True)
+    assert (result.dialect, result.captured) == ("chat", True)
     assert scope["root_path"] == "/api/ng-rollout/r-1"
     assert scope["path"] == "/api/ng-rollout/r-1/v1/chat/completions"
     assert unprefixed_raw_path(scope) == b"/api/v1/chat/completions"
@@ -56,18 +63,42 @@ def test_the_prefix_moves_into_root_path_and_the_path_keeps_it() -> None:
 
 def test_an_encoded_slash_in_the_id_is_refused_not_routed() -> None:
     error = _correlate(_scope(b"/ng-rollout/a%2Fb/v1/chat/completions"))
-    assert isinstance(error, dict) and error["error"]["type"] == "invalid_rollout_id"
+    assert isinstance(error, Refusal) and error.status == 400
+    assert error.payload()["error"]["type"] == "invalid_rollout_id"
 
 
 def test_the_header_is_removed_and_loses_to_the_prefix() -> None:
     headers = [(b"x-rollout-id", b"from-header"), (b"x-other", b"kept")]
     result = _correlate(_scope(b"/ng-rollout/from-url/v1/responses", headers=headers))
-    assert not isinstance(result, dict)
-    scope, rollout_id, source, _ = result
-    assert (rollout_id, source) == ("from-url", "url_prefix")
-    assert scope["headers"] == [(b"x-other", b"kept")]
+    assert isinstance(result, Correlation)
+    assert (result.rollout_id, result.source) == ("from-url", "url_prefix")
+    assert result.scope["headers"] == [(b"x-other", b"kept")]
     error = _correlate(_scope(b"/v1/responses", headers=[(b"x-rollout-id", b"a"), (b"x-rollout-id", b"b")]))
-    assert isinstance(error, dict) and "x-rollout-id" in error["error"]["message"]
+    assert isinstance(error, Refusal) and "x-rollout-id" in error.message
+
+
+def test_a_double_prefix_is_refused_naming_the_rule() -> None:
+    for raw in (b"/ng-rollout/a/ng-rollout/b/v1/chat/completions", b"/ng-rollout/a/ng-rollout/b"):
+        refusal = _correlate(_scope(raw))
+        assert isinstance(refusal, Refusal) and refusal.status == 400
+        assert refusal.rule == DOUBLE_PREFIX_RULE and refusal.payload()["error"]["rule"] == DOUBLE_PREFIX_RULE
+    # one prefix, and a later segment that merely contains the word, is routed as before
+    result = _correlate(_scope(b"/ng-rollout/a/v1/ng-rollout/chat/completions"))
+    assert isinstance(result, Correlation) and result.rollout_id == "a"
+
+
+def test_baggage_and_the_captured_mark_are_decided_with_the_rest() -> None:
+    baggage = [(b"baggage", b"rollout.id=from-baggage")]
+    result = _correlate(_scope(b"/v1/responses", headers=baggage))
+    assert isinstance(result, Correlation)
+    assert (result.rollout_id, result.source, result.captured) == ("from-baggage", "baggage", True)
+    bad = _correlate(_scope(b"/v1/responses", headers=[(b"baggage", b"rollout.id=bad%20id")]))
+    assert isinstance(bad, Correlation)  # ambient context: ignored, never refused
+    assert (bad.rollout_id, bad.invalid_baggage_id, bad.captured) == (None, "bad id", False)
+    marked = _correlate(_scope(b"/ng-rollout/r/v1/responses", headers=[(b"x-otel-capture", b"captured")]))
+    assert isinstance(marked, Correlation) and marked.captured_upstream and not marked.captured
+    scope = result.scope_for_capture(mark=True)
+    assert (b"x-otel-capture", b"captured") in scope["headers"] and result.scope is not scope
 
 
 @pytest.mark.parametrize(

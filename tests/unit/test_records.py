@@ -20,16 +20,18 @@ import otel_capture.conformance
 from otel_capture._records import (
     EXTRA_RECORD_FIELDS,
     GYM_RECORD_FIELDS,
-    AvailableRecords,
     CaptureReadError,
     ModelCallRecord,
-    aggregate_model_call_metrics,
     aggregate_model_call_records,
     build_model_call_record,
+)
+from otel_capture._store import (
+    AvailableRecords,
+    CaptureStore,
+    aggregate_model_call_metrics,
     read_available_model_call_records,
     read_model_call_records,
 )
-from otel_capture._store.store import CaptureStore
 
 GYM_METRIC_KEYS = (
     "tokens_in",
@@ -305,7 +307,7 @@ def test_strict_reader_raises_at_the_damaged_line(store: CaptureStore, bad: byte
     assert isinstance(info.value, ValueError)
     assert (info.value.path, info.value.line_number) == (path, 3)
     assert reason in info.value.reason
-    assert str(info.value).startswith(f"{path}:3: ")
+    assert str(info.value).startswith(f"{path}: damaged line 3: ")
     with pytest.raises(CaptureReadError):
         aggregate_model_call_metrics(store, "r")
 
@@ -456,4 +458,4 @@ def test_the_in_memory_backend_freezes_to_the_same_records() -> None:
     backend.append_now("r", "b", {"status_code": "not a status"})
     snapshot = backend.freeze_now("r")
     assert [(r.model_call_id, r.call_index, r.tokens_in) for r in snapshot.records] == [("a", 0, 5)]
-    assert [(c.model_call_id, c.reason) for c in snapshot.incomplete_calls] == [("b", "damaged record 2")]
+    assert [(c.model_call_id, c.reason) for c in snapshot.incomplete_calls] == [("b", "damaged line 2")]

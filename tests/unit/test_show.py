@@ -14,7 +14,7 @@ import pytest
 from otel_capture import ModelCallRecord, aggregate_model_call_metrics, read_available_model_call_records
 from otel_capture._cli.main import main
 from otel_capture._cli.show import format_calls_table, format_rollouts_table, short_model
-from otel_capture._records import readers
+from otel_capture._records import codec
 from otel_capture._store import store as store_module
 from otel_capture._store.store import CaptureStore
 
@@ -175,7 +175,7 @@ def test_show_holds_one_record_at_a_time_not_the_rollout(
     lines = [line for line in FIXTURE.read_bytes().splitlines() if line.strip()]
     (tmp_path / "r.capture.jsonl").write_bytes(b"".join(lines[i % len(lines)] + b"\n" for i in range(60)))
     made: list[weakref.ref[ModelCallRecord]] = []
-    build = readers.build_model_call_record
+    build = codec.build_model_call_record
 
     def tracked(*args: Any, **kwargs: Any) -> ModelCallRecord:
         record = build(*args, **kwargs)
@@ -189,7 +189,7 @@ def test_show_holds_one_record_at_a_time_not_the_rollout(
             alive.append(sum(ref() is not None for ref in made))
             return super().write(text)
 
-    monkeypatch.setattr(readers, "build_model_call_record", tracked)
+    monkeypatch.setattr(codec, "build_model_call_record", tracked)
     monkeypatch.setattr(sys, "stdout", Counting())
     assert main(["show", str(tmp_path), "r"]) == 0
     assert len(sys.stdout.getvalue().splitlines()) == 61  # type: ignore[attr-defined]  # our Counting

@@ -37,7 +37,7 @@ from support import FIXTURES_ROOT
 
 from otel_capture._dialects.reassembly import Dialect, accumulator_for
 from otel_capture._dialects.sse import SSEDecoder, SSEEvent
-from otel_capture._dialects.tokens import tokens_line
+from otel_capture._records import tokens_line
 
 JsonDict = dict[str, Any]
 

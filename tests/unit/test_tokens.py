@@ -7,7 +7,7 @@ import json
 from support import RECORDED, recorded_json
 
 from otel_capture import extract_tokens
-from otel_capture._dialects.tokens import tokens_line
+from otel_capture._records import tokens_line
 
 
 def test_vllm_chat_with_return_token_ids_and_logprobs() -> None:

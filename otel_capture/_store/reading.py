@@ -1,10 +1,13 @@
-"""The readers of ``<dir>/<rollout_id>.capture.jsonl``, compatible with NeMo Gym 0.7.0.
+"""The readers of ``<dir>/<rollout_id>.capture.jsonl``, compatible with NeMo Gym 0.7.0: the store's lines
+(:meth:`CaptureStore.read_lines`, :meth:`CaptureStore.stream_lines`) through the record codec
+(:mod:`otel_capture._records.codec`).
 
 - :func:`read_model_call_records` is strict, like Gym's: the first damaged line raises
   :class:`CaptureReadError` naming the file and the line. Unlike Gym, a torn final line (no trailing
   newline: a writer died mid-append) is damage too, never parsed as a record.
 - :func:`read_available_model_call_records` is tolerant: it returns every valid record and reports every
   damaged line, the torn tail and the incomplete marker, hiding nothing.
+- :func:`aggregate_model_call_metrics`: Gym's per-rollout totals over the strict reader.
 
 ``call_index`` is never stored: it is the line's position among the file's non-blank lines. Both read
 under ``flock(LOCK_SH)`` through :meth:`CaptureStore.read_lines`; see ``docs/durability.md``.
@@ -16,51 +19,30 @@ import logging
 from collections.abc import Generator, Iterable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Any
 
-import orjson
-from pydantic import ValidationError
-
-from .build import build_model_call_record
-from .schema import ModelCallRecord
-from .speed import gc_paused
-
-if TYPE_CHECKING:  # the store hands snapshots of these records out, so it imports this package
-    from .._store.store import CaptureStore
+from .._records import ModelCallRecord, aggregate_model_call_records
+from .._records.codec import (
+    TORN_REASON,
+    CaptureReadError,
+    DamagedLine,
+    InvalidLine,
+    decode_record_line,
+    preview,
+)
+from .._records.speed import gc_paused
+from .store import CaptureStore
 
 __all__ = [
     "AvailableRecords",
-    "CaptureReadError",
-    "InvalidLine",
+    "aggregate_model_call_metrics",
     "iter_model_call_records",
-    "parse_record_line",
     "read_available_model_call_records",
     "read_model_call_records",
     "scan_available_model_call_records",
 ]
 
 _logger = logging.getLogger(__name__)
-
-_PREVIEW_BYTES = 300
-
-
-class CaptureReadError(ValueError):
-    """A damaged line in a capture file, found by the strict reader."""
-
-    def __init__(self, path: Path, line_number: int, reason: str) -> None:
-        super().__init__(f"{path}:{line_number}: {reason}")
-        self.path = path
-        self.line_number = line_number
-        self.reason = reason
-
-
-class InvalidLine(NamedTuple):
-    """A damaged line: 1-based physical line number, why it was refused, and its start (decoded)."""
-
-    line_number: int
-    reason: str
-    raw: str
 
 
 @dataclass(frozen=True)
@@ -81,46 +63,7 @@ class AvailableRecords:
         return len(self.invalid) + int(self.torn_tail)
 
 
-class _DamagedLine(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-def _validation_reason(exc: ValidationError) -> str:
-    parts = []
-    for error in exc.errors(include_url=False):
-        loc = ".".join(str(part) for part in error["loc"])
-        if loc == "latency_total_ms":
-            loc = "latency_ms"  # name the key as it is on disk
-        parts.append(f"{loc}: {error['msg']}")
-    return "invalid record: " + "; ".join(parts)
-
-
-def _record_from_line(stripped: bytes, call_index: int) -> ModelCallRecord:
-    try:
-        obj = orjson.loads(stripped)
-    except orjson.JSONDecodeError as exc:
-        raise _DamagedLine(f"invalid JSON: {exc}") from exc
-    if not isinstance(obj, dict):
-        raise _DamagedLine(f"not a JSON object but {type(obj).__name__}")
-    try:
-        return build_model_call_record(obj, call_index=call_index)
-    except ValidationError as exc:
-        raise _DamagedLine(_validation_reason(exc)) from exc
-    except Exception as exc:  # Gym counts any failure to build a record as a damaged line
-        raise _DamagedLine(f"cannot derive record: {type(exc).__name__}: {exc}") from exc
-
-
-def parse_record_line(line: bytes, call_index: int) -> ModelCallRecord | None:
-    """One non-blank line as the readers read it; ``None`` when it is damaged (what a freeze reports)."""
-    try:
-        return _record_from_line(line.strip(), call_index)
-    except _DamagedLine:
-        return None
-
-
-def _scan(lines: Iterable[bytes]) -> Generator[tuple[int, bytes, ModelCallRecord | _DamagedLine], None, None]:
+def _scan(lines: Iterable[bytes]) -> Generator[tuple[int, bytes, ModelCallRecord | DamagedLine], None, None]:
     """``(physical line number, stripped line, record or why it is damaged)`` for every non-blank line;
     ``call_index`` counts damaged lines too, as Gym's readers do. The collector is paused meanwhile."""
     index = 0
@@ -130,19 +73,10 @@ def _scan(lines: Iterable[bytes]) -> Generator[tuple[int, bytes, ModelCallRecord
             if not stripped:
                 continue
             try:
-                yield number, stripped, _record_from_line(stripped, index)
-            except _DamagedLine as exc:
+                yield number, stripped, decode_record_line(stripped, index)
+            except DamagedLine as exc:
                 yield number, stripped, exc
             index += 1
-
-
-def _preview(line: bytes) -> str:
-    if len(line) <= _PREVIEW_BYTES:
-        return line.decode("utf-8", "replace")
-    return line[:_PREVIEW_BYTES].decode("utf-8", "replace") + f"... ({len(line)} bytes)"
-
-
-_TORN_REASON = "torn final line (no trailing newline): an append was cut short; not parsed"
 
 
 def read_model_call_records(store: CaptureStore, rollout_id: str) -> list[ModelCallRecord]:
@@ -162,13 +96,13 @@ def iter_model_call_records(store: CaptureStore, rollout_id: str) -> Iterator[Mo
         return
     with closing(_scan(raw.lines)) as scan:  # closed at once, so the collector resumes even on a raise
         for number, _, record in scan:
-            if isinstance(record, _DamagedLine):
+            if isinstance(record, DamagedLine):
                 raise CaptureReadError(
                     store.data_path(rollout_id), number, record.reason
                 ) from record.__cause__
             yield record
     if raw.tail.strip():
-        raise CaptureReadError(store.data_path(rollout_id), len(raw.lines) + 1, _TORN_REASON)
+        raise CaptureReadError(store.data_path(rollout_id), len(raw.lines) + 1, TORN_REASON)
 
 
 def read_available_model_call_records(store: CaptureStore, rollout_id: str) -> AvailableRecords:
@@ -184,13 +118,13 @@ def read_available_model_call_records(store: CaptureStore, rollout_id: str) -> A
     records: list[ModelCallRecord] = []
     invalid: list[InvalidLine] = []
     for number, stripped, record in _scan(raw.lines):
-        if isinstance(record, _DamagedLine):
-            invalid.append(InvalidLine(number, record.reason, _preview(stripped)))
+        if isinstance(record, DamagedLine):
+            invalid.append(InvalidLine(number, record.reason, preview(stripped)))
         else:
             records.append(record)
     torn_line = None
     if raw.tail.strip():
-        torn_line = InvalidLine(len(raw.lines) + 1, _TORN_REASON, _preview(raw.tail.strip()))
+        torn_line = InvalidLine(len(raw.lines) + 1, TORN_REASON, preview(raw.tail.strip()))
     return AvailableRecords(
         records=records,
         invalid=invalid,
@@ -216,9 +150,16 @@ def scan_available_model_call_records(
     def items() -> Iterator[ModelCallRecord | InvalidLine]:
         with closing(_scan(streamed)) as scan:
             for number, stripped, record in scan:
-                if isinstance(record, _DamagedLine):
-                    yield InvalidLine(number, record.reason, _preview(stripped))
+                if isinstance(record, DamagedLine):
+                    yield InvalidLine(number, record.reason, preview(stripped))
                 else:
                     yield record
 
     return streamed.count, items()
+
+
+def aggregate_model_call_metrics(store: CaptureStore, rollout_id: str) -> dict[str, Any]:
+    """:func:`~otel_capture._records.aggregate.aggregate_model_call_records` over the strict reader, as
+    Gym does: a damaged line raises :class:`CaptureReadError` rather than giving totals that silently miss
+    calls. The records are aggregated as they are parsed, never all held at once."""
+    return aggregate_model_call_records(iter_model_call_records(store, rollout_id))
