@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
@@ -109,11 +110,13 @@ def correlate(scope: Scope) -> Correlation | Refusal:
         prefix_id, raw_rest = split
         if not is_valid_rollout_id(prefix_id):
             return _invalid_id(prefix_id, "/ng-rollout/<id>/")
-        if split_rollout_prefix(raw_rest) is not None:
+        if split_rollout_prefix(unquote(raw_rest) if "%" in raw_rest else raw_rest) is not None:
             # /ng-rollout/a/ng-rollout/b/...: which id is meant is anyone's guess, and the app would route
             # /ng-rollout/b/... (no dialect path): refused rather than answered and not recorded
             return Refusal(
-                f"more than one /ng-rollout/<id>/ prefix in {raw_route[:256]!r}", DOUBLE_PREFIX_RULE
+                f"more than one /ng-rollout/<id>/ prefix in {raw_route[:256]!r}: {DOUBLE_PREFIX_RULE}",
+                DOUBLE_PREFIX_RULE,
+                type="invalid_rollout_prefix",
             )
         changes["root_path"] = root_path + rollout_path_prefix(prefix_id)
         changes[SCOPE_UNPREFIXED_RAW_PATH] = (raw_root + raw_rest).encode("latin-1")

@@ -41,6 +41,7 @@ from otel_capture import (
 )
 from otel_capture import _attributes as A
 from otel_capture._correlation import ROLLOUT_ID_RULE
+from otel_capture._routing import DOUBLE_PREFIX_RULE
 from otel_capture._metrics import UNCORRELATED_CALLS
 from otel_capture._store.inflight import InflightMarkers
 
@@ -372,6 +373,26 @@ def test_an_invalid_rollout_header_is_refused_with_the_rule_and_not_forwarded(
     error = response.json()["error"]
     assert error["type"] == "invalid_rollout_id" and error["rule"] == ROLLOUT_ID_RULE
     assert "x-rollout-id" in error["message"]
+    assert model.seen == [] and telemetry.store.rollout_ids() == []
+
+
+def test_a_double_prefix_is_refused_with_the_rule_and_not_forwarded(
+    gateway_to_proxy: tuple[str, ModelApp], telemetry: Telemetry
+) -> None:
+    """/ng-rollout/a/ng-rollout/b/...: which rollout is meant is anyone's guess, and the model would be asked
+    for /ng-rollout/b/v1/... (no model path: served, never recorded). Refused, naming the rule, by the proxy
+    and by a middleware in the app alike."""
+    gateway, model = gateway_to_proxy
+    behind = ModelCallCaptureMiddleware(_model_app().app, tracer_provider=telemetry.provider)
+    with serve(behind) as app_url:
+        for url in (gateway, app_url):
+            response = httpx.post(f"{url}/ng-rollout/a/ng-rollout/b/v1/chat/completions", json={"model": "m"})
+            assert response.status_code == 400
+            error = response.json()["error"]
+            assert error["rule"] == DOUBLE_PREFIX_RULE and "/ng-rollout/" in error["message"]
+        # the OpenAI SDK sees the 400 as the error it is, not as an answer
+        with pytest.raises(openai.BadRequestError, match="at most one /ng-rollout/<id>/ prefix"):
+            _chat(f"{gateway}/ng-rollout/a/ng-rollout/b/v1")
     assert model.seen == [] and telemetry.store.rollout_ids() == []
 
 

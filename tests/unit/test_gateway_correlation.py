@@ -78,7 +78,11 @@ def test_the_header_is_removed_and_loses_to_the_prefix() -> None:
 
 
 def test_a_double_prefix_is_refused_naming_the_rule() -> None:
-    for raw in (b"/ng-rollout/a/ng-rollout/b/v1/chat/completions", b"/ng-rollout/a/ng-rollout/b"):
+    for raw in (
+        b"/ng-rollout/a/ng-rollout/b/v1/chat/completions",
+        b"/ng-rollout/a/ng-rollout/b",
+        b"/ng-rollout/a/%6Eg-rollout/b/v1/responses",  # the app routes the decoded path: the same thing
+    ):
         refusal = _correlate(_scope(raw))
         assert isinstance(refusal, Refusal) and refusal.status == 400
         assert refusal.rule == DOUBLE_PREFIX_RULE and refusal.payload()["error"]["rule"] == DOUBLE_PREFIX_RULE

@@ -1,0 +1,77 @@
+"""Each private attribute of the OpenTelemetry SDK that otel-capture reads (otel_capture._sdk_private),
+pinned against the installed SDK: a release that renames one fails here, loudly, instead of leaving a
+middleware that finds no sink and writes no records."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk import _configuration as sdk_configuration
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import Sampler
+
+from otel_capture import _sdk_private as sdk
+from otel_capture._sink import find_sink
+from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
+
+
+def test_the_provider_keeps_its_processors_where_they_are_read() -> None:
+    provider = TracerProvider()
+    multi = provider._active_span_processor  # read as is: an AttributeError here is the rename
+    assert multi._span_processors == ()
+    simple = SimpleSpanProcessor(InMemorySpanExporter())
+    provider.add_span_processor(simple)
+    before = multi._span_processors
+    assert before == (simple,) and sdk.span_processors(provider) is before
+    provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    # a new tuple per processor added: the sink lookup tells a change by identity
+    assert sdk.span_processors(provider) is not before and len(multi._span_processors) == 2
+    assert provider._disabled is False and sdk.provider_disabled(provider) is False
+    assert sdk.span_processors(trace.NoOpTracerProvider()) is None
+    provider.shutdown()
+
+
+def test_each_sdk_processor_keeps_its_exporter_where_it_is_read() -> None:
+    exporter = InMemorySpanExporter()
+    simple = SimpleSpanProcessor(exporter)
+    assert simple.span_exporter is exporter and sdk.processor_exporter(simple) is exporter
+    batch = BatchSpanProcessor(exporter)
+    try:
+        held = getattr(batch, "span_exporter", None) or batch._batch_processor._exporter
+        assert held is exporter and sdk.processor_exporter(batch) is exporter
+    finally:
+        batch.shutdown()
+
+
+def test_the_sdk_configuration_helpers_read_the_standard_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console,model_call_jsonl")
+    assert sdk_configuration._get_exporter_names("traces") == ["console", "model_call_jsonl"]
+    assert sdk.configured_exporter_names() == ["console", "model_call_jsonl"]
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.25")
+    sampler = sdk.configured_sampler()
+    assert isinstance(sampler, Sampler) and "0.25" in sampler.get_description()
+
+
+def test_a_provider_of_the_sdk_without_its_processors_is_an_error_in_the_log(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sdk, "_reported", set())  # logged once per process: this test's own once
+    provider = TracerProvider()
+    exporter = ModelCallJsonlExporter(tmp_path)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    assert find_sink(provider) is exporter
+    renamed = provider._active_span_processor
+    del provider._active_span_processor  # what an SDK that renamed it looks like
+    with caplog.at_level(logging.ERROR, logger="otel_capture._sdk_private"):
+        assert find_sink(provider) is None
+        assert find_sink(provider) is None
+    errors = [r for r in caplog.records if "_active_span_processor" in r.getMessage()]
+    assert len(errors) == 1 and "opentelemetry-sdk" in errors[0].getMessage()
+    provider._active_span_processor = renamed
+    provider.shutdown()
