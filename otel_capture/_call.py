@@ -18,7 +18,7 @@ from . import _attributes as A
 from ._content_encoding import ResponseDecoding, decoding_for
 from ._dialects import DIALECTS, Dialect, StreamAccumulator
 from ._dialects.sse import SSEDecoder
-from ._records import call_failed, encode_record_line
+from ._records import SCHEMA_VERSION, call_failed, encode_record_line
 from ._semconv import content_attributes, request_attributes, response_attributes
 from ._settings import CaptureSettings
 
@@ -298,6 +298,7 @@ class InFlightCall:
             record["request_raw"] = self.request.bytes().decode("utf-8", errors="replace")
         if self._raw_response_needed():
             record["response_raw"] = self.response.bytes().decode("utf-8", errors="replace")
+        record["schema_version"] = SCHEMA_VERSION
         record["rollout_id"] = self.rollout_id
         record["trace_id"] = format(trace_id, "032x")
         record["span_id"] = format(span_id, "016x")

@@ -16,11 +16,19 @@ from .codec import (
     parse_record_line,
     tokens_line,
 )
-from .schema import EXTRA_RECORD_FIELDS, GYM_RECORD_FIELDS, ModelCallRecord, ModelServerRef, call_failed
+from .schema import (
+    EXTRA_RECORD_FIELDS,
+    GYM_RECORD_FIELDS,
+    SCHEMA_VERSION,
+    ModelCallRecord,
+    ModelServerRef,
+    call_failed,
+)
 
 __all__ = [
     "EXTRA_RECORD_FIELDS",
     "GYM_RECORD_FIELDS",
+    "SCHEMA_VERSION",
     "CaptureReadError",
     "InvalidLine",
     "ModelCallRecord",

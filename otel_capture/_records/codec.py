@@ -3,9 +3,11 @@ to its ``<id>.tokens.jsonl`` line, a file's bytes to its lines, and one line bac
 reason it is damaged, worded one way everywhere).
 
 Nothing here opens a file or knows the store: the store and its readers (:mod:`otel_capture._store`) hand
-bytes in and take records out. The fields themselves are declared once, in :mod:`.schema`; adding an
-added field (ours, after Gym's) touches :mod:`.schema` only: the encoder writes whatever keys it is given
-in the order :data:`.schema.LINE_KEYS` names, and the decoder reads every added field by its annotation.
+bytes in and take records out. The fields themselves are declared once, in :mod:`.schema`: adding one of
+ours (after Gym's) to :class:`.schema.ModelCallRecord` is all the codec needs (the encoder writes the keys
+it is given, in :data:`.schema.LINE_KEYS` order; the decoder reads every added field by its annotation,
+:data:`.schema.EXTRA_RECORD_TYPES`); the capture (:meth:`otel_capture._call.InFlightCall.line`) gives it
+its value.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pydantic import ValidationError
 from .._dialects.tokens import extract_tokens
 from .._errors import CaptureError
 from .build import build_model_call_record
-from .schema import LINE_KEYS, SCHEMA_VERSION, TOKENS_SCHEMA_VERSION, ModelCallRecord
+from .schema import TOKENS_SCHEMA_VERSION, ModelCallRecord
 
 __all__ = [
     "CaptureReadError",
@@ -46,22 +48,12 @@ TORN_REASON = "torn final line (no trailing newline): an append was cut short; n
 
 
 def encode_record_line(values: dict[str, Any]) -> bytes:
-    """One record line (ending in ``\\n``): NeMo Gym 0.7.0's keys first in its order, then ours, then
-    :data:`.schema.SCHEMA_VERSION`'s ``schema_version`` among ours. ``values`` holds the keys the call has
-    (absent keys are not written; a ``None`` value is written as ``null``); bodies may be
-    ``orjson.Fragment``s, embedded as sent. A key the schema does not name is refused (``KeyError``): a
-    line carries only what its readers know."""
-    if not _LINE_KEY_SET.issuperset(values):
-        raise KeyError(f"not a record line key: {sorted(values.keys() - _LINE_KEY_SET)}")
-    line = {
-        key: SCHEMA_VERSION if key == "schema_version" else values[key]
-        for key in LINE_KEYS
-        if key in values or key == "schema_version"
-    }
-    return orjson.dumps(line, default=str, option=orjson.OPT_APPEND_NEWLINE)
-
-
-_LINE_KEY_SET = frozenset(LINE_KEYS) - {"schema_version"}
+    """One record line (ending in ``\\n``) from a call's values, keyed and ordered as
+    :data:`.schema.LINE_KEYS` names them (NeMo Gym 0.7.0's keys first, in its order; ``schema_version``,
+    :data:`.schema.SCHEMA_VERSION`, first among ours); absent keys are not written, ``None`` is ``null``.
+    Bodies may be ``orjson.Fragment``s, embedded as sent. The keys are not checked here, per call (this
+    runs on every captured call): ``tests/unit/test_codec.py`` checks the lines the capture makes."""
+    return orjson.dumps(values, default=str, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def tokens_line(response: dict[str, Any] | None, *, rollout_id: str, model_call_id: str) -> bytes | None:

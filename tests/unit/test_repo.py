@@ -34,6 +34,48 @@ def test_public_api_is_sorted_and_importable() -> None:
         assert getattr(otel_capture, name) is not None
 
 
+def test_the_types_of_the_public_sink_parameter_and_the_writer_stats_are_exported() -> None:
+    import dataclasses
+    import inspect
+
+    from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
+
+    for name in ("CallSink", "FinishedCall", "LoopWaiter", "WriterStats", "CaptureError"):
+        assert name in otel_capture.__all__
+    sink = inspect.signature(otel_capture.ModelCallCaptureMiddleware).parameters["sink"]
+    assert "CallSink" in str(sink.annotation)
+    exporter = ModelCallJsonlExporter(settings=otel_capture.WriterSettings())  # no directory: logs only
+    assert isinstance(exporter, otel_capture.CallSink)
+    assert type(exporter.stats) is otel_capture.WriterStats
+    fields = [f.name for f in dataclasses.fields(otel_capture.FinishedCall)]
+    assert fields == ["rollout_id", "model_call_id", "line", "tokens_line", "waiter"]
+
+
+def test_every_error_the_package_defines_sits_under_capture_error() -> None:
+    import ast
+    import importlib
+
+    import otel_capture._errors
+
+    defined = []
+    for path in sorted((REPO / "otel_capture").rglob("*.py")):
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        for node in ast.parse(path.read_text()).body:
+            if (
+                isinstance(node, ast.ClassDef)
+                and node.name.endswith("Error")
+                and not node.name.startswith("_")
+            ):
+                defined.append(getattr(importlib.import_module(module), node.name))
+    assert len(defined) >= 9
+    assert [cls.__name__ for cls in defined if not issubclass(cls, otel_capture.CaptureError)] == []
+    tree = otel_capture._errors.__doc__ or ""
+    assert all(cls.__name__ in tree for cls in defined)  # drawn, every one, in the root's docstring
+    exported = [getattr(otel_capture, n) for n in otel_capture.__all__]
+    errors = [e for e in exported if isinstance(e, type) and issubclass(e, BaseException)]
+    assert errors and all(issubclass(e, otel_capture.CaptureError) for e in errors)
+
+
 def test_the_build_ships_every_subpackage_and_py_typed() -> None:
     tomllib = pytest.importorskip("tomllib")
     setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
