@@ -2,6 +2,12 @@
 ``ClientSession``, and ``_Response``, the answer it hands back. :class:`._proxy.UpstreamProxy` forwards
 every call over one of these pools, and sends a request again on a fresh connection when ``_stale`` says
 the upstream dropped it before answering.
+
+aiohttp's internals driven here (not its documented API; pinned by ``tests/unit/test_aiohttp_internals.py``,
+and pyproject allows only the 3.x line the proxy's tests passed on): ``BaseConnector.connect(req, traces,
+timeout)`` with a bare ``client_reqrep.ClientRequest`` (for its connection key), ``connector.Connection``'s
+``protocol``, ``transport``, ``release`` and ``close``, the response protocol's ``set_response_params``,
+``start_timeout`` and ``read``, and ``http_exceptions.HttpProcessingError`` and ``streams.EofStream``.
 """
 
 from __future__ import annotations
