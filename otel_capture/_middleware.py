@@ -3,9 +3,11 @@ durable record, without delaying or changing the response.
 
 Per request (``docs/gateways.md`` has the whole story):
 
-1. The rollout id comes from the ``/ng-rollout/<id>/`` URL prefix, else the ``x-rollout-id`` header, else
-   the W3C ``baggage`` entry ``rollout.id``. The prefix moves into ``root_path`` (so the app's redirects
-   and links keep it) and the header is removed; an id that breaks the grammar in either gets ``400``.
+1. :func:`._routing.correlate` decides, once, what the request is: its rollout id from the
+   ``/ng-rollout/<id>/`` URL prefix, else the ``x-rollout-id`` header, else the W3C ``baggage`` entry
+   ``rollout.id``; its dialect; whether a capture layer in front records it. The prefix moves into
+   ``root_path`` (so the app's redirects and links keep it) and the header is removed; an id that breaks
+   the grammar in either, or a second prefix, gets ``400`` naming the rule.
 2. Only ``POST`` to ``/v1/responses``, ``/v1/chat/completions``, ``/v1/messages`` (also without ``/v1``,
    a trailing slash tolerated) with a rollout id is captured; everything else goes to the app untouched.
    A model call without a rollout id is logged (the first time, then once a minute) and counted.
@@ -62,7 +64,9 @@ SCOPE_RESPONSE_COMPLETE = "otel_capture.response_complete"
 class ModelCallCaptureMiddleware:
     """Wraps any ASGI model-server app. Spans go to ``tracer_provider`` and metrics to ``meter_provider``
     (the global ones by default); records go to ``sink``, by default the ``model_call_jsonl`` exporter that
-    ``tracer_provider`` has when the middleware is built (none: spans only)."""
+    ``tracer_provider`` has (looked for when the middleware is built, then on its calls until found, so a
+    provider set later is found; none: spans only, with one warning when ``OTEL_TRACES_EXPORTER`` names
+    ``model_call_jsonl``)."""
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""Where a finished call's record goes: the ``CallSink`` the capture middleware is bound to when it is built.
+"""Where a finished call's record goes: the ``CallSink`` the capture middleware is bound to.
 
 The record's payloads (exact request and response bodies) never ride on the span: span attributes obey
 ``OTEL_*`` length and count limits, every other exporter would see raw prompts, and a 50 MB body would be
