@@ -2,14 +2,16 @@
 
 Every module of ``bench/`` is at least imported (a script: its ``--help`` printed), so a renamed or
 removed name the benchmarks use fails here, not on the day someone measures. The benchmarks that need no
-HTTP load run once at a tiny size and must pass their own checks. Nothing here is timed: the figures of a
-run this small mean nothing, and the load generator and the goals are not run at all.
+HTTP load run once at a tiny size and must pass their own checks, and the servers the goals load answer one
+call each. Nothing here is timed: the figures of a run this small mean nothing, and the load generator and
+the goals themselves are not run.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from support import REPO
@@ -76,3 +78,27 @@ def test_a_tiny_run_passes_its_own_checks(name: str) -> None:
     result = run_module(name, *argv)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert expected in result.stdout, result.stdout[-3000:]
+
+
+def test_the_goal_servers_answer_and_count_what_they_wrote(tmp_path: Path) -> None:
+    """The servers ``bench_goals`` loads, each in its own process as it starts them: one call each, and the
+    stats route reports the record its writer acknowledged (what fsyncs per record are computed from)."""
+    import httpx
+
+    from bench import _harness as H
+    from bench._servers import REQUEST_BODY
+
+    path = "/ng-rollout/bench-0/v1/chat/completions"
+    with H.ServerProcess(H.server_argv("bare"), name="upstream") as upstream:
+        for variant, extra in (
+            ("capture", []),
+            ("gym", []),
+            ("proxy", ["--upstream", upstream.url]),
+        ):
+            directory = tmp_path / variant
+            argv = H.server_argv(variant, *extra, "--capture-dir", str(directory))
+            with H.ServerProcess(argv, name=variant) as server:
+                answer = httpx.post(server.url + path, content=REQUEST_BODY, timeout=BOUND)
+                assert answer.status_code == 200 and answer.json()["object"] == "chat.completion", variant
+                assert server.stats()["records"] == 1, (variant, server.log_tail())
+            assert H.count_lines(directory) == 1, variant
