@@ -19,6 +19,7 @@ It is what the issue calls "the existing system's design": the per-call-fsync ba
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import fcntl
 import os
@@ -123,7 +124,8 @@ class GymCaptureMiddleware:
             raise
         finally:
             latency_ms = round((time.perf_counter() - t0) * 1000, 2)
-            try:
+            # Gym logs, marks the rollout incomplete, never changes the response
+            with contextlib.suppress(Exception):
                 await asyncio.to_thread(
                     self._parse_and_record,
                     rollout_id,
@@ -134,8 +136,6 @@ class GymCaptureMiddleware:
                     state,
                     error_category,
                 )
-            except Exception:
-                pass  # Gym logs, marks the rollout incomplete, never changes the response
             for message in state["deferred"]:
                 await send(message)
 

@@ -8,6 +8,7 @@ by side do).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -23,9 +24,7 @@ from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
-if str(REPO) not in sys.path:  # a fresh checkout without `pip install -e .` still finds the package
-    sys.path.insert(0, str(REPO))
+REPO = BENCH.parent  # every server and load generator runs from here: `python -m bench.<name>`
 
 PYTHON = sys.executable
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -185,12 +184,6 @@ def cpu_split(pid: int) -> tuple[float, float]:
     return int(fields[11]) / CLOCK_TICKS, int(fields[12]) / CLOCK_TICKS
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU of ``pid`` and every live descendant (``--workers N``: the supervisor and its workers)."""
-    user, system = tree_cpu_split(pid)
-    return user + system
-
-
 def tree_cpu_split(pid: int) -> tuple[float, float]:
     """(user, system) CPU seconds of ``pid`` and every live descendant."""
     children: dict[int, list[int]] = {}
@@ -306,7 +299,7 @@ def _clean_environ() -> dict[str, str]:
 
 
 def server_argv(variant: str, *extra: str) -> list[str]:
-    return [PYTHON, str(BENCH / "_servers.py"), variant, *extra]
+    return [PYTHON, "-m", "bench._servers", variant, *extra]
 
 
 # --- load generation --------------------------------------------------------------------------------
@@ -361,7 +354,7 @@ end
 
 def _run_reaped(argv: Sequence[str], timeout: float) -> tuple[str, float]:
     """Run a child, return its stdout and its CPU seconds (from ``wait4``'s rusage)."""
-    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
     try:
         out, err = _communicate_no_reap(proc, timeout)
     except BaseException:
@@ -405,7 +398,8 @@ def run_load(
         return _run_wrk(url, body, concurrency, seconds, rollouts, prefix, suffix)
     argv = [
         PYTHON,
-        str(BENCH / "_loadgen.py"),
+        "-m",
+        "bench._loadgen",
         url,
         "--concurrency",
         str(concurrency),
@@ -459,12 +453,25 @@ def count_lines(directory: Path, pattern: str = "*.capture.jsonl") -> int:
     return total
 
 
-def clear_files(directory: Path, pattern: str = "*") -> None:
-    for path in directory.glob(pattern):
-        if path.is_file():
-            path.unlink()
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def quick_flag(argv: Sequence[str] | None = None) -> bool:
-    args = sys.argv[1:] if argv is None else list(argv)
-    return "--quick" in args
+# --- memory -----------------------------------------------------------------------------------------
+
+
+def status_kib(field: str, pid: int | str = "self") -> int:
+    """A ``/proc/<pid>/status`` figure in KiB: ``VmRSS`` (resident now), ``VmHWM`` (the peak)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def reset_peak_rss(pid: int | str = "self") -> None:
+    """Make ``VmHWM`` start again from the current RSS (``clear_refs`` 5), so the next peak is the
+    operation's; without the permission the peak is since the process started."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/clear_refs").write_text("5")

@@ -1,7 +1,7 @@
 """The goals of issue #12, each measured against its baseline side by side in one run, at 64 concurrent.
 
-    python bench/bench_goals.py [--quick] [--seconds N] [--rounds N] [--goals 1,2,3,4] [--no-diagnostics]
-                                [--dir DIR] [--python-loadgen]
+    python -m bench.bench_goals [--quick] [--seconds N] [--rounds N] [--goals 1,2,3,4] [--no-diagnostics]
+                                  [--dir DIR] [--python-loadgen]
 
 Every server is its own process, uvicorn with its defaults (``http`` and ``loop`` on ``auto``: httptools and
 uvloop when installed; the machine line says which), one worker unless the row says otherwise. The load is
@@ -17,8 +17,9 @@ keeps its best round (highest req/s).
    NeMo Gym 0.7.0's design as its first user middleware (``_gym_baseline.py``; goal >= 2x).
 2. **Library mode**: a raw ASGI model app inside ``ModelCallCaptureMiddleware`` with an SDK tracer provider
    and the ``model_call_jsonl`` exporter wired in code (no HTTP server span), against the app alone (>= 0.5x).
-3. **Proxy**: ``otel-capture proxy --capture-dir`` in front of a raw ASGI upstream (its own process), against
-   calling that upstream directly (>= 0.3x; about <= 300 us of proxy CPU per call); ``--workers 2`` beside it.
+3. **Proxy**: the app ``otel-capture proxy --capture-dir`` serves (``build_proxy_app``) in front of a raw
+   ASGI upstream (its own process), against calling that upstream directly (>= 0.3x; about <= 300 us of
+   proxy CPU per call); the command itself with ``--workers 2`` beside it.
 4. **Streaming**: 512-event Chat Completions streams (one SSE event per ASGI message), capture on against
    off, library mode and zero-code: added server CPU per event (<= 3 us), and the median time to first event
    from a client calling one at a time, servers rotated call by call (within 0.3 ms of capture off).
@@ -38,55 +39,33 @@ span's context is made, ``otel_capture._spans``), library mode without records (
 without fsync (``capture-nosync``), and durable with spans built (``capture-traced``: one more processor that
 sees the spans, as an OTLP exporter would; the exporter's own work is not in it), the proxy without
 ``--capture-dir``; and the bare app on uvicorn's pure-Python stack (h11 and asyncio), to show what the server
-stack itself is worth per call.
-``bench/profile_goals.py`` profiles inside each layer; ``bench/bench_forwarders.py`` compares upstream clients.
+stack itself is worth per call. The measurement (servers, rounds, tables) is ``_rounds.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _harness as H
-from _servers import REQUEST_BODY, chat_events
+from bench import _harness as H
+from bench import _rounds as R
+from bench._servers import REQUEST_BODY, chat_events
 
-CONCURRENCY = 64
-ROLLOUTS = 32
 STREAM_EVENTS = 512
 STREAM_EVENTS_SHORT = 32  # the second length: per-event cost is the slope between the two
 STREAM_REQUEST_BODY = orjson.dumps(
     {**orjson.loads(REQUEST_BODY), "stream": True, "stream_options": {"include_usage": True}}
 )
 INSTRUMENT = str(Path(H.PYTHON).with_name("opentelemetry-instrument"))
-
-
-# --- servers ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class Spec:
-    """How to start one server and how to call it."""
-
-    name: str
-    argv: list[str]
-    env: dict[str, str] | None = None
-    prefixed: bool = True  # requests go to /ng-rollout/<id>/...; False: the plain path (nothing strips it)
-    capture_dir: Path | None = None
-    stats: bool = True  # the server answers GET /_bench/stats with its own writer's counters
-    upstream: str | None = None  # name of the Spec whose URL goes after --upstream
 
 
 def _zero_code_env(directory: Path | None) -> dict[str, str]:
@@ -100,11 +79,10 @@ def _zero_code_env(directory: Path | None) -> dict[str, str]:
 
 
 def _proxy_workers_argv(upstream_url: str, capture_dir: Path, workers: int) -> list[str]:
-    code = "import sys; from otel_capture._cli.main import main; sys.exit(main())"
     return [
         H.PYTHON,
-        "-c",
-        code,
+        "-m",
+        "otel_capture",
         "proxy",
         "--upstream",
         upstream_url,
@@ -117,342 +95,21 @@ def _proxy_workers_argv(upstream_url: str, capture_dir: Path, workers: int) -> l
     ]
 
 
-class Servers:
-    """Starts specs in order (an upstream before the servers that name it); stops them all."""
-
-    def __init__(self) -> None:
-        self.running: dict[str, H.ServerProcess] = {}
-        self.specs: dict[str, Spec] = {}
-
-    def start(self, spec: Spec) -> H.ServerProcess:
-        argv = list(spec.argv)
-        if spec.upstream is not None:
-            url = self.running[spec.upstream].url
-            argv = [url if a == "{upstream}" else a for a in argv]
-        if spec.capture_dir is not None:
-            spec.capture_dir.mkdir(parents=True, exist_ok=True)
-        server = H.ServerProcess(argv, env=spec.env, name=spec.name)
-        self.running[spec.name] = server
-        self.specs[spec.name] = spec
-        return server
-
-    def stop_all(self) -> None:
-        for server in reversed(list(self.running.values())):
-            server.stop()
-        self.running.clear()
-
-    def __enter__(self) -> Servers:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop_all()
-
-
-# --- one measurement --------------------------------------------------------------------------------
-
-
-@dataclass
-class Run:
-    name: str
-    rps: float
-    requests: int
-    p50_ms: float
-    p99_ms: float
-    errors: int
-    cpu_us: float | None  # server CPU per call (process tree)
-    server_cores: float
-    upstream_cpu_us: float | None
-    others_cores: float  # the rest of the machine during the window
-    loadgen_cores: float
-    records: int = 0
-    fsyncs: int = 0
-    batches: int = 0
-    user_us: float | None = None  # the user-space part of cpu_us (the rest is system time: syscalls)
-
-
-def measure(
-    servers: Servers,
-    name: str,
-    seconds: int,
-    force_python: bool,
-    *,
-    body: bytes = REQUEST_BODY,
-    upstream: str | None = None,
-) -> Run:
-    server = servers.running[name]
-    spec = servers.specs[name]
-    up = servers.running[upstream] if upstream else None
-    before = server.stats() if spec.stats else None
-    busy0, own0 = H.system_busy_seconds(), H.own_cpu_seconds()
-    user0, sys0 = H.tree_cpu_split(server.pid)
-    up0 = H.cpu_seconds(up.pid) if up else 0.0
-    t0 = time.monotonic()
-    load = H.run_load(
-        server.url,
-        body=body,
-        concurrency=CONCURRENCY,
-        seconds=seconds,
-        rollouts=ROLLOUTS if spec.prefixed else 0,
-        force_python=force_python,
-    )
-    wall = time.monotonic() - t0
-    user1, sys1 = H.tree_cpu_split(server.pid)
-    cpu, user = (user1 + sys1) - (user0 + sys0), user1 - user0
-    up_cpu = (H.cpu_seconds(up.pid) - up0) if up else 0.0
-    busy, own = H.system_busy_seconds() - busy0, H.own_cpu_seconds() - own0
-    after = server.stats() if spec.stats else None
-    delta = {k: after[k] - before[k] for k in after} if before and after else {}
-    n = load.requests
-    return Run(
-        name,
-        load.rps,
-        n,
-        load.p50_ms,
-        load.p99_ms,
-        load.errors,
-        cpu_us=cpu / n * 1e6 if n else None,
-        server_cores=cpu / wall,
-        upstream_cpu_us=up_cpu / n * 1e6 if (up and n) else None,
-        others_cores=max(0.0, (busy - cpu - up_cpu - load.loadgen_cpu - own) / wall),
-        loadgen_cores=load.loadgen_cpu / wall,
-        records=delta.get("records", 0),
-        fsyncs=delta.get("fsyncs", 0),
-        batches=delta.get("batches", 0),
-        user_us=user / n * 1e6 if n else None,
-    )
-
-
-def rounds_of(
-    servers: Servers,
-    names: Sequence[str],
-    rounds: int,
-    seconds: int,
-    force_python: bool,
-    *,
-    body: bytes = REQUEST_BODY,
-    upstreams: dict[str, str] | None = None,
-) -> dict[str, Run]:
-    """Warm each server up (1 s), then ``rounds`` rotated rounds; the best round of each by req/s."""
-    upstreams = upstreams or {}
-    for name in names:
-        spec = servers.specs[name]
-        H.run_load(
-            servers.running[name].url,
-            body=body,
-            concurrency=CONCURRENCY,
-            seconds=1,
-            rollouts=ROLLOUTS if spec.prefixed else 0,
-            force_python=force_python,
-        )
-    for name in (
-        names
-    ):  # a capturing server that does not capture (say, the instrumentor failed to load) stops the run
-        spec = servers.specs[name]
-        if spec.capture_dir is not None and spec.stats and not servers.running[name].stats()["records"]:
-            raise RuntimeError(
-                f"{name} wrote no record during its warm-up; its log:\n{servers.running[name].log_tail()}"
-            )
-    best: dict[str, Run] = {}
-    for r in range(rounds):
-        order = list(names[r % len(names) :]) + list(names[: r % len(names)])
-        for name in order:
-            run = measure(servers, name, seconds, force_python, body=body, upstream=upstreams.get(name))
-            if name not in best or run.rps > best[name].rps:
-                best[name] = run
-    return best
-
-
-# --- time to first event, one call at a time ----------------------------------------------------------
-
-
-def _ttft_call(sock: socket.socket, request: bytes, expected_end: bytes) -> float:
-    """Send one streamed request on a kept-alive socket; seconds to the first SSE event's bytes."""
-    t0 = time.perf_counter()
-    sock.sendall(request)
-    buffer = b""
-    first = None
-    while True:
-        data = sock.recv(1 << 16)
-        if not data:
-            raise ConnectionError("server closed the connection")
-        buffer += data
-        if first is None:
-            head_end = buffer.find(b"\r\n\r\n")
-            if head_end >= 0 and buffer.find(b"data: ", head_end) >= 0:
-                first = time.perf_counter()
-        if buffer.endswith(expected_end):
-            assert first is not None
-            return first - t0
-
-
-def ttft_rounds(urls: dict[str, tuple[str, bool]], calls: int, warmup: int) -> dict[str, list[float]]:
-    """For each server (url, prefixed): ``calls`` streamed calls, one at a time, servers rotated call by
-    call, each on its own kept-alive TCP_NODELAY connection. Returns the times to first event."""
-    socks: dict[str, socket.socket] = {}
-    requests: dict[str, list[bytes]] = {}
-    for name, (url, prefixed) in urls.items():
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        sock = socket.create_connection((host, int(port)))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        socks[name] = sock
-        paths = [
-            f"/ng-rollout/ttft-{i % ROLLOUTS}/v1/chat/completions" if prefixed else "/v1/chat/completions"
-            for i in range(ROLLOUTS)
-        ]
-        requests[name] = [
-            (
-                f"POST {p} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(STREAM_REQUEST_BODY)}\r\n\r\n"
-            ).encode()
-            + STREAM_REQUEST_BODY
-            for p in paths
-        ]
-    out: dict[str, list[float]] = {name: [] for name in urls}
-    order = list(urls)
-    try:
-        for i in range(warmup + calls):
-            order = order[1:] + order[:1]
-            for name in order:
-                t = _ttft_call(socks[name], requests[name][i % ROLLOUTS], b"0\r\n\r\n")
-                if i >= warmup:
-                    out[name].append(t)
-    finally:
-        for sock in socks.values():
-            sock.close()
-    return out
-
-
-# --- the report -------------------------------------------------------------------------------------
-
-
-@dataclass
-class Goal:
-    number: str
-    what: str
-    figure: float | None
-    target: float
-    higher_better: bool
-    unit: str  # "x", "us", "ms", "" (a plain number)
-    this: Run | None = None
-    base: Run | None = None
-    base_label: str = ""
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def met(self) -> bool | None:
-        if self.figure is None:
-            return None
-        return self.figure >= self.target if self.higher_better else self.figure <= self.target
-
-    def verdict(self) -> str:
-        if self.met is None:
-            return "not measured"
-        if self.met:
-            return "MET"
-        assert self.figure is not None
-        if self.higher_better:
-            return f"MISSED: {self.figure / self.target:.0%} of the goal"
-        return f"MISSED: {self.figure / self.target:.1f}x the limit"
-
-
-def _fmt_value(value: float | None, unit: str) -> str:
-    if value is None:
-        return "-"
-    if unit == "x":
-        return f"{value:.2f}x"
-    if unit == "us":
-        return f"{value:.2f} us" if value < 10 else f"{value:.0f} us"
-    if unit == "ms":
-        return f"{value:+.3f} ms"
-    return f"{value:.3f}"
-
-
-def run_table(title: str, runs: Sequence[tuple[str, Run, Run | None]], notes: Sequence[str] = ()) -> None:
-    header = [
-        "server",
-        "req/s",
-        "vs",
-        "ratio",
-        "CPU us/call",
-        "srv cores",
-        "upstream us/call",
-        "p50 ms",
-        "p99 ms",
-        "fsyncs/rec",
-        "recs/batch",
-        "other cores",
-        "errors",
-    ]
-    rows = []
-    for label, run, base in runs:
-        rows.append(
-            [
-                label,
-                run.rps,
-                base.name if base else "-",
-                H.ratio(run.rps, base.rps) if base else None,
-                run.cpu_us,
-                run.server_cores,
-                run.upstream_cpu_us,
-                run.p50_ms,
-                run.p99_ms,
-                run.fsyncs / run.records if run.records else None,
-                run.records / run.batches if run.batches else None,
-                run.others_cores,
-                run.errors,
-            ]
-        )
-    H.print_table(title, header, rows, notes)
-
-
-def goals_table(goals: Sequence[Goal]) -> None:
-    header = [
-        "goal",
-        "figure",
-        "measured",
-        "target",
-        "this req/s",
-        "this CPU us/call",
-        "baseline",
-        "base req/s",
-        "base CPU us/call",
-        "verdict",
-    ]
-    rows = []
-    for g in goals:
-        rows.append(
-            [
-                g.number,
-                g.what,
-                _fmt_value(g.figure, g.unit),
-                ("at least " if g.higher_better else "at most ") + _fmt_value(g.target, g.unit).lstrip("+"),
-                g.this.rps if g.this else None,
-                g.this.cpu_us if g.this else None,
-                g.base_label or (g.base.name if g.base else "-"),
-                g.base.rps if g.base else None,
-                g.base.cpu_us if g.base else None,
-                g.verdict(),
-            ]
-        )
-    notes = [note for g in goals for note in g.notes]
-    H.print_table(f"GOALS (issue #12), {CONCURRENCY} concurrent", header, rows, notes)
-
-
 # --- the goals --------------------------------------------------------------------------------------
 
 
 def goal_zero_code(
     data: Path, rounds: int, seconds: int, fp: bool, diagnostics: bool
-) -> tuple[list[Goal], dict[str, Run]]:
+) -> tuple[list[R.Goal], dict[str, R.Run]]:
     specs = [
-        Spec("starlette", H.server_argv("bare", "--app", "starlette"), prefixed=False),
-        Spec(
+        R.Spec("starlette", H.server_argv("bare", "--app", "starlette"), prefixed=False),
+        R.Spec(
             "zero-code",
             [INSTRUMENT, *H.server_argv("bare", "--app", "starlette")],
             env=_zero_code_env(data / "zero-code"),
             capture_dir=data / "zero-code",
         ),
-        Spec(
+        R.Spec(
             "gym-fsync",
             H.server_argv("gym", "--app", "starlette", "--capture-dir", str(data / "gym")),
             capture_dir=data / "gym",
@@ -460,29 +117,29 @@ def goal_zero_code(
     ]
     if diagnostics:
         specs += [
-            Spec(
+            R.Spec(
                 "server-span",
                 [INSTRUMENT, *H.server_argv("server-span", "--app", "starlette")],
                 env={**_zero_code_env(None), "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "otel_capture"},
                 prefixed=False,
             ),
-            Spec(
+            R.Spec(
                 "lean-server-span",
                 [INSTRUMENT, *H.server_argv("lean-server-span", "--app", "starlette")],
                 env={**_zero_code_env(None), "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "otel_capture"},
                 prefixed=False,
             ),
-            Spec(
+            R.Spec(
                 "zero-code-spans",
                 [INSTRUMENT, *H.server_argv("bare", "--app", "starlette")],
                 env=_zero_code_env(None),
             ),
         ]
-    with Servers() as servers:
+    with R.Servers() as servers:
         for spec in specs:
             servers.start(spec)
-        runs = rounds_of(servers, [s.name for s in specs], rounds, seconds, fp)
-        disk = _disk_check(servers, ["zero-code", "gym-fsync"])
+        runs = R.rounds_of(servers, [s.name for s in specs], rounds, seconds, fp)
+        disk = R.disk_check(servers, ["zero-code", "gym-fsync"])
     base, zc, gym = runs["starlette"], runs["zero-code"], runs["gym-fsync"]
     rows = [
         ("starlette app, uninstrumented", base, None),
@@ -497,7 +154,7 @@ def goal_zero_code(
         ]
     if diagnostics:
         disk.append(
-            _ladder(
+            R.ladder(
                 [
                     ("the app", base),
                     ("+ lean server span (steps aside)", runs["lean-server-span"]),
@@ -506,11 +163,11 @@ def goal_zero_code(
                 ]
             )
         )
-    run_table(
+    R.run_table(
         "goal 1: zero-code (opentelemetry-instrument + distro) around a Starlette model app", rows, disk
     )
     goals = [
-        Goal(
+        R.Goal(
             "1a",
             "zero-code capture / uninstrumented",
             zc.rps / base.rps,
@@ -521,7 +178,7 @@ def goal_zero_code(
             base,
             "uninstrumented",
         ),
-        Goal(
+        R.Goal(
             "1b",
             "zero-code capture / per-call-fsync (Gym)",
             zc.rps / gym.rps,
@@ -538,10 +195,10 @@ def goal_zero_code(
 
 def goal_library(
     data: Path, rounds: int, seconds: int, fp: bool, diagnostics: bool
-) -> tuple[list[Goal], dict[str, Run]]:
+) -> tuple[list[R.Goal], dict[str, R.Run]]:
     specs = [
-        Spec("bare", H.server_argv("bare")),
-        Spec(
+        R.Spec("bare", H.server_argv("bare")),
+        R.Spec(
             "library",
             H.server_argv("capture", "--capture-dir", str(data / "library")),
             capture_dir=data / "library",
@@ -549,28 +206,28 @@ def goal_library(
     ]
     if diagnostics:
         specs += [
-            Spec("library-spans", H.server_argv("spans")),
-            Spec(
+            R.Spec("library-spans", H.server_argv("spans")),
+            R.Spec(
                 "library-nosync",
                 H.server_argv("capture-nosync", "--capture-dir", str(data / "nosync")),
                 capture_dir=data / "nosync",
             ),
-            Spec(
+            R.Spec(
                 "library-traced",
                 H.server_argv("capture-traced", "--capture-dir", str(data / "traced")),
                 capture_dir=data / "traced",
             ),
-            Spec(
+            R.Spec(
                 "bare-h11",
                 H.server_argv("bare"),
                 env={"BENCH_UVICORN_HTTP": "h11", "BENCH_UVICORN_LOOP": "asyncio"},
             ),
         ]
-    with Servers() as servers:
+    with R.Servers() as servers:
         for spec in specs:
             servers.start(spec)
-        runs = rounds_of(servers, [s.name for s in specs], rounds, seconds, fp)
-        disk = _disk_check(servers, ["library"])
+        runs = R.rounds_of(servers, [s.name for s in specs], rounds, seconds, fp)
+        disk = R.disk_check(servers, ["library"])
     base, lib = runs["bare"], runs["library"]
     rows = [("raw ASGI app alone", base, None), ("library mode, durable capture", lib, base)]
     if diagnostics:
@@ -586,7 +243,7 @@ def goal_library(
         ]
     if diagnostics:
         disk.append(
-            _ladder(
+            R.ladder(
                 [
                     ("the app", base),
                     ("+ middleware, no span built", runs["library-spans"]),
@@ -595,22 +252,24 @@ def goal_library(
                 ]
             )
         )
-    run_table("goal 2: library mode (middleware + exporter in code, no HTTP server span)", rows, disk)
-    return [Goal("2", "library capture / bare", lib.rps / base.rps, 0.5, True, "x", lib, base, "bare")], runs
+    R.run_table("goal 2: library mode (middleware + exporter in code, no HTTP server span)", rows, disk)
+    return [
+        R.Goal("2", "library capture / bare", lib.rps / base.rps, 0.5, True, "x", lib, base, "bare")
+    ], runs
 
 
 def goal_proxy(
     data: Path, rounds: int, seconds: int, fp: bool, diagnostics: bool
-) -> tuple[list[Goal], dict[str, Run]]:
+) -> tuple[list[R.Goal], dict[str, R.Run]]:
     specs = [
-        Spec("upstream", H.server_argv("bare")),
-        Spec(
+        R.Spec("upstream", H.server_argv("bare")),
+        R.Spec(
             "proxy",
             H.server_argv("proxy", "--upstream", "{upstream}", "--capture-dir", str(data / "proxy")),
             capture_dir=data / "proxy",
             upstream="upstream",
         ),
-        Spec(
+        R.Spec(
             "proxy-w2",
             _proxy_workers_argv("{upstream}", data / "proxy-w2", 2),
             capture_dir=data / "proxy-w2",
@@ -620,16 +279,16 @@ def goal_proxy(
     ]
     if diagnostics:
         specs.append(
-            Spec("proxy-off", H.server_argv("proxy", "--upstream", "{upstream}"), upstream="upstream")
+            R.Spec("proxy-off", H.server_argv("proxy", "--upstream", "{upstream}"), upstream="upstream")
         )
     names = [s.name for s in specs]
-    with Servers() as servers:
+    with R.Servers() as servers:
         for spec in specs:
             servers.start(spec)
-        runs = rounds_of(
+        runs = R.rounds_of(
             servers, names, rounds, seconds, fp, upstreams={n: "upstream" for n in names if n != "upstream"}
         )
-        disk = _disk_check(servers, ["proxy"])
+        disk = R.disk_check(servers, ["proxy"])
         lines_w2 = H.count_lines(data / "proxy-w2")
     base, proxy, w2 = runs["upstream"], runs["proxy"], runs["proxy-w2"]
     rows = [
@@ -639,7 +298,7 @@ def goal_proxy(
     ]
     if diagnostics:
         rows.append(("diag: proxy without --capture-dir (no span built)", runs["proxy-off"], base))
-    run_table(
+    R.run_table(
         "goal 3: otel-capture proxy in front of an upstream that answers at once",
         rows,
         [
@@ -649,7 +308,7 @@ def goal_proxy(
         ],
     )
     goals = [
-        Goal(
+        R.Goal(
             "3a",
             "proxy capture / upstream direct",
             proxy.rps / base.rps,
@@ -660,7 +319,7 @@ def goal_proxy(
             base,
             "upstream direct",
         ),
-        Goal(
+        R.Goal(
             "3b",
             "proxy CPU per call, 1 worker",
             proxy.cpu_us,
@@ -676,7 +335,7 @@ def goal_proxy(
                 "about 3.3x at most, which is what 300 us was on the machine the goal was set on"
             ],
         ),
-        Goal(
+        R.Goal(
             "3c",
             "(shown) proxy --workers 2 / direct",
             w2.rps / base.rps,
@@ -693,14 +352,14 @@ def goal_proxy(
 
 def goal_streaming(
     data: Path, rounds: int, seconds: int, fp: bool, ttft_calls: int
-) -> tuple[list[Goal], dict[str, Run]]:
-    goals: list[Goal] = []
-    runs_out: dict[str, Run] = {}
+) -> tuple[list[R.Goal], dict[str, R.Run]]:
+    goals: list[R.Goal] = []
+    runs_out: dict[str, R.Run] = {}
     pairs = [
         (
             "library",
-            lambda n: Spec(f"off-{n}", H.server_argv("bare", "--events", str(n)), prefixed=False),
-            lambda n: Spec(
+            lambda n: R.Spec(f"off-{n}", H.server_argv("bare", "--events", str(n)), prefixed=False),
+            lambda n: R.Spec(
                 f"on-{n}",
                 H.server_argv("capture", "--events", str(n), "--capture-dir", str(data / f"lib-{n}")),
                 capture_dir=data / f"lib-{n}",
@@ -708,10 +367,10 @@ def goal_streaming(
         ),
         (
             "zero-code",
-            lambda n: Spec(
+            lambda n: R.Spec(
                 f"off-{n}", H.server_argv("bare", "--app", "starlette", "--events", str(n)), prefixed=False
             ),
-            lambda n: Spec(
+            lambda n: R.Spec(
                 f"on-{n}",
                 [INSTRUMENT, *H.server_argv("bare", "--app", "starlette", "--events", str(n))],
                 env=_zero_code_env(data / f"zc-{n}"),
@@ -721,20 +380,23 @@ def goal_streaming(
     ]
     expected = {n: sum(len(e) for e in chat_events(n)) for n in (STREAM_EVENTS, STREAM_EVENTS_SHORT)}
     for mode, off_spec, on_spec in pairs:
-        with Servers() as servers:
+        with R.Servers() as servers:
             specs = [make(n) for n in (STREAM_EVENTS, STREAM_EVENTS_SHORT) for make in (off_spec, on_spec)]
             for spec in specs:
                 servers.start(spec)
-            runs = rounds_of(servers, [s.name for s in specs], rounds, seconds, fp, body=STREAM_REQUEST_BODY)
-            ttft = ttft_rounds(
+            runs = R.rounds_of(
+                servers, [s.name for s in specs], rounds, seconds, fp, body=STREAM_REQUEST_BODY
+            )
+            ttft = R.ttft_rounds(
                 {
                     name: (servers.running[name].url, servers.specs[name].prefixed)
                     for name in (f"off-{STREAM_EVENTS}", f"on-{STREAM_EVENTS}")
                 },
+                STREAM_REQUEST_BODY,
                 ttft_calls,
                 warmup=max(5, ttft_calls // 10),
             )
-            disk = _disk_check(servers, [f"on-{STREAM_EVENTS}", f"on-{STREAM_EVENTS_SHORT}"])
+            disk = R.disk_check(servers, [f"on-{STREAM_EVENTS}", f"on-{STREAM_EVENTS_SHORT}"])
         off, on = runs[f"off-{STREAM_EVENTS}"], runs[f"on-{STREAM_EVENTS}"]
         off_s, on_s = runs[f"off-{STREAM_EVENTS_SHORT}"], runs[f"on-{STREAM_EVENTS_SHORT}"]
         added = (on.cpu_us or 0) - (off.cpu_us or 0)
@@ -744,7 +406,7 @@ def goal_streaming(
         added_user = ((on.user_us or 0) - (off.user_us or 0)) - ((on_s.user_us or 0) - (off_s.user_us or 0))
         per_event_user = added_user / (STREAM_EVENTS - STREAM_EVENTS_SHORT)
         t_off, t_on = statistics.median(ttft[off.name]), statistics.median(ttft[on.name])
-        run_table(
+        R.run_table(
             f"goal 4: streaming, {mode}: {STREAM_EVENTS}- and {STREAM_EVENTS_SHORT}-event streams "
             f"({expected[STREAM_EVENTS]:,} and {expected[STREAM_EVENTS_SHORT]:,} bytes), capture off vs on",
             [
@@ -763,12 +425,12 @@ def goal_streaming(
                 "event where a fast one is read in bursts)",
                 f"time to first event, one call at a time ({len(ttft[off.name])} calls each, servers rotated): "
                 f"median off {t_off * 1e3:.3f} ms, on {t_on * 1e3:.3f} ms; p90 off "
-                f"{_pct(ttft[off.name], 0.9) * 1e3:.3f} ms, on {_pct(ttft[on.name], 0.9) * 1e3:.3f} ms",
+                f"{H.percentile(ttft[off.name], 0.9) * 1e3:.3f} ms, on {H.percentile(ttft[on.name], 0.9) * 1e3:.3f} ms",
             ],
         )
         key = "4L" if mode == "library" else "4Z"
         goals.append(
-            Goal(
+            R.Goal(
                 f"{key}a",
                 f"streaming {mode}: added CPU per event (slope)",
                 per_event_marginal,
@@ -788,7 +450,7 @@ def goal_streaming(
             )
         )
         goals.append(
-            Goal(
+            R.Goal(
                 f"{key}b",
                 f"streaming {mode}: TTFT median on - off",
                 (t_on - t_off) * 1e3,
@@ -804,46 +466,15 @@ def goal_streaming(
     return goals, runs_out
 
 
-def _ladder(steps: Sequence[tuple[str, Run]]) -> str:
-    """CPU per call added by each layer, from servers measured side by side (differences of CPU per call)."""
-    parts = [f"{steps[0][0]} {steps[0][1].cpu_us or 0:.0f} us"]
-    for (_, before), (label, after) in itertools.pairwise(steps):
-        parts.append(f"{label} {(after.cpu_us or 0) - (before.cpu_us or 0):+.0f} us")
-    return "CPU per call, layer by layer: " + ", ".join(parts)
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def _disk_check(servers: Servers, names: Sequence[str]) -> list[str]:
-    """Lines on disk against records the writer acknowledged (after calls in flight settle)."""
-    notes = []
-    for name in names:
-        spec = servers.specs[name]
-        assert spec.capture_dir is not None
-        acknowledged, previous = servers.running[name].stats()["records"], -1
-        while acknowledged != previous:
-            time.sleep(0.3)
-            previous, acknowledged = acknowledged, servers.running[name].stats()["records"]
-        lines = H.count_lines(spec.capture_dir)
-        notes.append(
-            f"{name}: {lines:,} lines on disk, {acknowledged:,} acknowledged by its writer"
-            + ("" if lines == acknowledged else "  << MISMATCH")
-        )
-    return notes
-
-
-def fsync_goal(runs: dict[str, Run]) -> Goal:
+def fsync_goal(runs: dict[str, R.Run]) -> R.Goal:
     parts = [(name, r) for name, r in runs.items() if r.records and name in ("zero-code", "library", "proxy")]
     if not parts:
-        return Goal("5", "fsyncs per record", None, 0.25, False, "")
+        return R.Goal("5", "fsyncs per record", None, 0.25, False, "")
     worst_name, worst = max(parts, key=lambda p: p[1].fsyncs / p[1].records)
     note = "5: fsyncs per record: " + ", ".join(
         f"{n} {r.fsyncs / r.records:.3f} ({r.records:,} records)" for n, r in parts
     )
-    return Goal(
+    return R.Goal(
         "5",
         f"fsyncs per record (worst: {worst_name})",
         worst.fsyncs / worst.records,
@@ -884,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     fp = args.python_loadgen
     data = Path(tempfile.mkdtemp(prefix="otel-capture-goals-", dir=args.dir))
     print(
-        f"== bench_goals: issue #12's goals, {CONCURRENCY} concurrent, each against its baseline side by side =="
+        f"== bench_goals: issue #12's goals, {R.CONCURRENCY} concurrent, each against its baseline side by side =="
     )
     print(H.machine_line(data))
     print(H.package_line())
@@ -899,15 +530,15 @@ def main(argv: list[str] | None = None) -> int:
             f"NOTE: {impl}: install httptools and uvloop (uvicorn[standard]) to measure the stack that serves "
             "the most calls per core"
         )
-    print(f"load generator: {H.loadgen_name(fp)}, {CONCURRENCY} connections")
+    print(f"load generator: {H.loadgen_name(fp)}, {R.CONCURRENCY} connections")
     print(
         f"{rounds} round(s) x {seconds} s per server, rotated, best round kept; 1 s warm-up; "
-        f"request {len(REQUEST_BODY)} B (streamed: {len(STREAM_REQUEST_BODY)} B), {ROLLOUTS} rollouts"
+        f"request {len(REQUEST_BODY)} B (streamed: {len(STREAM_REQUEST_BODY)} B), {R.ROLLOUTS} rollouts"
     )
     t0 = time.monotonic()
-    goals: list[Goal] = []
-    all_runs: dict[str, Run] = {}
-    steps: list[tuple[str, Callable[[], tuple[list[Goal], dict[str, Run]]]]] = [
+    goals: list[R.Goal] = []
+    all_runs: dict[str, R.Run] = {}
+    steps: list[tuple[str, Callable[[], tuple[list[R.Goal], dict[str, R.Run]]]]] = [
         ("1", lambda: goal_zero_code(data, rounds, seconds, fp, diagnostics)),
         ("2", lambda: goal_library(data, rounds, seconds, fp, diagnostics)),
         ("3", lambda: goal_proxy(data, rounds, seconds, fp, diagnostics)),
@@ -923,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(data, ignore_errors=True)
     if any(n in wanted for n in "123"):
         goals.append(fsync_goal(all_runs))
-    goals_table(goals)
+    R.goals_table(goals)
     others = [r.others_cores for r in all_runs.values()]
     try:
         load_end = f"load avg {os.getloadavg()[0]:.2f} at the end; "

@@ -1,7 +1,7 @@
 """Where a captured call's CPU goes, stage by stage, in one process without HTTP: the OpenTelemetry
 overhead measured, not assumed.
 
-    python bench/bench_hotpath.py [--quick] [--calls N]
+    python -m bench.bench_hotpath [--quick] [--calls N]
 
 One non-streaming chat call (the non-streaming benchmark's request and response) is driven through the
 ASGI stack with in-memory ``receive``/``send``, ``--calls`` times per variant (default 20,000; quick
@@ -38,16 +38,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _harness as H
-from _servers import REQUEST_BODY, RESPONSE_BODY, upstream_app
 from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
+from bench import _harness as H
+from bench._servers import REQUEST_BODY, RESPONSE_BODY, upstream_app
 from otel_capture import CaptureSettings, ModelCallCaptureMiddleware
-from otel_capture._sink import FinishedCall
 
 CAPTURED_PATH = "/ng-rollout/bench-0/v1/chat/completions"
 
@@ -64,7 +61,7 @@ class MemorySink:
     def discard_call(self, rollout_id: str, model_call_id: str) -> None:
         pass
 
-    def write_call(self, call: FinishedCall) -> None:
+    def write_call(self, call: Any) -> None:  # a FinishedCall
         call.waiter.future.set_result(None)
 
 
@@ -276,10 +273,8 @@ def main(argv: list[str] | None = None) -> int:
             ["variant", "us/call", "+us vs row above", "+us vs app alone"],
             rows,
             [
-                (
-                    "no HTTP server here: uvicorn's own per-request cost (~80-100 us with h11 on this machine, see "
-                    "bench_nonstreaming 'srv CPU us/req' of bare) comes on top of every row"
-                )
+                "no HTTP server here: uvicorn's own per-request cost (bench_goals' CPU us/call of the bare app) "
+                "comes on top of every row"
             ],
         )
         H.print_table("pieces alone", ["piece", "us/call"], [[n, us] for n, us in _pieces(calls)])

@@ -1,6 +1,6 @@
 """Memory of the lifecycle at scale: bounded by the work in hand, not by history (issue 15, item 10).
 
-    python bench/bench_memory.py [--quick] [--rollouts N] [--lines N] [--baseline REV] [--dir DIR]
+    python -m bench.bench_memory [--quick] [--rollouts N] [--lines N] [--dir DIR]
                                  [--only GROUP,...]   (batch, freeze, read, show, journal, markers)
 
 Each figure is measured in a fresh child process (peak RSS from ``VmHWM``, reset through
@@ -22,9 +22,8 @@ Each figure is measured in a fresh child process (peak RSS from ``VmHWM``, reset
 * **in-flight markers**: marker files left in ``.otel-capture/inflight`` after ``--rollouts`` calls, each
   begun and then recorded by the writer.
 
-Journal and marker workloads run with ``fsync`` switched off (the figures are sizes and counts). With
-``--baseline REV`` every figure is measured again with the package as it was at that git revision (a
-temporary ``git archive``), and the ratio current/baseline is printed beside it. Linux only.
+Journal and marker workloads run with ``fsync`` switched off (the figures are sizes and counts). Linux
+only.
 """
 
 from __future__ import annotations
@@ -40,17 +39,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-FIXTURE = REPO / "tests" / "fixtures" / "nemo_gym" / "gym_server_0-0.capture.jsonl"
+from bench import _harness as H
+
+FIXTURE = H.REPO / "tests" / "fixtures" / "nemo_gym" / "gym_server_0-0.capture.jsonl"
 
 # --- the child: one measurement, printed as JSON ---------------------------------------------------------
-
-
-def _kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def _measure(operation: Any) -> tuple[int, float, Any]:
@@ -58,12 +51,12 @@ def _measure(operation: Any) -> tuple[int, float, Any]:
     import gc
 
     gc.collect()
-    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
-    base = _kib("VmRSS")
+    H.reset_peak_rss()
+    base = H.status_kib("VmRSS")
     start = time.perf_counter()
     result = operation()
     elapsed = time.perf_counter() - start
-    return (_kib("VmHWM") - base) * 1024, elapsed, result
+    return (H.status_kib("VmHWM") - base) * 1024, elapsed, result
 
 
 def _populate(root: Path, ids: list[str]) -> None:
@@ -111,8 +104,9 @@ def child_read(root: Path) -> dict[str, Any]:
 
 def child_show(root: Path) -> dict[str, Any]:
     import contextlib
+    from importlib.metadata import entry_points
 
-    from otel_capture._cli.main import main as cli
+    cli = next(iter(entry_points(group="console_scripts", name="otel-capture"))).load()  # the command
 
     def show() -> int:
         with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
@@ -177,10 +171,7 @@ def child_load(root: Path) -> dict[str, Any]:
 
 
 def child_markers(root: Path, rollouts: int) -> dict[str, Any]:
-    try:
-        from otel_capture._store.writer import JsonlWriter
-    except ImportError:  # before the store became a subpackage
-        from otel_capture._writer import JsonlWriter  # type: ignore[no-redef,import-not-found]
+    from otel_capture._store.writer import JsonlWriter
 
     writer = JsonlWriter(root, fsync=lambda fd: None, syncfs=None)
     for i in range(rollouts):
@@ -208,15 +199,13 @@ CHILDREN: dict[str, Callable[..., dict[str, Any]]] = {
 # --- the parent ---------------------------------------------------------------------------------------------
 
 
-def _run(source: Path, name: str, *args: Any) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(source)}
+def _run(name: str, *args: Any) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, __file__, "--child", name, *map(str, args)],
+        [H.PYTHON, "-m", "bench.bench_memory", "--child", name, *map(str, args)],
         capture_output=True,
         text=True,
-        env=env,
         check=False,
-        cwd=source,
+        cwd=H.REPO,
     )
     if out.returncode != 0:
         raise RuntimeError(f"child {name} failed: {out.stderr[-2000:]}")
@@ -227,31 +216,29 @@ def _run(source: Path, name: str, *args: Any) -> dict[str, Any]:
 GROUPS = ("batch", "freeze", "read", "show", "journal", "markers")
 
 
-def measure(
-    source: Path, work: Path, rollouts: int, lines: int, groups: tuple[str, ...] = GROUPS
-) -> dict[str, Any]:
+def measure(work: Path, rollouts: int, lines: int, groups: tuple[str, ...] = GROUPS) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     if "batch" in groups:
-        figures.update(_run(source, "batch", work / "batch", rollouts))
+        figures.update(_run("batch", work / "batch", rollouts))
     if {"freeze", "read", "show"} & set(groups):
-        figures.update(_run(source, "bigfile", work / "freeze", lines))
+        figures.update(_run("bigfile", work / "freeze", lines))
     # each in its own process: no reuse of freed memory
     if "read" in groups:
-        figures.update(_run(source, "read", work / "freeze"))
+        figures.update(_run("read", work / "freeze"))
         assert figures["read_records"] == lines
     if "show" in groups:
-        figures.update(_run(source, "show", work / "freeze"))
+        figures.update(_run("show", work / "freeze"))
     if "freeze" in groups:
-        figures.update(_run(source, "freeze", work / "freeze"))
+        figures.update(_run("freeze", work / "freeze"))
         assert figures["frozen"] == lines
     if "journal" in groups:
         for workload in ("retire", "drop", "delete"):
-            journal = _run(source, "journal", work / f"journal-{workload}", rollouts, workload)
+            journal = _run("journal", work / f"journal-{workload}", rollouts, workload)
             figures[f"journal_{workload}_lines"] = journal["lines"]
             figures[f"journal_{workload}_bytes"] = journal["bytes"]
-        figures.update(_run(source, "load", work / "journal-retire"))
+        figures.update(_run("load", work / "journal-retire"))
     if "markers" in groups:
-        figures.update(_run(source, "markers", work / "markers", rollouts))
+        figures.update(_run("markers", work / "markers", rollouts))
     return figures
 
 
@@ -300,7 +287,6 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rollouts", type=int)
     parser.add_argument("--lines", type=int)
-    parser.add_argument("--baseline", help="a git revision to measure side by side")
     parser.add_argument("--dir", help="where the temporary files go (default: the system's temp dir)")
     parser.add_argument(
         "--only", help=f"comma-separated groups to measure (default: all of {','.join(GROUPS)})"
@@ -320,26 +306,9 @@ def main() -> int:
         parser.error(f"unknown groups {sorted(unknown)}; choose from {','.join(GROUPS)}")
     print(f"{rollouts} rollouts per batch and workload, a {lines}-line rollout frozen\n")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        current = measure(REPO, Path(tmp) / "current", rollouts, lines, groups)
-        baseline = None
-        if args.baseline:
-            source = Path(tmp) / "baseline-src"
-            source.mkdir()
-            archive = subprocess.run(
-                ["git", "archive", args.baseline], cwd=REPO, capture_output=True, check=True
-            )
-            subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
-            baseline = measure(source, Path(tmp) / "baseline", rollouts, lines, groups)
-    header = f"{'figure':50} {'current':>12}"
-    print(header + (f" {'baseline ' + args.baseline:>22} {'ratio':>8}" if baseline else ""))
-    old_rows = _rows(baseline, rollouts, lines) if baseline else None
-    for i, (label, value, unit) in enumerate(_rows(current, rollouts, lines)):
-        line = f"{label:50} {value:>10.3g} {unit:<3}"
-        if old_rows is not None:
-            old = old_rows[i][1]
-            ratio = f"{value / old:.2f}x" if old else "-"
-            line += f" {old:>18.3g} {unit:<3} {ratio:>8}"
-        print(line)
+        figures = measure(Path(tmp), rollouts, lines, groups)
+    rows = [(label, f"{value:.3g}", unit) for label, value, unit in _rows(figures, rollouts, lines)]
+    H.print_table("memory of the lifecycle at scale", ["figure", "measured", "unit"], rows)
     return 0
 
 

@@ -1,6 +1,6 @@
 """The readers on one big capture file, against a plain per-line pydantic validation (the existing reader).
 
-    python bench/bench_reader.py [--quick] [--lines N] [--repeat N] [--dir DIR]
+    python -m bench.bench_reader [--quick] [--lines N] [--repeat N] [--dir DIR]
 
 The file: ``--lines`` lines (default 100,000; quick 20,000) cycled from NeMo Gym 0.7.0's own capture file
 (``tests/fixtures/nemo_gym/gym_server_0-0.capture.jsonl``: Responses calls with reasoning, tool calls
@@ -34,9 +34,7 @@ from typing import Any
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _harness as H
-
+from bench import _harness as H
 from otel_capture import (
     CaptureStore,
     ModelCallRecord,
@@ -51,11 +49,11 @@ FIXTURE = H.REPO / "tests" / "fixtures" / "nemo_gym" / "gym_server_0-0.capture.j
 ROLLOUT = "bench-reader"
 
 
-def _source_lines() -> tuple[list[dict[str, Any]], str]:
+def source_lines() -> tuple[list[dict[str, Any]], str]:
     if FIXTURE.exists():
         lines = [orjson.loads(line) for line in FIXTURE.read_bytes().splitlines() if line.strip()]
         return lines, f"NeMo Gym 0.7.0's {FIXTURE.name} ({len(lines)} distinct lines, cycled)"
-    from _servers import REQUEST_BODY, RESPONSE_BODY
+    from bench._servers import REQUEST_BODY, RESPONSE_BODY
 
     line = {
         "model_call_id": "",
@@ -74,7 +72,7 @@ def _source_lines() -> tuple[list[dict[str, Any]], str]:
 
 
 def write_file(directory: Path, count: int) -> tuple[Path, int, str]:
-    sources, described = _source_lines()
+    sources, described = source_lines()
     path = directory / f"{ROLLOUT}.capture.jsonl"
     with path.open("wb") as handle:
         for _, line in zip(range(count), itertools.cycle(sources)):

@@ -1,7 +1,7 @@
 """Several processes appending to ONE rollout's capture file at once: throughput and proof of no
 interleaving.
 
-    python bench/bench_writers.py [--quick] [--processes 1,2,4] [--records N] [--inflight K] [--dir DIR]
+    python -m bench.bench_writers [--quick] [--processes 1,2,4] [--records N] [--inflight K] [--dir DIR]
 
 Each writer process has its own ``JsonlWriter`` (the exporter's writer: group commit, ``flock(LOCK_EX)``
 per append on the data file, ``fsync`` per file per batch) and appends ``--records`` lines (default 2,000;
@@ -32,17 +32,15 @@ from typing import Any
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _harness as H
+from bench import _harness as H
+from bench.bench_reader import source_lines
 
 ROLLOUT = "bench-writers"
 
 
 def _lines(writer: int, count: int) -> list[tuple[str, bytes]]:
     """``count`` record lines of writer ``writer`` (realistic ~2 KB Responses calls)."""
-    from bench_reader import _source_lines
-
-    sources, _ = _source_lines()
+    sources, _ = source_lines()
     out = []
     for seq, source in zip(range(count), itertools.cycle(sources)):
         model_call_id = f"w{writer:02d}-{seq:07d}"
@@ -84,7 +82,7 @@ def _writer_process(mode: str, root: str, writer: int, count: int, inflight: int
     else:
         from concurrent.futures import ThreadPoolExecutor
 
-        from _gym_baseline import GymStore
+        from bench._gym_baseline import GymStore
 
         store = GymStore(Path(root))
         go.wait()

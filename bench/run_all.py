@@ -1,14 +1,15 @@
 """Run every benchmark in ``bench/`` and print each one's tables.
 
-    python bench/run_all.py [--quick] [--only NAME[,NAME...]]
+    python -m bench.run_all [--quick] [--only NAME[,NAME...]]
 
-Runs each ``bench/bench_*.py`` in its own process, one after the other (never two at once: they would
-measure each other), ``bench_goals.py`` first (issue #12's goals, each against its baseline, met or missed),
-passing ``--quick`` along, streaming its output as it comes. Exits non-zero when a
-benchmark fails (its own checks included: the writers benchmark fails when a line is torn or missing).
+Runs each ``bench/bench_*.py`` as ``python -m bench.<name>`` in its own process, one after the other
+(never two at once: they would measure each other), ``bench_goals.py`` first (issue #12's goals, each
+against its baseline, met or missed), passing ``--quick`` along, streaming its output as it comes. Exits
+non-zero when a benchmark fails (its own checks included: the writers benchmark fails when a line is torn
+or missing).
 
-``--quick`` is a smoke run (about two minutes in all): fewer concurrency levels, shorter runs, smaller
-files. The full run takes about ten minutes on a 2-core machine. Install ``wrk`` first
+``--quick`` is a smoke run (about two minutes in all): shorter runs, smaller files. The full run takes
+about eight minutes on a 2-core machine. Install ``wrk`` first
 (``apt-get install wrk``) for the HTTP benchmarks; without it they fall back, clearly labelled, to a
 Python load generator that is slower and may itself be the limit.
 """
@@ -41,8 +42,9 @@ def main() -> int:
     for script in scripts:
         print(f"\n######## {script.name}{' --quick' if args.quick else ''}", flush=True)
         t0 = time.monotonic()
+        module = f"bench.{script.stem}"
         code = subprocess.call(
-            [sys.executable, str(script), *(["--quick"] if args.quick else [])], cwd=BENCH.parent
+            [sys.executable, "-m", module, *(["--quick"] if args.quick else [])], cwd=BENCH.parent
         )
         timings.append((script.name, time.monotonic() - t0, code))
         if code != 0:

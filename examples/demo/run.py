@@ -162,7 +162,7 @@ def _report(
     say("\n" + format_rollouts_table(store))
     say(f"\nrecords are in {store.root}")
     again = f" --trace-url {trace_url}" if trace_url else ""
-    say(f"show them again: otel-capture show {store.root} [ROLLOUT_ID]{again}")
+    say(f"show them again: otel-capture ls {store.root}; otel-capture show {store.root} ROLLOUT_ID{again}")
     return problems
 
 

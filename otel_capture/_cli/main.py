@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .._settings import ProxySettings
+    from .._store import CaptureStore
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -22,13 +23,24 @@ _logger = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .._version import __version__
+
     parser = argparse.ArgumentParser(
         prog="otel-capture",
         description="Capture LLM model calls as OpenTelemetry spans and durable ModelCallRecord JSONL.",
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"otel-capture {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    proxy = commands.add_parser("proxy", help="serve the capture proxy in front of a model server")
+    proxy = commands.add_parser(
+        "proxy",
+        help="serve the capture proxy in front of a model server",
+        description="Serve the capture proxy: every call is forwarded to --upstream unchanged, and a call made "
+        "under /ng-rollout/<rollout_id>/ (or with the header x-rollout-id, or the baggage entry rollout.id) "
+        "becomes a span and, with a capture directory, one ModelCallRecord line of "
+        "<dir>/<rollout_id>.capture.jsonl, durable before the client gets the end of its answer. Prints "
+        "'listening on URL' once bound; SIGINT or SIGTERM stop it once the calls in flight are done.",
+    )
     proxy.add_argument(
         "--upstream", required=True, help="the model server's base URL, e.g. http://127.0.0.1:8000"
     )
@@ -60,9 +72,26 @@ def _parser() -> argparse.ArgumentParser:
         "$OTEL_CAPTURE_SHUTDOWN_TIMEOUT, else 25)",
     )
 
-    show = commands.add_parser("show", help="list a capture directory's rollouts, or one rollout's calls")
-    show.add_argument("dir")
-    show.add_argument("rollout_id", nargs="?")
+    ls = commands.add_parser(
+        "ls",
+        help="list a capture directory's rollouts: state, calls, errors, tokens",
+        description="List the rollouts of a capture directory, one line each: its lifecycle state (live: "
+        "records may still come; frozen: a snapshot was taken, later calls are refused; retired: records "
+        "removed, a fence drops late calls), its calls, failed calls, summed tokens, and whether a capture "
+        "failed (incomplete). A retired rollout is listed until it is deleted. Exits 1 on a damaged line.",
+    )
+    ls.add_argument("dir", metavar="DIR", help="the capture directory")
+    ls.add_argument("--state", choices=("live", "frozen", "retired"), help="only rollouts in this state")
+
+    show = commands.add_parser(
+        "show",
+        help="print one rollout's calls (without ID: the same list as ls)",
+        description="Print one rollout's calls, one line each as they are read: index, dialect, model, "
+        "status, tokens in and out, latency, time to first chunk, error. Exits 1 when a line is damaged "
+        "(the damaged lines are listed on stderr). Without ID, 'show DIR' is an alias of 'ls DIR'.",
+    )
+    show.add_argument("dir", metavar="DIR", help="the capture directory")
+    show.add_argument("rollout_id", nargs="?", metavar="ID")
     show.add_argument(
         "--trace-url",
         metavar="BASE",
@@ -70,25 +99,57 @@ def _parser() -> argparse.ArgumentParser:
         "with {trace_id} in it replaced",
     )
 
-    check = commands.add_parser("check", help="verify a capture directory; exit 1 on damage")
-    check.add_argument("dir")
+    check = commands.add_parser(
+        "check",
+        help="verify a capture directory; exit 1 on damage",
+        description="Read every file of a capture directory and say, per rollout, what is damaged: a line "
+        "that is not a record, a torn last line (a crash mid-write), an entry that is not a regular file. "
+        "Exits 1 on damage; with --strict also when a rollout is marked incomplete.",
+    )
+    check.add_argument("dir", metavar="DIR", help="the capture directory")
     check.add_argument("--strict", action="store_true", help="also fail when a rollout is marked incomplete")
 
-    ls = commands.add_parser("ls", help="list a capture directory's rollouts and their lifecycle state")
-    ls.add_argument("dir")
-    ls.add_argument("--state", choices=("live", "frozen", "retired"), help="only rollouts in this state")
+    freeze = commands.add_parser(
+        "freeze",
+        help="take a snapshot of rollouts and refuse their later calls",
+        description="Freeze rollouts: take a snapshot of each one's records and token lines, and from then "
+        "on refuse its new records (a late call's record is dropped; the model call itself is still "
+        "served). Prints 'frozen ID', the snapshot's counts, whether it is incomplete (a call was in flight "
+        "or failed to be captured), its snapshot id and version. Freezing again gives the same snapshot; "
+        "an id never seen is frozen empty. A retired rollout cannot be frozen (exit 1).",
+    )
+    freeze.add_argument("dir", metavar="DIR", help="the capture directory")
+    freeze.add_argument("rollout_ids", nargs="+", metavar="ID")
 
     retire = commands.add_parser(
-        "retire", help="remove rollouts' records and keep fences that refuse late calls"
+        "retire",
+        help="remove rollouts' records and keep fences that refuse late calls",
+        description="Retire rollouts once their captures are consumed: remove their records and token lines, "
+        "and keep a fence, so the late calls of an abandoned attempt still running are dropped instead "
+        "of starting a new file. Prints 'removed ID' (it had records) or 'absent ID'. Exits 1 if an id "
+        "failed; running the same command again finishes it.",
     )
-    retire.add_argument("dir")
+    retire.add_argument("dir", metavar="DIR", help="the capture directory")
     retire.add_argument("rollout_ids", nargs="+", metavar="ID")
 
-    delete = commands.add_parser("delete", help="remove rollouts' records and fences (before reusing an id)")
-    delete.add_argument("dir")
+    delete = commands.add_parser(
+        "delete",
+        help="remove rollouts' records and fences (before reusing an id)",
+        description="Delete rollouts: remove their records, token lines and fences, so each id is absent "
+        "again and can be reused; a call for it afterwards starts a new capture. Prints 'removed ID' (it "
+        "had records or a fence) or 'absent ID'. Exits 1 if an id failed; running the same command again "
+        "finishes it.",
+    )
+    delete.add_argument("dir", metavar="DIR", help="the capture directory")
     delete.add_argument("rollout_ids", nargs="+", metavar="ID")
 
-    demo = commands.add_parser("demo", help="run a few rollouts against a real tiny model through the proxy")
+    demo = commands.add_parser(
+        "demo",
+        help="run a few rollouts against a real tiny model through the proxy",
+        description="Start a real tiny model server (llama.cpp with Gemma 3 270M, from the demo extra), put "
+        "the capture proxy in front of it, run a few rollouts with the official openai and anthropic SDKs, "
+        "and print the captured calls and where their records are.",
+    )
     demo.add_argument("--upstream", help="use this model server instead of starting the embedded tiny model")
     demo.add_argument("--capture-dir", help="where records go (default: a new temporary directory)")
     demo.add_argument("--rollouts", type=int, default=3, help="how many rollouts (default 3)")
@@ -116,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _show(args)
         if args.command == "check":
             return _check(args)
-        if args.command in ("ls", "retire", "delete"):
+        if args.command in ("ls", "freeze", "retire", "delete"):
             return _lifecycle(args)
         if args.command == "demo":
             return _run_demo()(
@@ -244,15 +305,14 @@ def _check(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     from .._records import InvalidLine, ModelCallRecord
     from .._store import CaptureStore, scan_available_model_call_records
-    from .show import format_rollouts_table, iter_calls_table
+    from .show import iter_calls_table
 
+    if args.rollout_id is None:  # `show DIR`: an alias of `ls DIR`
+        return _lifecycle(argparse.Namespace(command="ls", dir=args.dir, state=None))
     store = CaptureStore(args.dir)
     if not store.root.is_dir():
         print(f"otel-capture: error: {args.dir} is not a directory", file=sys.stderr)
         return EXIT_ERROR
-    if args.rollout_id is None:
-        print(format_rollouts_table(store))
-        return EXIT_OK
     invalid: list[tuple[int, str]] = []  # damaged lines are reported after the table, as before
 
     count, items = scan_available_model_call_records(store, args.rollout_id)
@@ -276,8 +336,9 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _lifecycle(args: argparse.Namespace) -> int:
-    """``ls``: one ``<id> <state>`` line per rollout. ``retire``/``delete``: one ``<outcome> <id>`` line per
-    id (``removed``, ``absent``, ``failed``); exit 1 if any id failed (the same command finishes it)."""
+    """``ls``: the rollouts table (:func:`.show.format_rollouts_table`). ``freeze``: one ``frozen <id> ...``
+    line per id. ``retire``/``delete``: one ``<outcome> <id>`` line per id (``removed``, ``absent``). An id
+    that failed is one error line on stderr and exit 1 (the same command finishes it)."""
     from .._store import CaptureStore
 
     store = CaptureStore(args.dir)
@@ -285,9 +346,14 @@ def _lifecycle(args: argparse.Namespace) -> int:
         print(f"otel-capture: error: {args.dir} is not a directory", file=sys.stderr)
         return EXIT_ERROR
     if args.command == "ls":
-        for rollout_id, state in store.list_rollouts(args.state).items():
-            print(f"{rollout_id}\t{state}")
+        from .show import format_rollouts_table
+
+        table = format_rollouts_table(store, state=args.state)
+        if table:
+            print(table)
         return EXIT_OK
+    if args.command == "freeze":
+        return _freeze(store, args.rollout_ids)
     operation = store.retire_now if args.command == "retire" else store.delete_now
     result = operation(args.rollout_ids)
     for outcome in ("removed", "absent"):
@@ -296,6 +362,36 @@ def _lifecycle(args: argparse.Namespace) -> int:
     for rollout_id, reason in result["failed"].items():
         print(f"otel-capture: error: {args.command} {rollout_id}: {reason}", file=sys.stderr)
     return EXIT_ERROR if result["failed"] else EXIT_OK
+
+
+def _freeze(store: CaptureStore, rollout_ids: list[str]) -> int:
+    """Each id frozen in turn (``freeze_now``); the ids are validated whole first, so a bad one changes
+    nothing. A rollout that cannot be frozen (retired, its fence line damaged, a lock held too long) is an
+    error line and exit 1; the others are frozen all the same."""
+    from .. import (
+        CaptureFrozenError,
+        CaptureStateError,
+        DamagedEntryError,
+        LockTimeoutError,
+        validate_rollout_ids,
+    )
+
+    failed = False
+    for rollout_id in validate_rollout_ids(rollout_ids):
+        try:
+            snap = store.freeze_now(rollout_id)
+        except (CaptureFrozenError, CaptureStateError, DamagedEntryError, LockTimeoutError) as exc:
+            print(f"otel-capture: error: freeze {rollout_id}: {exc}", file=sys.stderr)
+            failed = True
+            continue
+        state = "incomplete" if snap.incomplete else "complete"
+        counts = f"{_count(len(snap.records), 'record')}\t{_count(len(snap.tokens), 'token line')}\t{state}"
+        print(f"frozen\t{rollout_id}\t{counts}\tsnapshot {snap.snapshot_id}\tversion {snap.version}")
+    return EXIT_ERROR if failed else EXIT_OK
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
 def _run_demo() -> Callable[..., int]:

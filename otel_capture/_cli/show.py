@@ -1,6 +1,7 @@
 """Plain-text tables of captured calls, for ``otel-capture show`` and ``otel-capture demo``.
 
-Pure formatting: records in, aligned text out (one line at a time for a rollout's calls). The only I/O is ``format_rollouts_table`` reading the store.
+Pure formatting: records in, aligned text out (one line at a time for a rollout's calls). The only I/O is
+``format_rollouts_table`` reading the store (``otel-capture ls``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from .._records import ModelCallRecord
 from .._store import iter_model_call_records
 
 if TYPE_CHECKING:
-    from .._store import CaptureStore
+    from .._store import CaptureStore, RolloutState
 
 _logger = logging.getLogger(__name__)
 
@@ -34,8 +35,8 @@ CALL_HEADERS = (
     "error",
 )
 CALL_RIGHT = frozenset({0, 3, 4, 5, 6, 7})
-ROLLOUT_HEADERS = ("rollout", "calls", "errors", "tokens in", "tokens out", "incomplete")
-ROLLOUT_RIGHT = frozenset({1, 2, 3, 4})
+ROLLOUT_HEADERS = ("rollout", "state", "calls", "errors", "tokens in", "tokens out", "incomplete")
+ROLLOUT_RIGHT = frozenset({2, 3, 4, 5})
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class RolloutSummary:
     tokens_in: int
     tokens_out: int
     incomplete: bool
+    state: str = MISSING  # live, frozen or retired (``CaptureStore.list_rollouts``)
 
 
 def short_model(model: str | None) -> str:
@@ -158,7 +160,7 @@ def iter_calls_table(
 
 
 def summarize_rollout(
-    rollout_id: str, records: Iterable[ModelCallRecord], incomplete: bool
+    rollout_id: str, records: Iterable[ModelCallRecord], incomplete: bool, state: str = MISSING
 ) -> RolloutSummary:
     """A rollout's calls, failed calls (:attr:`ModelCallRecord.failed`, as ``num_errors`` counts them) and
     summed tokens, in one pass: ``records`` may be an iterator, so a rollout is never held whole."""
@@ -168,7 +170,7 @@ def summarize_rollout(
         errors += record.failed
         tokens_in += record.tokens_in or 0
         tokens_out += record.tokens_out or 0
-    return RolloutSummary(rollout_id, calls, errors, tokens_in, tokens_out, incomplete)
+    return RolloutSummary(rollout_id, calls, errors, tokens_in, tokens_out, incomplete, state)
 
 
 def format_rollout_summaries(summaries: Iterable[RolloutSummary]) -> str:
@@ -178,15 +180,20 @@ def format_rollout_summaries(summaries: Iterable[RolloutSummary]) -> str:
 
 def _rollout_row(s: RolloutSummary) -> list[str]:
     counts = (s.calls, s.errors, s.tokens_in, s.tokens_out)
-    return [s.rollout_id, *(str(n) for n in counts), "yes" if s.incomplete else "no"]
+    return [s.rollout_id, s.state, *(str(n) for n in counts), "yes" if s.incomplete else "no"]
 
 
-def format_rollouts_table(store: CaptureStore, read_records: ReadRecords = iter_model_call_records) -> str:
-    """One line per rollout in the store (:meth:`CaptureStore.rollout_ids`): calls, errors, summed tokens,
-    and whether a capture failed. Each rollout's records are summed as they are parsed."""
-    read = read_records
+def format_rollouts_table(
+    store: CaptureStore,
+    read_records: ReadRecords = iter_model_call_records,
+    state: RolloutState | None = None,
+) -> str:
+    """One line per rollout of the store (:meth:`CaptureStore.list_rollouts`, only ``state`` ones if
+    given): its state, calls, errors, summed tokens, and whether a capture failed; the header alone when
+    there is none. Each rollout's records are summed as they are parsed (a retired one has none)."""
+    states = store.list_rollouts(state)
     summaries = [
-        summarize_rollout(rollout_id, read(store, rollout_id), store.is_incomplete(rollout_id))
-        for rollout_id in store.rollout_ids()
+        summarize_rollout(rid, read_records(store, rid), store.is_incomplete(rid), states[rid])
+        for rid in states
     ]
     return format_rollout_summaries(summaries)

@@ -12,17 +12,24 @@ from otel_capture import CaptureStore
 from otel_capture._cli.main import main
 
 
+def _states(table: str) -> list[list[str]]:
+    """The rollout and state columns of ``ls``'s table, below its header."""
+    header, *rows = (line.split() for line in table.splitlines())
+    assert header[:2] == ["rollout", "state"]
+    return [row[:2] for row in rows]
+
+
 def test_ls_retire_delete(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store = CaptureStore(tmp_path)
     for rid in ("a", "b", "c"):
         store.append_now(rid, "c1", {})
     store.freeze_now("b")
     assert main(["ls", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.splitlines() == ["a\tlive", "b\tfrozen", "c\tlive"]
+    assert _states(capsys.readouterr().out) == [["a", "live"], ["b", "frozen"], ["c", "live"]]
     assert main(["retire", str(tmp_path), "a", "b", "never"]) == 0
     assert capsys.readouterr().out.splitlines() == ["removed\ta", "removed\tb", "absent\tnever"]
     assert main(["ls", str(tmp_path), "--state", "retired"]) == 0
-    assert capsys.readouterr().out.splitlines() == ["a\tretired", "b\tretired", "never\tretired"]
+    assert _states(capsys.readouterr().out) == [["a", "retired"], ["b", "retired"], ["never", "retired"]]
     assert main(["delete", str(tmp_path), "a", "never", "zzz"]) == 0
     assert capsys.readouterr().out.splitlines() == ["removed\ta", "removed\tnever", "absent\tzzz"]
     assert store.list_rollouts() == {"b": "retired", "c": "live"}

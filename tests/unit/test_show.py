@@ -105,9 +105,9 @@ def test_rollouts_table_sums_each_rollout_and_flags_incomplete(tmp_path: Path) -
     table = format_rollouts_table(store, read_records=lambda _store, rid: records[rid])
     lines = [line.split() for line in table.splitlines()]
     assert lines == [
-        ["rollout", "calls", "errors", "tokens", "in", "tokens", "out", "incomplete"],
-        ["r-0", "2", "0", "20", "19", "no"],
-        ["r-1", "1", "1", "0", "0", "yes"],
+        ["rollout", "state", "calls", "errors", "tokens", "in", "tokens", "out", "incomplete"],
+        ["r-0", "live", "2", "0", "20", "19", "no"],
+        ["r-1", "live", "1", "1", "0", "0", "yes"],
     ]
 
 
@@ -123,7 +123,7 @@ def test_show_counts_as_errors_exactly_the_calls_num_errors_counts(tmp_path: Pat
         {"status_code": 500},
     ]
     store.data_path("r-0").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    errors = format_rollouts_table(store).splitlines()[1].split()[2]
+    errors = format_rollouts_table(store).splitlines()[1].split()[3]
     assert errors == "4"
     assert aggregate_model_call_metrics(store, "r-0")["num_errors"] == 4
 

@@ -1,0 +1,104 @@
+"""The benchmarks run as ``bench/README.md`` says: ``python -m bench.<name>`` from the repository root.
+
+Every module of ``bench/`` is at least imported (a script: its ``--help`` printed), so a renamed or
+removed name the benchmarks use fails here, not on the day someone measures. The benchmarks that need no
+HTTP load run once at a tiny size and must pass their own checks, and the servers the goals load answer one
+call each. Nothing here is timed: the figures of a run this small mean nothing, and the load generator and
+the goals themselves are not run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import REPO
+
+BENCH = REPO / "bench"
+MODULES = sorted(path.stem for path in BENCH.glob("*.py") if path.stem != "__init__")
+SCRIPTS = [name for name in MODULES if 'if __name__ == "__main__":' in (BENCH / f"{name}.py").read_text()]
+BOUND = 300  # seconds: a bound on a hang, not a timing assertion
+
+
+def run_module(name: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", f"bench.{name}", *argv]
+    return subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=BOUND, stdin=subprocess.DEVNULL
+    )
+
+
+def test_the_benchmarks_the_readme_names_are_there() -> None:
+    readme = (BENCH / "README.md").read_text()
+    for name in SCRIPTS:
+        if name.startswith("bench_"):
+            assert f"python -m bench.{name}" in readme, f"{name} is not in bench/README.md"
+    assert {"bench_goals", "run_all", "_harness", "_servers", "_loadgen", "_gym_baseline"} <= set(MODULES)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_script_runs_from_the_repository_root(name: str) -> None:
+    result = run_module(name, "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: "), result.stdout
+
+
+@pytest.mark.parametrize("name", sorted(set(MODULES) - set(SCRIPTS)))
+def test_every_helper_imports(name: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", f"import bench.{name}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=BOUND,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+TINY_RUNS = {
+    "bench_reader": (["--lines", "200", "--repeat", "1"], "same aggregate: True"),
+    "bench_writers": (
+        ["--processes", "2", "--records", "24", "--inflight", "4"],
+        "all checks passed: True",
+    ),
+    "bench_lifecycle": (["--rollouts", "20", "--rounds", "1"], "ours + freeing the space"),
+    "bench_memory": (
+        ["--rollouts", "20", "--lines", "100", "--only", "freeze,show,markers"],
+        "otel-capture show DIR ID: peak RSS per line",
+    ),
+    "bench_hotpath": (["--calls", "20"], "JSONL exporter alone"),
+    "bench_stream_memory": (["--mb", "0.2"], "records written by the captured server: 1"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TINY_RUNS))
+def test_a_tiny_run_passes_its_own_checks(name: str) -> None:
+    argv, expected = TINY_RUNS[name]
+    result = run_module(name, *argv)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert expected in result.stdout, result.stdout[-3000:]
+
+
+def test_the_goal_servers_answer_and_count_what_they_wrote(tmp_path: Path) -> None:
+    """The servers ``bench_goals`` loads, each in its own process as it starts them: one call each, and the
+    stats route reports the record its writer acknowledged (what fsyncs per record are computed from)."""
+    import httpx
+
+    from bench import _harness as H
+    from bench._servers import REQUEST_BODY
+
+    path = "/ng-rollout/bench-0/v1/chat/completions"
+    with H.ServerProcess(H.server_argv("bare"), name="upstream") as upstream:
+        for variant, extra in (
+            ("capture", []),
+            ("gym", []),
+            ("proxy", ["--upstream", upstream.url]),
+        ):
+            directory = tmp_path / variant
+            argv = H.server_argv(variant, *extra, "--capture-dir", str(directory))
+            with H.ServerProcess(argv, name=variant) as server:
+                answer = httpx.post(server.url + path, content=REQUEST_BODY, timeout=BOUND)
+                assert answer.status_code == 200 and answer.json()["object"] == "chat.completion", variant
+                assert server.stats()["records"] == 1, (variant, server.log_tail())
+            assert H.count_lines(directory) == 1, variant
