@@ -185,7 +185,13 @@ class AppendFiles:
         kept = self._files.pop(name, None)
         if kept is not None:
             fd, dev, ino = kept
-            st = still_named(dir_fd, name, dev, ino)
+            try:
+                st = still_named(dir_fd, name, dev, ino)
+            except OSError as exc:
+                # A shared mount that took this node's lock away fails even the lstat (EBADFD) while the
+                # descriptor stays open: close it, so that the next batch opens the file afresh.
+                self._close(fd)
+                raise fenced_error(exc, label) from None
             if (
                 st is not None
                 and problem(st, single_link=True) is None
