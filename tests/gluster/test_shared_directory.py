@@ -18,6 +18,7 @@ import random
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -328,3 +329,22 @@ def test_the_default_sync_sends_the_brick_fsyncs_and_never_syncfs(
     brick_fsyncs = sum(int(n) for n in re.findall(r"(\d+)\s+FSYNC\s*$", profile, re.MULTILINE))
     assert brick_fsyncs >= 8, f"the brick received {brick_fsyncs} fsync(s):\n{profile}"
     assert sum(len(t) for t in _tags(dirs[1]).values()) == 48
+
+
+def test_check_and_the_writer_say_fsync_per_file_on_the_mount(
+    gluster: Gluster, dirs: tuple[Path, Path]
+) -> None:
+    writer = JsonlWriter(dirs[0])
+    writer.close()
+    assert writer.sync_choice.kind == "fsync"
+    assert writer.sync_choice.fs_name == "fuse.glusterfs"
+    result = subprocess.run(
+        [sys.executable, "-m", "otel_capture._cli.main", "check", str(gluster.mounts[1])],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert result.stdout.splitlines()[0] == (
+        "sync: one fsync per file (fuse.glusterfs, f_type 0x65735546: a network or FUSE filesystem, "
+        "where syncfs does not reach the server)"
+    )
