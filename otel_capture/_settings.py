@@ -173,9 +173,12 @@ class WriterSettings:
     directory: Path | None = None
     """Where records go; ``None`` means no records (the exporter logs it once)."""
     sync: SyncMode = "auto"
-    """How a batch of lines is made durable: ``auto`` (one ``syncfs`` for a batch that touched several
-    files, where Linux has it; else one ``fsync`` per file) or ``fsync`` (always one per file: for a
-    filesystem shared with heavy unrelated writers, which ``syncfs`` would also flush)."""
+    """How a batch of lines is made durable: ``auto`` (by the capture directory's filesystem: on a local
+    one, one ``syncfs`` for a batch that touched several files, where Linux has it; on a network or FUSE
+    filesystem, or one of unknown type, one ``fsync`` per file, since ``syncfs`` does not reach the server
+    there) or ``fsync`` (always one per file: for a local filesystem shared with heavy unrelated writers,
+    which ``syncfs`` would also flush). ``OTEL_CAPTURE_SYNC``; ``otel-capture check`` says which is in
+    force and why."""
     allow_shared_directory: bool = False
     """Write into a world-writable directory, or one owned by another user (refused by default: others
     could plant links or FIFOs in it). ``OTEL_CAPTURE_ALLOW_SHARED_DIR``."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import uvicorn
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -297,12 +299,16 @@ class Telemetry:
 
 
 def start_cli_proxy(
-    upstream: str, *args: str, env: dict[str, str] | None = None, stderr: int | None = subprocess.DEVNULL
+    upstream: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    stderr: int | None = subprocess.DEVNULL,
+    wrap: tuple[str, ...] = (),
 ) -> tuple[subprocess.Popen[str], str]:
     """``otel-capture proxy --upstream UPSTREAM ARGS...`` in its own process, as a user runs it; returns the
-    process and the URL from its first line of output."""
+    process and the URL from its first line of output. ``wrap`` runs it under a command (``strace ...``)."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "otel_capture._cli.main", "proxy", "--upstream", upstream, *args],
+        [*wrap, sys.executable, "-m", "otel_capture._cli.main", "proxy", "--upstream", upstream, *args],
         stdout=subprocess.PIPE,
         stderr=stderr,
         text=True,
@@ -312,3 +318,21 @@ def start_cli_proxy(
     first = process.stdout.readline().strip()
     assert first.startswith("listening on http://127.0.0.1:"), first
     return process, first.removeprefix("listening on ")
+
+
+def gym_style_read(path: Path) -> int:
+    """NeMo Gym 0.7.0's reader: shared flock on the data file, one JSON object per line; the number of
+    lines (0 for a missing file). Raises on an interleaved or torn line."""
+    if not path.exists():
+        return 0
+    count = 0
+    with path.open("rb") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_SH)
+        try:
+            for line in handle:
+                if line.strip():
+                    assert isinstance(orjson.loads(line), dict)
+                    count += 1
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    return count

@@ -9,14 +9,20 @@ it is a capture failure that was recorded as it should be; it is reported, and f
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .._records import InvalidLine
+from .._settings import ENV_SYNC
 from .._store import (
     CAPTURE_SUFFIX,
     INCOMPLETE_SUFFIX,
+    LIBC_SYNCFS,
     TOKENS_SUFFIX,
     CaptureStore,
+    choose_sync,
     read_available_model_call_records,
 )
 
@@ -96,3 +102,11 @@ def format_check(results: list[RolloutCheck]) -> list[str]:
         f"{len(results)} rollout(s), {records} record(s); {damaged} damaged, {incomplete} incomplete"
     )
     return lines
+
+
+def sync_report(directory: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> str:
+    """The sync a writer started now on ``directory`` would use, and why (the filesystem's type, or
+    ``OTEL_CAPTURE_SYNC``): on a network or FUSE filesystem only a per-file ``fsync`` reaches the server."""
+    env = os.environ if environ is None else environ
+    allowed = env.get(ENV_SYNC, "auto").strip().lower() != "fsync" and LIBC_SYNCFS is not None
+    return choose_sync(Path(directory), syncfs_allowed=allowed).describe()

@@ -289,12 +289,13 @@ def _server_class() -> type:
 
 def _check(args: argparse.Namespace) -> int:
     from .._store import CaptureStore
-    from .check import check_capture_dir, format_check
+    from .check import check_capture_dir, format_check, sync_report
 
     store = CaptureStore(args.dir)
     if not store.root.is_dir():
         print(f"otel-capture: error: {args.dir} is not a directory", file=sys.stderr)
         return EXIT_ERROR
+    print(sync_report(store.root))
     results = check_capture_dir(store)
     for line in format_check(results):
         print(line)

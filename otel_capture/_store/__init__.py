@@ -8,6 +8,7 @@ them. This is its face: outside ``_store/``, code imports from here, never from 
   :class:`WriterStats` and ``LIBC_SYNCFS``;
 - the readers (:mod:`.reading`): the records of a rollout, strict or tolerant, and Gym's aggregate;
 - :func:`check_directory`: whether a capture directory is safe to use (others cannot write to it);
+  :func:`choose_sync`: how its writer makes a batch durable, chosen by its filesystem (:mod:`.fstype`);
 - the lifecycle's types and errors (:mod:`.types`).
 
 Below it are only the record codec (:mod:`otel_capture._records`), the id grammar, the settings and the
@@ -17,6 +18,7 @@ sink's ``LoopWaiter``; the durability contract is at the top of :mod:`.writer`.
 from __future__ import annotations
 
 from .fs import check_directory
+from .fstype import SyncChoice, choose_sync
 from .memory import InMemoryCaptureBackend
 from .reading import (
     AvailableRecords,
@@ -61,10 +63,12 @@ __all__ = [
     "LockTimeoutError",
     "RemovalResult",
     "RolloutState",
+    "SyncChoice",
     "UnsafeDirectoryError",
     "WriterStats",
     "aggregate_model_call_metrics",
     "check_directory",
+    "choose_sync",
     "empty_result",
     "iter_model_call_records",
     "read_available_model_call_records",

@@ -41,6 +41,10 @@ Fsync = Callable[[int], None]
 
 _NOFOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _SUBDIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# What a lock or a write on a shared filesystem says when this node lost its lock (GlusterFS with
+# client.strict-locks: EBADFD; NFS after a lease expired: ENOLCK or ESTALE, a file replaced on the server).
+# It means "you were fenced", never "retry": the lock is gone, another node may hold it now.
+FENCED_ERRNOS = frozenset({errno.EBADFD, errno.ENOLCK, errno.ESTALE})
 # What open() says when the entry is not a file it can open as asked: a link under O_NOFOLLOW, a FIFO or
 # socket opened write-only without a reader, a directory opened for writing.
 _NOT_A_FILE = {errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.ENOTDIR, errno.EOPNOTSUPP}
@@ -181,7 +185,13 @@ class AppendFiles:
         kept = self._files.pop(name, None)
         if kept is not None:
             fd, dev, ino = kept
-            st = still_named(dir_fd, name, dev, ino)
+            try:
+                st = still_named(dir_fd, name, dev, ino)
+            except OSError as exc:
+                # A shared mount that took this node's lock away fails even the lstat (EBADFD) while the
+                # descriptor stays open: close it, so that the next batch opens the file afresh.
+                self._close(fd)
+                raise fenced_error(exc, label) from None
             if (
                 st is not None
                 and problem(st, single_link=True) is None
@@ -239,6 +249,8 @@ def flock_within(fd: int, operation: int, timeout: float, label: str) -> None:
         return
     except BlockingIOError:
         pass
+    except OSError as exc:
+        raise fenced_error(exc, label) from None
     deadline = time.monotonic() + timeout
     pause = 0.001
     while (left := deadline - time.monotonic()) > 0:
@@ -249,7 +261,21 @@ def flock_within(fd: int, operation: int, timeout: float, label: str) -> None:
             return
         except BlockingIOError:
             continue
+        except OSError as exc:
+            raise fenced_error(exc, label) from None
     raise LockTimeoutError(label, timeout)
+
+
+def fenced_error(exc: OSError, label: str) -> OSError:
+    """``exc`` itself, or, for an error of :data:`FENCED_ERRNOS`, the same errno with a reason that says
+    what it means: the shared filesystem took this node's lock away (fenced), nothing more is written."""
+    if exc.errno not in FENCED_ERRNOS:
+        return exc
+    return OSError(
+        exc.errno,
+        f"{label}: fenced by the shared filesystem ({errno.errorcode.get(exc.errno or 0, exc.errno)}: "
+        f"{exc.strerror}): this node lost its lock, another may hold it; nothing more is written without it",
+    )
 
 
 def read_locked(

@@ -5,8 +5,8 @@ journal-wide ``seq``. A rollout's state is its last event: ``freeze`` → Frozen
 ``delete`` (or no event) → Absent/Live. One append + one ``fsync`` makes a whole batch of fences durable,
 instead of one fence file (and one fsync) per rollout. ``journal.lock`` serialises appends and compaction.
 
-Readers keep an in-memory view and refresh it with one ``lstat``: unchanged size and inode means nothing
-to read; a larger size means read only the new tail; a new inode (compaction) means reload. Once more
+Readers keep an in-memory view and refresh it with one ``lstat``: unchanged size, inode and change time
+means nothing to read; a larger size means read only the new tail; a new inode (compaction) means reload. Once more
 than a third of the lines are superseded (a drop's freeze line, a deleted rollout's earlier events, a
 delete older than :data:`DELETE_RETENTION_S`), the next append rewrites the journal with only the fences
 in force and the recent deletes: amortised O(1) per event, and at most 1.5 lines per line in force.
@@ -81,6 +81,7 @@ class FenceJournal:
 
     def _reset_view(self) -> None:
         self._ino: int | None = None
+        self._ctime_ns = 0
         self._offset = 0
         self._header = b""
         self._lines = 0
@@ -104,7 +105,11 @@ class FenceJournal:
             what = problem(st, single_link=True)
             if what is not None:
                 raise damaged(_LABEL, what)
-            if st.st_ino == self._ino and st.st_size == self._offset:
+            # Why the change time too: a compaction elsewhere (another process, another node) can leave a
+            # journal whose inode number was reused and whose size happens to equal our offset; its
+            # ctime is still new. On a shared mount this lstat is fresh only with the attribute caches
+            # off (docs/scaling.md gives the mount options).
+            if st.st_ino == self._ino and st.st_size == self._offset and st.st_ctime_ns == self._ctime_ns:
                 return
             fd, st = open_file(None, self.path, os.O_RDONLY, _LABEL)
             try:
@@ -114,6 +119,7 @@ class FenceJournal:
                 if not same:
                     self._reset_view()
                     self._ino = st.st_ino
+                self._ctime_ns = st.st_ctime_ns
                 self._read_from(fd)
             finally:
                 os.close(fd)

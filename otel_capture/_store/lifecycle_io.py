@@ -20,7 +20,18 @@ import orjson
 from .._records import ModelCallRecord, damaged_line, parse_record_line
 from .._records.codec import line_spans
 from .dirstate import DirState
-from .fs import FILE_MODE, AppendFiles, DirFds, Fsync, flock_within, open_append, read_locked, write_all
+from .fs import (
+    FENCED_ERRNOS,
+    FILE_MODE,
+    AppendFiles,
+    DirFds,
+    Fsync,
+    fenced_error,
+    flock_within,
+    open_append,
+    read_locked,
+    write_all,
+)
 from .journal import Fence
 from .lazy import LazyLines, LineParser, empty_lines
 from .locks import LockFiles
@@ -72,7 +83,9 @@ def _append_locked(fd: int, data: bytes, label: str, timeout: float, clean_end: 
             data = b"\n" + data
         try:
             write_all(fd, data)
-        except OSError:
+        except OSError as error:
+            if error.errno in FENCED_ERRNOS:  # the lock is gone: a cut now could cut another node's lines
+                raise fenced_error(error, label) from None
             # Half a batch would leave a torn line that every later append follows: cut it back.
             try:
                 os.ftruncate(fd, start)
@@ -81,7 +94,10 @@ def _append_locked(fd: int, data: bytes, label: str, timeout: float, clean_end: 
             raise
         return start + len(data)
     finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError as exc:  # a lock lost meanwhile: say so, whatever else went wrong
+            raise fenced_error(exc, label) from None
 
 
 def _append_file(

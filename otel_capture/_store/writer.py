@@ -75,6 +75,7 @@ from .._settings import DEFAULT_LOCK_TIMEOUT_S
 from .._sink import LoopWaiter
 from .dirstate import DirState, dir_state
 from .fs import DIR_MODE, FILE_MODE, AppendFiles, check_directory, make_root
+from .fstype import SyncChoice, choose_sync
 from .lifecycle_io import fenced_append
 from .locks import LockFiles
 from .types import CaptureFrozenError, LockTimeoutError
@@ -162,6 +163,9 @@ class JsonlWriter(WriterFailures):
             asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None], BaseException | None]]
         ] = {}
         self._syncfs = syncfs
+        # Why a filesystem decides the sync: syncfs does not reach a network or FUSE server (see _sync).
+        self.sync_choice: SyncChoice = choose_sync(self.root, syncfs_allowed=syncfs is not None)
+        _logger.info("capture directory %s: %s", self.root, self.sync_choice.describe())
         self._file_mode = file_mode
         self._dir_mode = dir_mode
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -421,15 +425,18 @@ class JsonlWriter(WriterFailures):
     def _sync(self, fds: list[int], created: bool) -> None:
         """Make every file of the batch durable, and the directory when the batch created a file.
 
-        With two or more files, one ``syncfs`` of the capture directory's filesystem replaces one ``fsync``
-        per file plus the directory's: the batch pays one flush instead of one per rollout (at 64
-        concurrent calls over 32 rollouts that is the difference between about 0.9 and 0.1 flushes per
-        record). ``syncfs`` also writes out other files of that filesystem, so it is used only where it
-        exists (Linux) and where it is not disabled; a single file keeps its own ``fsync``.
+        On a local filesystem, with two or more files, one ``syncfs`` of the capture directory's
+        filesystem replaces one ``fsync`` per file plus the directory's: the batch pays one flush instead
+        of one per rollout (at 64 concurrent calls over 32 rollouts that is the difference between about
+        0.9 and 0.1 flushes per record). ``syncfs`` also writes out other files of that filesystem, so it
+        is used only where it exists (Linux) and where it is not disabled; a single file keeps its own
+        ``fsync``. On a network or FUSE filesystem (NFS, Lustre, GlusterFS...) ``syncfs`` returns at once
+        without the server receiving any sync, so there every file gets its own ``fsync``, the only call
+        forwarded to the server (:func:`.fstype.choose_sync` decides, once, from ``statfs``).
         """
         if not fds:
             return
-        if len(fds) >= 2 and self._syncfs is not None:
+        if len(fds) >= 2 and self._syncfs is not None and self.sync_choice.kind == "syncfs":
             self._syncfs(fds[0])
             self.stats.fsyncs += 1
             return

@@ -4,7 +4,6 @@ capture directory, while NeMo Gym-style readers read the same files. No line is 
 
 from __future__ import annotations
 
-import fcntl
 import itertools
 import signal
 import threading
@@ -13,29 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import orjson
-from support import ReplayModelServer, serve, start_cli_proxy
+from support import ReplayModelServer, gym_style_read, serve, start_cli_proxy
 
 from otel_capture import CaptureStore, read_available_model_call_records
 
 ROLLOUTS = ["multi-0", "multi-1", "multi-2"]
-
-
-def _gym_style_read(path: Path) -> int:
-    """NeMo Gym 0.7.0's reader: shared flock on the data file, one JSON object per line."""
-    if not path.exists():
-        return 0
-    count = 0
-    with path.open("rb") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_SH)
-        try:
-            for line in handle:
-                if line.strip():
-                    assert isinstance(orjson.loads(line), dict)  # raises on an interleaved or torn line
-                    count += 1
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-    return count
 
 
 def test_many_processes_write_the_same_rollouts_while_readers_read(tmp_path: Path) -> None:
@@ -56,7 +37,7 @@ def test_many_processes_write_the_same_rollouts_while_readers_read(tmp_path: Pat
             while not stop.is_set():
                 try:
                     for rollout in ROLLOUTS:
-                        _gym_style_read(capture_dir / f"{rollout}.capture.jsonl")
+                        gym_style_read(capture_dir / f"{rollout}.capture.jsonl")
                     reads[0] += 1
                 except BaseException as exc:  # collected and asserted below
                     reader_errors.append(exc)
