@@ -26,15 +26,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as H
 
 CHILD = r"""
-import os, sys, tempfile, time
+import asyncio, os, sys, tempfile, time
+from otel_capture._sink import LoopWaiter
 from otel_capture._store.writer import JsonlWriter, _Item  # _Item lives in writer_items.py now; writer.py has it at every revision
+loop = asyncio.new_event_loop()  # never run: the waiters' wake-ups are queued on it, as a busy loop's are
 batches, records = int(sys.argv[1]), 16
 root = tempfile.mkdtemp(prefix="bench-writer-batch-")
 writer = JsonlWriter(os.path.join(root, "calls"), fsync=lambda fd: None, syncfs=None)
 line = b'{"model_call_id":"%d","pad":"' + b"x" * 2000 + b'"}\n'
 rollouts = [f"rollout-{i}" for i in range(32)]
 def batch(n):
-    return [_Item(rollouts[(n * records + j) % 32], line % (n * records + j), str(n * records + j))
+    return [_Item(rollouts[(n * records + j) % 32], line % (n * records + j), str(n * records + j),
+                  tokens_line=None, waiter=LoopWaiter(loop, loop.create_future()))
             for j in range(records)]
 for n in range(50):  # warm: files and lock files exist
     writer._write_batch(batch(n), [])
