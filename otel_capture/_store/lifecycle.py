@@ -161,6 +161,8 @@ class FileLifecycle:
             return fence.kind
         if any(os.path.lexists(self.root / (rid + suffix)) for suffix in RECORD_SUFFIXES):
             return "live"
+        if any(loss.rollout_id == rid for loss in pending_for(self.root, rid)):
+            return "live"  # its only trace is a loss a full filesystem held back from its marker
         return "live" if self._pending(rid) else "absent"
 
     def _pending(self, rid: str, damage: list[str] | None = None) -> set[str]:
@@ -286,15 +288,16 @@ class FileLifecycle:
             # A record the snapshot hands out must survive a crash: every file read is synced.
             contents = read_contents(dirs, rid, fsync=self._fsync)
             pending = self._pending(rid, damage)
+            losses = pending_for(self.root, rid)  # lost calls whose marks a full filesystem holds back
             if fence is None:
-                inflight = sorted(pending - contents.call_ids())
+                held = {m for loss in losses for m in loss.model_call_ids}  # lost, not in flight
+                inflight = sorted(pending - contents.call_ids() - held)
                 event = {"op": "freeze", "id": rid, "snapshot_id": uuid.uuid4().hex, "inflight": inflight}
                 state.journal.append(dirs, [event], self._fsync, self._hook)
                 fence = state.journal.fence(rid)
                 assert fence is not None
         calls = list(contents.incomplete) + [IncompleteCall(m, INFLIGHT_REASON) for m in fence.inflight]
         calls += [IncompleteCall("", reason) for reason in damage]
-        losses = pending_for(self.root, rid)  # lost calls whose marks a full filesystem holds back
         calls += [IncompleteCall(m, loss.describe()) for loss in losses for m in loss.model_call_ids or ("",)]
         return CaptureSnapshot(
             rollout_id=rid,

@@ -33,7 +33,7 @@ from .._settings import allow_shared_dir_from_environ, lock_timeout_from_environ
 from .fs import flock_within, open_file, problem, read_all
 from .journal import no_hook
 from .lifecycle import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX, FileLifecycle
-from .losses import pending_for
+from .losses import pending_for, pending_losses
 from .types import CaptureSnapshot, DamagedEntryError, IncompleteCall, RemovalResult, RolloutState
 
 _logger = logging.getLogger(__name__)
@@ -255,9 +255,13 @@ class CaptureStore:
         return calls
 
     def rollout_ids(self) -> list[str]:
-        """Every rollout with a data, token or incomplete file that is a regular file, sorted: the one
-        listing of the directory's rollouts (``list_rollouts``, ``check`` and ``show`` use it)."""
-        return sorted({rid for rid, _, st in self._scan() if stat.S_ISREG(st.st_mode)})
+        """Every rollout with a data, token or incomplete file that is a regular file, or with a loss in a
+        writer's loss reserve, sorted: the one listing of the directory's rollouts (``list_rollouts``,
+        ``check`` and ``show`` use it)."""
+        found = {rid for rid, _, st in self._scan() if stat.S_ISREG(st.st_mode)}
+        # a rollout whose every file a full filesystem refused is known by its losses alone
+        found.update(loss.rollout_id for loss in pending_losses(self.root) if loss.rollout_id)
+        return sorted(found)
 
     def damaged_entries(self) -> list[tuple[str, str]]:
         """``(file name, what it is)`` for each entry named like a rollout's file that is not a regular file
