@@ -314,7 +314,6 @@ class JsonlWriter:
         return due
 
     def _run(self) -> None:
-        self._open_directory()
         stop = False
         while not stop:
             batch: list[_Item] = []
@@ -351,7 +350,10 @@ class JsonlWriter:
             for discarded in discards:
                 self._failures.discard(discarded)
             self._done.flush()
-            self._failures.retry(force=bool(barriers))
+            try:
+                self._failures.retry(force=bool(barriers))
+            except Exception:  # a bug here must not stop the thread: the losses stay kept and counted
+                _logger.exception("capture writer failed retrying the incomplete marks it holds")
             for barrier in barriers:
                 barrier.future.set_result(None)
         self._files.close_all()
@@ -379,7 +381,9 @@ class JsonlWriter:
         created_any = False
         with self._state.dirs(lock_timeout=self._lock_timeout) as dirs:
             wrote_in = _identity(os.fstat(dirs.root_fd()))
-            self._failures.prepare(dirs, wrote_in)  # a directory made anew gets its state and reserve
+            # Ahead of need: at the first batch (and in a directory made anew) the state directory and the
+            # loss reserve are made, while the filesystem still has room; later batches pay nothing.
+            self._failures.prepare(dirs, wrote_in)
             for rollout_id, items in by_rollout.items():
                 try:
                     outcome = fenced_append(
@@ -465,16 +469,6 @@ class JsonlWriter:
             self.stats.fsyncs += 1
         if created:
             self._sync_dir()
-
-    def _open_directory(self) -> None:
-        """At the thread's start, before any call needs them: the directory, its state and this writer's
-        loss reserve (best effort: what cannot be made now is made by the first batch that can)."""
-        try:
-            self._ensure_dir()
-            with self._state.dirs(lock_timeout=self._lock_timeout) as dirs:
-                self._failures.prepare(dirs, _identity(os.fstat(dirs.root_fd())))
-        except OSError as exc:
-            _logger.debug("could not open %s ahead of the first call: %s", self.root, exc)
 
     def _still_there(self, wrote_in: tuple[int, int]) -> bool:
         """Whether the capture directory's path still leads to the directory the batch wrote in (one

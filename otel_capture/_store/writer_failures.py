@@ -77,8 +77,8 @@ class WriterFailures:
 
     def prepare(self, dirs: DirFds, identity: tuple[int, int] | None = None) -> None:
         """Make the state directory whole and this writer's loss reserve, unless done for the directory
-        ``identity`` names (``(st_dev, st_ino)``; ``None``: look). Called at the thread's start, by each
-        batch (free while the directory is the one prepared) and before a loss is recorded."""
+        ``identity`` names (``(st_dev, st_ino)``; ``None``: look). Called by each batch (free while the
+        directory is the one prepared: the first batch makes them) and before a loss is recorded."""
         if identity is not None and identity == self._ready_in:
             return
         try:
@@ -88,7 +88,7 @@ class WriterFailures:
                 self._adopt()
             if complete and identity is not None:
                 self._ready_in = identity
-        except OSError as exc:
+        except Exception as exc:  # never fails the batch: the reserve is made by a later one
             self._logger.debug("could not make the loss reserve in %s yet: %s", self._state.root, exc)
 
     # -- ending calls ----------------------------------------------------------------------------------
