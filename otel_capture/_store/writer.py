@@ -403,6 +403,7 @@ class JsonlWriter:
                     dirs.close()  # reopened afresh: the failure may have been a directory removed under us
                     continue
                 self._locked_out.pop(rollout_id, None)
+                self._failures.unmarked(rollout_id, outcome, items)
                 for index, error in outcome.dropped:
                     self._drop_late(items[index], error)
                 written.append((rollout_id, [items[index] for index in outcome.accepted]))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from .dirstate import DirState
 from .fs import DirFds
 from .journal import Fence
-from .lifecycle_io import fenced_mark_incomplete
+from .lifecycle_io import AppendOutcome, fenced_mark_incomplete
 from .losses import LossReserve, orphans
 from .types import UnsafeDirectoryError
 from .writer_items import Completions, WriterStats, _Abandon, _Discard, _Item
@@ -69,6 +69,7 @@ class WriterFailures:
         self._reserve = LossReserve(file_mode)
         self._unreported: dict[str, list[_Unreported]] = {}
         self._next_retry = 0.0
+        self._unmarked: dict[tuple[str, str], str] = {}  # begun calls without their "+" marker -> reason
         self._ready_in: tuple[int, int] | None = None  # the directory whose state and reserve are made
         self._late: concurrent.futures.ThreadPoolExecutor | None = None
         self._late_lock = threading.Lock()
@@ -128,13 +129,34 @@ class WriterFailures:
             self._logger.error("rollout %s: %s", rollout_id, reason)
             self.mark_incomplete(rollout_id, unmarked, reason)
 
+    def unmarked(self, rollout_id: str, outcome: AppendOutcome, items: list[_Item]) -> None:
+        """After a rollout's append: remember begun calls whose ``+`` marker a full filesystem refused (a
+        freeze in another process cannot see them in flight). A remembered call whose line is written was
+        not missed by anyone; one whose line is dropped as late was (that freeze did not name it): it is
+        marked incomplete then, so the snapshot's ``version`` changes and a stale ``drop`` fails."""
+        if outcome.marker_error is not None:
+            reason = f"in-flight marker not written: {describe(outcome.marker_error)}"
+            for mcid in outcome.unmarked:
+                self._unmarked[(rollout_id, mcid)] = reason
+        if not self._unmarked:
+            return
+        for index in outcome.accepted:
+            self._unmarked.pop((rollout_id, items[index].model_call_id), None)
+        for index, _ in outcome.dropped:
+            missed = self._unmarked.pop((rollout_id, items[index].model_call_id), None)
+            if missed is not None:
+                self._logger.error("rollout %s, call %s: %s", rollout_id, items[index].model_call_id, missed)
+                self.mark_incomplete(rollout_id, [items[index].model_call_id], missed)
+
     def abandon(self, abandoned: _Abandon) -> None:
+        self._unmarked.pop((abandoned.rollout_id, abandoned.model_call_id), None)  # marked below anyway
         self._stats.failures += 1
         self._stats.last_failure = abandoned.reason  # logged by the middleware, with its traceback
         self.mark_incomplete(abandoned.rollout_id, [abandoned.model_call_id], abandoned.reason)
 
     def discard(self, discarded: _Discard) -> None:
         rid, mcid = discarded.rollout_id, discarded.model_call_id
+        self._unmarked.pop((rid, mcid), None)  # not a model call: nothing a freeze could miss
         try:
             if discarded.marked:  # its "+" is on disk: a freeze elsewhere must not take it for in flight
                 with (
