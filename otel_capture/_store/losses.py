@@ -213,7 +213,7 @@ class LossReserve:
             raise
         try:
             os.posix_fallocate(fd, 0, RESERVE_BYTES)  # the blocks an entry will need, taken now
-            fsync(fd)
+            fsync(fd)  # the allocation itself survives a crash: a later entry's pwrite needs no new block
             fsync(dir_fd)  # the reserve's directory entry survives a crash
             fcntl.flock(fd, fcntl.LOCK_SH)  # held while this writer runs: how others know it is alive
         except BaseException:
@@ -236,14 +236,14 @@ class LossReserve:
                 reason = "the loss reserve is full: more calls were lost than it names (see the writer's log)"
                 overflow = _entry("", [], reason)[: OVERFLOW_BYTES - 1].rstrip(b"\n") + b"\n"
                 os.pwrite(self._fd, overflow, RESERVE_BYTES - OVERFLOW_BYTES)
-                fsync(self._fd)
+                fsync(self._fd)  # durable before the loss is reported to the caller as recorded
                 self._overflowed = True
             return None
         offset = self._end
         written = os.pwrite(self._fd, entry, offset)
         if written != len(entry):
             raise OSError(errno.ENOSPC, f"{self.label}: short write into reserved space")
-        fsync(self._fd)
+        fsync(self._fd)  # the loss must outlive a crash of this process: check reads it from disk
         self._end += len(entry)
         self._pending.add(offset)
         return offset
@@ -256,13 +256,13 @@ class LossReserve:
             if offset in self._pending:
                 os.pwrite(self._fd, REPORTED, offset)
                 self._pending.discard(offset)
-        fsync(self._fd)
+        fsync(self._fd)  # else a crash brings the entry back as pending: check fails, never hides a loss
 
     def overflow_reported(self, fsync: Fsync) -> None:
         """Every loss the reserve could not name is in its marker now."""
         if self._fd is not None and self._overflowed:
             os.pwrite(self._fd, REPORTED, RESERVE_BYTES - OVERFLOW_BYTES)
-            fsync(self._fd)
+            fsync(self._fd)  # as in reported(): a lost flip only over-reports
             self._overflowed = False
 
     def close(self) -> None:
@@ -294,7 +294,7 @@ class Orphan:
         for offset in reported:
             os.pwrite(self.fd, REPORTED, offset)
         if reported:
-            fsync(self.fd)
+            fsync(self.fd)  # flipped durably before the file may go
         try:
             if len(reported) == len(self.losses):
                 os.unlink(self.name, dir_fd=self.dir_fd)
@@ -318,6 +318,8 @@ def orphans(dirs: DirFds, own: str) -> Iterator[Orphan]:
         except OSError:
             continue
         try:
+            # Exclusive and without waiting: it succeeds only when no writer holds its lifetime LOCK_SH (or
+            # a reader its brief one; then it is tried again at the next retry). Held until done().
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)  # its writer runs: it reports its own
