@@ -318,8 +318,8 @@ def orphans(dirs: DirFds, own: str) -> Iterator[Orphan]:
         except OSError:
             continue
         try:
-            # Exclusive and without waiting: it succeeds only when no writer holds its lifetime LOCK_SH (or
-            # a reader its brief one; then it is tried again at the next retry). Held until done().
+            # Exclusive and without waiting: it succeeds only when no writer holds the LOCK_SH it keeps on
+            # its reserve while it runs (readers take no lock). Held until done(): one adopter at a time.
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)  # its writer runs: it reports its own
