@@ -29,6 +29,7 @@ only.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import subprocess
@@ -171,16 +172,21 @@ def child_load(root: Path) -> dict[str, Any]:
 
 
 def child_markers(root: Path, rollouts: int) -> dict[str, Any]:
+    from otel_capture._sink import LoopWaiter
     from otel_capture._store.writer import JsonlWriter
 
     writer = JsonlWriter(root, fsync=lambda fd: None, syncfs=None)
     for i in range(rollouts):
         writer.begin(f"r{i}", "c1")
     writer.flush(600)
+    loop = asyncio.new_event_loop()  # never run: flush is what is waited for
     for i in range(rollouts):
-        writer.submit(f"r{i}", b'{"model_call_id":"c1"}\n', "c1")
+        writer.submit(
+            f"r{i}", b'{"model_call_id":"c1"}\n', "c1", None, LoopWaiter(loop, loop.create_future())
+        )
     writer.flush(600)
     writer.close(600)
+    loop.close()
     inflight = root / ".otel-capture" / "inflight"
     return {"marker_files": len(os.listdir(inflight)) if inflight.is_dir() else 0}
 

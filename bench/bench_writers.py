@@ -21,6 +21,7 @@ is missing or duplicated; each writer's lines are in the order of its waves of c
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import multiprocessing as mp
 import shutil
@@ -56,15 +57,22 @@ def _lines(writer: int, count: int) -> list[tuple[str, bytes]]:
 def _writer_process(mode: str, root: str, writer: int, count: int, inflight: int, go: Any, out: Any) -> None:
     lines = _lines(writer, count)
     if mode == "ours":
+        from otel_capture._sink import LoopWaiter
         from otel_capture._store.writer import JsonlWriter
 
         jsonl = JsonlWriter(root)
         go.wait()
         start = time.time()
-        for offset in range(0, count, inflight):
-            futures = [jsonl.submit(ROLLOUT, line, mcid) for mcid, line in lines[offset : offset + inflight]]
-            for future in futures:
-                future.result()
+
+        async def run() -> None:  # as the middleware waits: one LoopWaiter per call
+            loop = asyncio.get_running_loop()
+            for offset in range(0, count, inflight):
+                waiters = [LoopWaiter(loop, loop.create_future()) for _ in lines[offset : offset + inflight]]
+                for waiter, (mcid, line) in zip(waiters, lines[offset : offset + inflight], strict=True):
+                    jsonl.submit(ROLLOUT, line, mcid, None, waiter)
+                await asyncio.gather(*(waiter.future for waiter in waiters))
+
+        asyncio.run(run())
         end = time.time()
         stats = jsonl.stats
         jsonl.close()

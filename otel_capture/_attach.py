@@ -22,7 +22,9 @@ key to a call in the store.
   empty data files (no valid and no damaged line);
 - ``model_call_capture_records_unreadable``, ``detail: "count=<n>"``: damaged lines, the torn final
   line included (NeMo Gym would try to parse it and count it);
-- ``model_call_capture_incomplete``: an incomplete marker exists: a call was not captured;
+- ``model_call_capture_incomplete``: an incomplete marker exists, or a writer's loss reserve holds a loss
+  the marker does not have yet (the filesystem was full): a call was not captured. ``detail`` names the
+  calls and why, as ``<model_call_id>: <reason>`` joined by ``; `` (the first 20, then how many more);
 - ``model_call_capture_unreadable``: reading a directory failed (``detail``: the directory and error),
   or the rollout is retired there (``detail: "<dir>: retired (its records were removed)"``: attached
   after its captures were retired, its calls are unknown, not zero).
@@ -66,6 +68,7 @@ GAP_RECORDS_UNREADABLE = "model_call_capture_records_unreadable"
 GAP_INCOMPLETE = "model_call_capture_incomplete"
 GAP_UNREADABLE = "model_call_capture_unreadable"
 GAP_TORN_TAIL = "model_call_capture_torn_tail"
+_NAMED = 20  # calls an incomplete gap names
 
 StoreLike: TypeAlias = "CaptureStore | str | os.PathLike[str]"
 """A capture directory: a :class:`CaptureStore` or its path."""
@@ -139,6 +142,7 @@ class _DirectoryRead:
     path: str  # the rollout's data file in this directory
     available: AvailableRecords | None  # None: the read failed
     error: str | None = None
+    lost: tuple[str, ...] = ()  # "<model_call_id>: <reason>" of each call the marker (or a reserve) names
 
 
 def _read_directory(store: CaptureStore, rollout_id: str) -> _DirectoryRead:
@@ -150,12 +154,15 @@ def _read_directory(store: CaptureStore, rollout_id: str) -> _DirectoryRead:
         nothing = not (available.records or available.damaged or available.incomplete)
         if nothing and store.rollout_state(rollout_id) == "retired":
             return _DirectoryRead(store, path, None, f"{store.root}: retired (its records were removed)")
+        lost: tuple[str, ...] = ()
+        if available.incomplete:
+            lost = tuple(f"{c.model_call_id or '?'}: {c.reason}" for c in store.incomplete_calls(rollout_id))
     except Exception as exc:  # an unreadable directory is a gap in the attachment, never a crash
         _logger.warning(
             "cannot read the captures of rollout %s in %s: %s", rollout_id, store.root, exc, exc_info=True
         )
         return _DirectoryRead(store, path, None, f"{store.root}: {type(exc).__name__}: {exc}")
-    return _DirectoryRead(store, path, available)
+    return _DirectoryRead(store, path, available, lost=lost)
 
 
 def _merge_key_sequence(records: Sequence[ModelCallRecord]) -> Iterator[tuple[float, ModelCallRecord]]:
@@ -193,7 +200,12 @@ def _gaps(reads: Sequence[_DirectoryRead]) -> list[dict[str, str]]:
         if torn is not None:
             gaps.append({"code": GAP_TORN_TAIL, "detail": f"{read.path}:{torn.line_number}"})
     if incomplete:
-        gaps.append({"code": GAP_INCOMPLETE})
+        lost = [entry for read in reads for entry in read.lost]
+        gap = {"code": GAP_INCOMPLETE}
+        if lost:
+            more = f"; and {len(lost) - _NAMED} more" if len(lost) > _NAMED else ""
+            gap["detail"] = "; ".join(lost[:_NAMED]) + more
+        gaps.append(gap)
     for read in reads:
         if read.available is None:
             gaps.append({"code": GAP_UNREADABLE, "detail": read.error or "read failed"})

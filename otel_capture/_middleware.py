@@ -359,7 +359,7 @@ class ModelCallCaptureMiddleware:
             reason = f"capture_error: record not durable within {self.settings.durable_timeout_s:g} s"
             _logger.error("rollout %s, call %s: %s", call.rollout_id, call.model_call_id, reason)
             sink.abandon_call(call.rollout_id, call.model_call_id, reason)
-        except Exception:  # the writer logged it, counted it and marked the rollout incomplete
+        except Exception:  # the sink counted, logged and marked it (after close too: WriterClosedError)
             pass
 
 

@@ -4,6 +4,7 @@ built from real recorded API bodies and streams."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import fcntl
 import json
@@ -24,12 +25,42 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from otel_capture import CaptureStore
 from otel_capture._proxy import bind_socket, socket_url
+from otel_capture._sink import LoopWaiter
 from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES_ROOT = Path(__file__).resolve().parent / "fixtures"  # every test fixture; sources in its README.md
 RECORDED = FIXTURES_ROOT / "recorded_streams"
 FIXTURES = FIXTURES_ROOT / "nemo_gym"
+
+
+_waiter_loop: asyncio.AbstractEventLoop | None = None
+_waiter_loop_lock = threading.Lock()
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    global _waiter_loop
+    with _waiter_loop_lock:
+        if _waiter_loop is None:
+            _waiter_loop = asyncio.new_event_loop()
+            threading.Thread(target=_waiter_loop.run_forever, name="test-waiters", daemon=True).start()
+        return _waiter_loop
+
+
+def submit(
+    writer: Any, rollout_id: str, line: bytes, model_call_id: str, tokens_line: bytes | None = None
+) -> concurrent.futures.Future[None]:
+    """Hand one line to a ``JsonlWriter`` as the middleware does (its one completion route: a
+    ``LoopWaiter``, here on a test-wide event loop in a thread), from a test's plain thread: the line is
+    queued before this returns, and the returned future follows the waiter (``.result(timeout)``)."""
+    loop = _loop()
+    waiter = LoopWaiter(loop, loop.create_future())
+    writer.submit(rollout_id, line, model_call_id, tokens_line, waiter)
+
+    async def wait() -> None:
+        await waiter.future
+
+    return asyncio.run_coroutine_threadsafe(wait(), loop)
 
 
 def _anthropic_cassette_body() -> bytes:

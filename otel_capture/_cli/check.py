@@ -5,6 +5,13 @@ died inside its ``write``), or an entry named like a rollout's file that is not 
 (a link, a FIFO, a hard link: skipped, never followed or waited on). An incomplete marker is not damage,
 it is a capture failure that was recorded as it should be; it is reported, and fails the check only with
 ``strict``.
+
+A loss that is *not yet* in its rollout's marker fails the check: a writer could not write the mark (the
+filesystem was out of inodes or blocks) and holds it in its loss reserve (``.otel-capture/losses/``,
+created with its blocks ahead of need), retrying it. The check reads every reserve (it is a separate
+process: the reserve on disk is how it knows) and names each such loss; once the writer has written the
+mark into the marker, the entry is turned to reported and the check passes again. Losses a writer could not
+even put in its reserve (it could not make one) are in its log and ``WriterStats.unreported`` only.
 """
 
 from __future__ import annotations
@@ -22,7 +29,9 @@ from .._store import (
     LIBC_SYNCFS,
     TOKENS_SUFFIX,
     CaptureStore,
+    Loss,
     choose_sync,
+    pending_losses,
     read_available_model_call_records,
 )
 
@@ -37,11 +46,17 @@ class RolloutCheck:
     error: str | None = None
     entries: list[tuple[str, str]] = field(default_factory=list)
     """``(file name, what it is)`` of this rollout's entries that are not regular files of their own."""
+    unreported: list[Loss] = field(default_factory=list)
+    """Losses in a writer's loss reserve that the rollout's marker does not have yet."""
 
     @property
     def damaged(self) -> bool:
         return (
-            bool(self.invalid) or self.torn_tail is not None or self.error is not None or bool(self.entries)
+            bool(self.invalid)
+            or self.torn_tail is not None
+            or self.error is not None
+            or bool(self.entries)
+            or bool(self.unreported)
         )
 
 
@@ -51,11 +66,17 @@ def check_capture_dir(store: CaptureStore) -> list[RolloutCheck]:
     for name, what in store.damaged_entries():
         damaged.setdefault(_rollout_of(name), []).append((name, what))
     readable = set(store.rollout_ids())
+    unreported: dict[str, list[Loss]] = {}
+    for loss in pending_losses(store.root):
+        unreported.setdefault(loss.rollout_id, []).append(loss)
     results = []
-    for rollout_id in sorted(readable | set(damaged)):
-        result = RolloutCheck(rollout_id, entries=damaged.get(rollout_id, []))
+    for rollout_id in sorted(readable | set(damaged) | set(unreported)):
+        result = RolloutCheck(
+            rollout_id, entries=damaged.get(rollout_id, []), unreported=unreported.get(rollout_id, [])
+        )
         results.append(result)
         if rollout_id not in readable:
+            result.incomplete = bool(result.unreported)
             continue
         try:
             available = read_available_model_call_records(store, rollout_id)
@@ -91,6 +112,9 @@ def format_check(results: list[RolloutCheck]) -> list[str]:
         for name, what in result.entries:
             consequence = "read, never appended to" if what.startswith("a regular file") else "skipped"
             lines.append(f"{result.rollout_id}: {name}: {what}: {consequence}")
+        name = result.rollout_id or "(rollout unknown)"
+        for loss in result.unreported:
+            lines.append(f"{name}: lost, not yet in the incomplete marker: {loss.describe()}")
         if result.incomplete:
             lines.append(
                 f"{result.rollout_id}: incomplete: at least one call was not captured (see the .capture.incomplete marker)"

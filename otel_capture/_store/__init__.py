@@ -8,6 +8,7 @@ them. This is its face: outside ``_store/``, code imports from here, never from 
   :class:`WriterStats` and ``LIBC_SYNCFS``;
 - the readers (:mod:`.reading`): the records of a rollout, strict or tolerant, and Gym's aggregate;
 - :func:`check_directory`: whether a capture directory is safe to use (others cannot write to it);
+  :func:`pending_losses`: calls a writer could not record and could not yet mark on disk (:mod:`.losses`);
   :func:`choose_sync`: how its writer makes a batch durable, chosen by its filesystem (:mod:`.fstype`);
 - the lifecycle's types and errors (:mod:`.types`).
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from .fs import check_directory
 from .fstype import SyncChoice, choose_sync
+from .losses import Loss, pending_losses
 from .memory import InMemoryCaptureBackend
 from .reading import (
     AvailableRecords,
@@ -61,6 +63,7 @@ __all__ = [
     "IncompleteCall",
     "JsonlWriter",
     "LockTimeoutError",
+    "Loss",
     "RemovalResult",
     "RolloutState",
     "SyncChoice",
@@ -71,6 +74,7 @@ __all__ = [
     "choose_sync",
     "empty_result",
     "iter_model_call_records",
+    "pending_losses",
     "read_available_model_call_records",
     "read_model_call_records",
     "scan_available_model_call_records",

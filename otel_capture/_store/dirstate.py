@@ -5,7 +5,12 @@ which NeMo Gym never looks at.
 * ``journal.lock`` and ``fences.journal``: the fence journal (:mod:`.journal`);
 * ``inflight/<id>.calls``: calls in flight, for freezes in other processes (:mod:`.inflight`);
 * ``trash/``: record files that a retire or delete took out of the directory (a ``rename``, as atomic as
-  an ``unlink`` and much cheaper than freeing a synced file's blocks); a background task unlinks them.
+  an ``unlink`` and much cheaper than freeing a synced file's blocks); a background task unlinks them;
+* ``losses/<writer>.losses``: each writer's loss reserve (:mod:`.losses`).
+
+All of it but the in-flight markers and the reserves is made whole ahead of need (:meth:`DirState.prepare`,
+when a writer or a lifecycle operation first opens the directory): from then on a freeze, a read and a
+mark of a rollout that has a file need no new inode, so a filesystem out of inodes cannot stop them.
 
 Every path is opened through :class:`.fs.DirFds` (no link followed). ``docs/lifecycle.md`` has the protocol.
 """
@@ -22,6 +27,9 @@ from .fs import STATE_DIR, DirFds, Fsync
 from .inflight import InflightCalls, InflightMarkers
 from .journal import FenceJournal
 from .locks import StripedLocks
+from .losses import RESERVE_DIR
+
+SUBDIRS = ("locks", "inflight", "trash", RESERVE_DIR)
 
 _logger = logging.getLogger(__name__)
 
@@ -40,11 +48,44 @@ class DirState:
         self.calls = InflightCalls()
         self.markers = InflightMarkers()
         self.fsync: Fsync = os.fsync  # syncs the parent of a state directory created on first use
+        self._prepared: tuple[int, int] | None = None  # the capture directory (dev, ino) made whole
+        self._prepare_lock = threading.Lock()
 
     def dirs(self, *, create: bool = True, lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S) -> DirFds:
         """Directory descriptors for one operation (``create``: make what is missing, 0700; every file
         lock it takes is waited for ``lock_timeout`` seconds at most)."""
         return DirFds(self.root, self.fsync, create=create, lock_timeout=lock_timeout)
+
+    def prepare(self, dirs: DirFds) -> bool:
+        """Make the state directory whole, once per capture directory (again when it was removed and made
+        anew): its subdirectories, the 64 stripe lock files, the journal's lock and the journal itself.
+        What an operation would otherwise create on first use is created now, while there are inodes
+        (``docs/durability.md``, "When files cannot be created"). Best effort: an entry that cannot be
+        made (no space, a planted link) is left to the operation that needs it, which reports it. True
+        when everything is in place."""
+        st = os.fstat(dirs.root_fd())
+        key = (st.st_dev, st.st_ino)
+        if self._prepared == key:
+            return True
+        with self._prepare_lock:
+            if self._prepared == key:
+                return True
+            complete = True
+            for sub in SUBDIRS:
+                try:
+                    dirs.state_fd(sub)
+                except OSError as exc:
+                    _logger.debug("could not prepare %s/%s: %s", STATE_DIR, sub, exc)
+                    complete = False
+            try:
+                self.locks.create_all(dirs)
+                self.journal.append(dirs, (), self.fsync)  # creates it, with its base line, if missing
+            except OSError as exc:
+                _logger.debug("could not prepare the lock files or the journal of %s: %s", self.root, exc)
+                complete = False
+            if complete:
+                self._prepared = key
+            return complete
 
 
 _states: dict[str, DirState] = {}

@@ -249,7 +249,10 @@ class FenceJournal:
             hook("journal_synced")
             self.refresh()
             if count and self._mostly_superseded():
-                self._compact(dirs, fsync)
+                try:
+                    self._compact(dirs, fsync)
+                except OSError as exc:  # optional (it needs a new inode): the events are durable already
+                    _logger.warning("could not compact the fence journal: %s", exc)
             return count
 
     def _write_events(self, fd: int, created: bool, events: Iterable[dict[str, Any]]) -> tuple[int, bool]:

@@ -61,6 +61,7 @@ from .lifecycle_io import (
     fenced_mark_incomplete,
     read_contents,
 )
+from .losses import Loss, pending_for
 from .removal import describe, purge_trash, trash_fd, unlink_records
 from .types import (
     ROLLOUT_STATES,
@@ -104,28 +105,49 @@ def _lifecycle_executor() -> concurrent.futures.ThreadPoolExecutor:
 
 
 class FileLifecycle:
-    """The lifecycle operations of :class:`~otel_capture.CaptureStore` (a mixin over ``self.root``)."""
+    """The lifecycle operations on one capture directory; a :class:`~otel_capture.CaptureStore` owns one
+    and hands its lifecycle methods to it. ``rollout_ids`` is the store's one listing of the directory's
+    rollouts (``list_rollouts`` adds the fenced and the in-flight ones to it). Creating it touches
+    nothing; the directory's state is looked up on first use."""
 
-    root: Path
-    _fsync: Fsync
-    _hook: Hook
-    _allow_shared: bool
-    _lock_timeout: float
-
-    def rollout_ids(self) -> list[str]:
-        raise NotImplementedError  # CaptureStore's: the one listing of the directory's rollouts
+    def __init__(
+        self,
+        root: Path,
+        *,
+        allow_shared: bool,
+        lock_timeout: float,
+        fsync: Fsync,
+        hook: Hook,
+        rollout_ids: Callable[[], list[str]],
+    ) -> None:
+        self.root = root
+        self._allow_shared = allow_shared
+        self._lock_timeout = lock_timeout
+        self._fsync = fsync
+        self._hook = hook
+        self._rollout_ids = rollout_ids
+        self._dir_state: DirState | None = None
 
     @property
     def _state(self) -> DirState:
-        state: DirState | None = self.__dict__.get("_dir_state")
+        state = self._dir_state
         if state is None:  # dir_state resolves the real path: once per store, not once per call
-            state = self.__dict__["_dir_state"] = dir_state(self.root)
+            state = self._dir_state = dir_state(self.root)
         return state
 
-    def _dirs(self, *, create: bool = True) -> DirFds:
-        """The directory descriptors of one operation, once the directory is known to be safe to use."""
+    @contextlib.contextmanager
+    def _dirs(self, *, create: bool = True) -> Iterator[DirFds]:
+        """The directory descriptors of one operation, once the directory is known to be safe to use. An
+        operation that may create makes the state directory whole first (:meth:`DirState.prepare`: once
+        per directory), so that later ones need no new inode."""
         check_directory(self.root, allow_shared=self._allow_shared)
-        return self._state.dirs(create=create, lock_timeout=self._lock_timeout)
+        with self._state.dirs(create=create, lock_timeout=self._lock_timeout) as dirs:
+            if create:
+                try:
+                    self._state.prepare(dirs)
+                except OSError as exc:  # the operation itself reports what it cannot do
+                    _logger.debug("could not prepare %s: %s", self.root, exc)
+            yield dirs
 
     # -- queries ---------------------------------------------------------------------------------------
 
@@ -139,6 +161,8 @@ class FileLifecycle:
             return fence.kind
         if any(os.path.lexists(self.root / (rid + suffix)) for suffix in RECORD_SUFFIXES):
             return "live"
+        if any(loss.rollout_id == rid for loss in pending_for(self.root, rid)):
+            return "live"  # its only trace is a loss a full filesystem held back from its marker
         return "live" if self._pending(rid) else "absent"
 
     def _pending(self, rid: str, damage: list[str] | None = None) -> set[str]:
@@ -168,7 +192,7 @@ class FileLifecycle:
         dir_ = self._state
         dir_.journal.refresh()
         found: dict[str, RolloutState] = {rid: f.kind for rid, f in dir_.journal.fences().items()}
-        for rid in self.rollout_ids():
+        for rid in self._rollout_ids():
             found.setdefault(rid, "live")
         with dir_.dirs(create=False, lock_timeout=self._lock_timeout) as dirs:
             try:
@@ -264,23 +288,31 @@ class FileLifecycle:
             # A record the snapshot hands out must survive a crash: every file read is synced.
             contents = read_contents(dirs, rid, fsync=self._fsync)
             pending = self._pending(rid, damage)
+            losses = pending_for(self.root, rid)  # lost calls whose marks a full filesystem holds back
             if fence is None:
-                inflight = sorted(pending - contents.call_ids())
+                held = {m for loss in losses for m in loss.model_call_ids}  # lost, not in flight
+                inflight = sorted(pending - contents.call_ids() - held)
                 event = {"op": "freeze", "id": rid, "snapshot_id": uuid.uuid4().hex, "inflight": inflight}
                 state.journal.append(dirs, [event], self._fsync, self._hook)
                 fence = state.journal.fence(rid)
                 assert fence is not None
         calls = list(contents.incomplete) + [IncompleteCall(m, INFLIGHT_REASON) for m in fence.inflight]
         calls += [IncompleteCall("", reason) for reason in damage]
+        calls += [IncompleteCall(m, loss.describe()) for loss in losses for m in loss.model_call_ids or ("",)]
         return CaptureSnapshot(
             rollout_id=rid,
             records=contents.records,
             tokens=contents.tokens,
             incomplete=contents.marker_exists or bool(calls),
             snapshot_id=fence.snapshot_id or "",
-            version=contents.version,
+            version=contents.version + _held_back(losses),
             incomplete_calls=tuple(calls),
         )
+
+    def _version(self, dirs: DirFds, rid: str) -> int:
+        """The rollout's ``version``: its durable lines, and the marks its losses will add once written
+        (so a snapshot stays the same version when a held-back mark reaches the marker)."""
+        return count_version(dirs, rid) + _held_back(pending_for(self.root, rid))
 
     def drop_now(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
         """Retire the rollout only if it is still exactly the snapshot consumed; True when it is retired
@@ -295,7 +327,7 @@ class FileLifecycle:
                     return False
                 if fence.kind == "retired":
                     return fence.snapshot_id == snapshot_id and fence.version == version
-                if fence.snapshot_id != snapshot_id or count_version(dirs, rid) != version:
+                if fence.snapshot_id != snapshot_id or self._version(dirs, rid) != version:
                     return False
                 event = {"op": "retire", "id": rid, "snapshot_id": snapshot_id, "version": version}
                 state.journal.append(dirs, [event], self._fsync, self._hook)
@@ -339,7 +371,7 @@ class FileLifecycle:
             event: dict[str, Any] = {"op": "retire", "id": rid}
             if fence is not None and fence.kind == "frozen":
                 event["snapshot_id"] = fence.snapshot_id
-                event["version"] = count_version(dirs, rid)
+                event["version"] = self._version(dirs, rid)
             yield event
 
     def _remove_records(self, dirs: DirFds, expected: dict[str, int], result: RemovalResult) -> None:
@@ -480,3 +512,8 @@ class FileLifecycle:
     async def delete(self, rollout_ids: Iterable[str]) -> RemovalResult:
         ids = validate_rollout_ids(rollout_ids)
         return await self._off_loop(self.delete_now, ids)
+
+
+def _held_back(losses: list[Loss]) -> int:
+    """The marker lines these losses will add (one per call); the overflow entry names no rollout."""
+    return sum(len(loss.model_call_ids) + loss.more for loss in losses if loss.rollout_id)

@@ -5,6 +5,7 @@ through :mod:`.fs`: no link followed, nothing but a regular file written or read
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import gc
 import logging
@@ -39,6 +40,8 @@ from .types import CaptureFrozenError, CaptureRetiredError, DamagedEntryError, I
 
 _logger = logging.getLogger(__name__)
 
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
+
 CAPTURE_SUFFIX = ".capture.jsonl"
 INCOMPLETE_SUFFIX = ".capture.incomplete"
 TOKENS_SUFFIX = ".tokens.jsonl"
@@ -64,6 +67,10 @@ class AppendOutcome:
     dropped: list[tuple[int, CaptureFrozenError]] = field(default_factory=list)
     fds: list[int] = field(default_factory=list)
     created: bool = False
+    unmarked: list[str] = field(default_factory=list)
+    """Begun calls whose ``+`` marker could not be made (no inode or block for the marker file): their
+    lines were still written; the caller decides what a freeze elsewhere may have missed."""
+    marker_error: OSError | None = None
 
 
 def _append_locked(fd: int, data: bytes, label: str, timeout: float, clean_end: int = -1) -> int:
@@ -216,8 +223,16 @@ def _write_admitted(
     lock_timeout: float,
     files: AppendFiles | None,
 ) -> None:
-    # The marker is opened first: a damaged one fails the batch before any line is written.
-    marker = state.markers.open(dirs, rollout_id, create=bool(begun)) if begun or ended else None
+    # The marker is opened first: a damaged one fails the batch before any line is written. One that a
+    # full filesystem cannot create does not: the lines matter more than another process's view of them.
+    marker = None
+    if begun or ended:
+        try:
+            marker = state.markers.open(dirs, rollout_id, create=bool(begun))
+        except OSError as exc:
+            if isinstance(exc, DamagedEntryError) or exc.errno not in _NO_ROOM:
+                raise
+            outcome.unmarked, outcome.marker_error = list(begun), exc
     try:
         if kept:
             lines = b"".join(line for _, line, _ in kept)

@@ -111,6 +111,26 @@ class StripedLocks:
         self._threads = [threading.Lock() for _ in range(STRIPES)]
 
     @staticmethod
+    def create_all(dirs: DirFds) -> None:
+        """Create every stripe's lock file that is missing (:meth:`.dirstate.DirState.prepare`): a lock is
+        then never the file a full filesystem cannot create. Never follows a link; raises ``OSError`` for
+        the first file it cannot create, after trying the others."""
+        locks_fd = dirs.state_fd("locks")
+        present = set(os.listdir(locks_fd))
+        first: OSError | None = None
+        for name, label in zip(_NAMES, _LABELS, strict=True):
+            if name in present:
+                continue
+            try:
+                fd, _ = open_file(locks_fd, name, os.O_RDWR | os.O_CREAT, label, single_link=False)
+            except OSError as exc:
+                first = first or exc
+                continue
+            _close(fd)
+        if first is not None:
+            raise first
+
+    @staticmethod
     def stripe(rollout_id: str) -> int:
         return zlib.crc32(rollout_id.encode()) % STRIPES
 

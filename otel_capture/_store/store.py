@@ -7,8 +7,10 @@ only checks that the marker exists; we append one JSON line per failed call to i
 ``<dir>/<rollout_id>.tokens.jsonl`` holds one token line per call whose upstream returned token ids or
 log-probs (:mod:`._tokens`).
 
-The lifecycle (freeze, drop, retire, delete) is :class:`.lifecycle.FileLifecycle`; its own state lives
-in ``<dir>/.otel-capture/``, which NeMo Gym never reads (:mod:`.dirstate`). Nothing here follows a link or
+The lifecycle (freeze, drop, retire, delete) is :class:`.lifecycle.FileLifecycle`, which the store owns
+and hands its lifecycle methods to; its own state lives in ``<dir>/.otel-capture/``, which NeMo Gym never
+reads (:mod:`.dirstate`). Losses a writer could not even mark are in its loss reserve (:mod:`.losses`):
+:meth:`CaptureStore.is_incomplete` and :meth:`CaptureStore.incomplete_calls` count them. Nothing here follows a link or
 waits on a FIFO: an entry that is not a regular file is skipped and listed by :meth:`damaged_entries`.
 """
 
@@ -20,9 +22,11 @@ import fcntl
 import logging
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+import orjson
 
 from .._correlation import validate_rollout_id
 from .._records.codec import split_lines
@@ -30,7 +34,8 @@ from .._settings import allow_shared_dir_from_environ, lock_timeout_from_environ
 from .fs import flock_within, open_file, problem, read_all
 from .journal import no_hook
 from .lifecycle import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX, FileLifecycle
-from .types import DamagedEntryError
+from .losses import pending_for, pending_losses
+from .types import CaptureSnapshot, DamagedEntryError, IncompleteCall, RemovalResult, RolloutState
 
 _logger = logging.getLogger(__name__)
 
@@ -107,7 +112,7 @@ class StreamedLines:
         self.close()
 
 
-class CaptureStore(FileLifecycle):
+class CaptureStore:
     """A capture directory and its lifecycle. Creating the object never touches the filesystem.
 
     ``allow_shared_directory``: use a world-writable directory, or one owned by another user, which is
@@ -133,11 +138,79 @@ class CaptureStore(FileLifecycle):
             allow_shared_dir_from_environ() if allow_shared_directory is None else allow_shared_directory
         )
         self._lock_timeout = lock_timeout_from_environ() if lock_timeout_s is None else lock_timeout_s
-        self._fsync = fsync
-        self._hook = crash_hook or no_hook
+        self._lifecycle = FileLifecycle(
+            self.root,
+            allow_shared=self._allow_shared,
+            lock_timeout=self._lock_timeout,
+            fsync=fsync,
+            hook=crash_hook or no_hook,
+            rollout_ids=self.rollout_ids,
+        )
 
     def __repr__(self) -> str:
         return f"CaptureStore({str(self.root)!r})"
+
+    # -- the lifecycle, owned (docs/lifecycle.md) ----------------------------------------------------------
+
+    def rollout_state(self, rollout_id: str) -> RolloutState:
+        """``absent``, ``live``, ``frozen`` or ``retired``."""
+        return self._lifecycle.rollout_state(rollout_id)
+
+    def list_rollouts(self, state: RolloutState | None = None) -> dict[str, RolloutState]:
+        """Every rollout that is not absent, with its state, sorted by id; only ``state`` ones if given."""
+        return self._lifecycle.list_rollouts(state)
+
+    def begin_call(self, rollout_id: str, model_call_id: str) -> None:
+        """Say a call has started (:meth:`.lifecycle.FileLifecycle.begin_call`)."""
+        self._lifecycle.begin_call(rollout_id, model_call_id)
+
+    def mark_incomplete(self, rollout_id: str, model_call_id: str, reason: str) -> None:
+        """Durably mark a call as not captured (:meth:`.lifecycle.FileLifecycle.mark_incomplete`)."""
+        self._lifecycle.mark_incomplete(rollout_id, model_call_id, reason)
+
+    def append_now(
+        self,
+        rollout_id: str,
+        model_call_id: str,
+        record: dict[str, Any],
+        tokens: dict[str, Any] | None = None,
+    ) -> None:
+        """Write one call's record durably, through the writer's fenced path."""
+        self._lifecycle.append_now(rollout_id, model_call_id, record, tokens)
+
+    def freeze_now(self, rollout_id: str) -> CaptureSnapshot:
+        """Freeze the rollout and return its snapshot (:meth:`.lifecycle.FileLifecycle.freeze_now`)."""
+        return self._lifecycle.freeze_now(rollout_id)
+
+    def drop_now(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
+        """Retire the rollout only if it is still exactly the snapshot consumed."""
+        return self._lifecycle.drop_now(rollout_id, snapshot_id=snapshot_id, version=version)
+
+    def retire_now(self, rollout_ids: Iterable[str]) -> RemovalResult:
+        """Fence each rollout whatever its state and remove its records (two synced phases)."""
+        return self._lifecycle.retire_now(rollout_ids)
+
+    def delete_now(self, rollout_ids: Iterable[str]) -> RemovalResult:
+        """Remove records and fences: each id is absent afterwards and can be reused."""
+        return self._lifecycle.delete_now(rollout_ids)
+
+    def purge_trash(self) -> int:
+        """Unlink the record files retire and delete moved aside; how many entries it removed."""
+        return self._lifecycle.purge_trash()
+
+    async def freeze(self, rollout_id: str) -> CaptureSnapshot:
+        return await self._lifecycle.freeze(rollout_id)
+
+    async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
+        return await self._lifecycle.drop(rollout_id, snapshot_id=snapshot_id, version=version)
+
+    async def retire(self, rollout_ids: Iterable[str]) -> RemovalResult:
+        return await self._lifecycle.retire(rollout_ids)
+
+    async def delete(self, rollout_ids: Iterable[str]) -> RemovalResult:
+        return await self._lifecycle.delete(rollout_ids)
+
+    # -- the files ---------------------------------------------------------------------------------------
 
     def data_path(self, rollout_id: str) -> Path:
         return self.root / (validate_rollout_id(rollout_id) + CAPTURE_SUFFIX)
@@ -149,13 +222,47 @@ class CaptureStore(FileLifecycle):
         return self.root / (validate_rollout_id(rollout_id) + TOKENS_SUFFIX)
 
     def is_incomplete(self, rollout_id: str) -> bool:
-        """Whether the marker exists (whatever it is: a damaged marker says something went wrong too)."""
-        return os.path.lexists(self.incomplete_path(rollout_id))
+        """Whether the marker exists (whatever it is: a damaged marker says something went wrong too), or a
+        writer's loss reserve holds a loss of the rollout that its marker does not have yet."""
+        return os.path.lexists(self.incomplete_path(rollout_id)) or bool(pending_for(self.root, rollout_id))
+
+    def incomplete_calls(self, rollout_id: str) -> list[IncompleteCall]:
+        """The calls the rollout's marker names (``model_call_id`` ``""`` for a line that names none, and
+        one "marked incomplete" for an empty marker, as NeMo Gym writes them), then each loss in a loss
+        reserve that the marker does not have yet. Read without a lock, as :meth:`is_incomplete`."""
+        calls: list[IncompleteCall] = []
+        path = self.incomplete_path(rollout_id)
+        try:
+            fd, _ = open_file(None, path, os.O_RDONLY, path.name, single_link=False)
+        except FileNotFoundError:
+            data = None
+        except DamagedEntryError as exc:
+            data = None
+            calls.append(IncompleteCall("", f"{path.name}: {exc.what}: not read"))
+        else:
+            try:
+                data = read_all(fd)
+            finally:
+                os.close(fd)
+        if data is not None:
+            lines = [line for line in data.split(b"\n") if line.strip()]
+            for line in lines:
+                calls.append(_marked_call(line))
+            if not lines:
+                calls.append(IncompleteCall("", "marked incomplete"))
+        for loss in pending_for(self.root, rollout_id):
+            for mcid in loss.model_call_ids or ("",):
+                calls.append(IncompleteCall(mcid, loss.describe()))
+        return calls
 
     def rollout_ids(self) -> list[str]:
-        """Every rollout with a data, token or incomplete file that is a regular file, sorted: the one
-        listing of the directory's rollouts (``list_rollouts``, ``check`` and ``show`` use it)."""
-        return sorted({rid for rid, _, st in self._scan() if stat.S_ISREG(st.st_mode)})
+        """Every rollout with a data, token or incomplete file that is a regular file, or with a loss in a
+        writer's loss reserve, sorted: the one listing of the directory's rollouts (``list_rollouts``,
+        ``check`` and ``show`` use it)."""
+        found = {rid for rid, _, st in self._scan() if stat.S_ISREG(st.st_mode)}
+        # a rollout whose every file a full filesystem refused is known by its losses alone
+        found.update(loss.rollout_id for loss in pending_losses(self.root) if loss.rollout_id)
+        return sorted(found)
 
     def damaged_entries(self) -> list[tuple[str, str]]:
         """``(file name, what it is)`` for each entry named like a rollout's file that is not a regular file
@@ -246,3 +353,15 @@ class CaptureStore(FileLifecycle):
         finally:
             os.close(fd)
         return RawLines(*split_lines(data))
+
+
+def _marked_call(line: bytes) -> IncompleteCall:
+    """One line of an incomplete marker (ours: ``{"model_call_id", "reason", "at"}``)."""
+    try:
+        value = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        return IncompleteCall("", "marked incomplete")
+    mcid, reason = value.get("model_call_id"), value.get("reason")
+    return IncompleteCall(mcid if isinstance(mcid, str) else "", str(reason or "marked incomplete"))

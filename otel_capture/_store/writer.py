@@ -2,14 +2,22 @@
 
 Durability contract, written before the code (``docs/durability.md`` names the test of each clause):
 
-* ``submit(rollout_id, line)`` returns a future (or, given a ``LoopWaiter``, resolves that alone). It resolves with ``None`` only once the line is in
+* ``submit(rollout_id, line, model_call_id, tokens_line, waiter)`` resolves the call's ``LoopWaiter`` (its one
+  completion route) with ``None`` only once the line is in
   ``<dir>/<rollout_id>.capture.jsonl`` *and* ``fsync``-ed, and, when this batch created the file, once the
   directory entry is ``fsync``-ed too (a crash after the file's fsync but before the directory's could
   otherwise lose the whole file). It resolves with an exception when the line could not be made durable;
-  the writer then appends the reason to ``<rollout_id>.capture.incomplete`` (best effort) so the rollout
-  is visibly incomplete.
+  the writer then appends the call id and the reason to ``<rollout_id>.capture.incomplete`` so the
+  rollout is visibly incomplete. When that mark cannot be written either (no inode for a new marker, no
+  block for its line), the loss is written into the writer's loss reserve (``.otel-capture/losses/``,
+  created with its blocks when the writer opens the directory: :mod:`.losses`), kept in memory and
+  retried every ``RETRY_S`` until the marker takes it; readers and ``check`` report the reserve's pending
+  entries meanwhile. A call that reaches the writer after ``close`` is counted, logged once and marked.
+* A batch whose capture directory was removed or replaced between its writes and its sync (an ``fstat``
+  of the directory it wrote in against a ``stat`` of the path, after the sync) acknowledges nothing: its
+  calls are marked incomplete in the directory as it now is, made anew if needed.
 * Fences first (:mod:`.lifecycle`): a rollout's lines are appended under its stripe lock, after
-  reading its fence there. A frozen or retired rollout's lines are dropped quietly: each future resolves
+  reading its fence there. A frozen or retired rollout's lines are dropped quietly: each waiter resolves
   with :class:`CaptureFrozenError` / :class:`CaptureRetiredError`, ``late_write_dropped`` counts them, and
   nothing is logged or marked incomplete (a late call is not a capture failure). The fence check costs one
   ``stat`` of the fence journal per rollout per batch.
@@ -23,7 +31,7 @@ Durability contract, written before the code (``docs/durability.md`` names the t
   the rollout wait :data:`LOCKED_OUT_WAIT` at most, so one stuck process costs the thread one timeout, not
   one per batch.
 * A call's token line (``<id>.tokens.jsonl``) is written in the same batch as its record line and synced
-  with it: the future covers both.
+  with it: the waiter covers both.
 * Every line of a batch for one file goes out in a single ``write`` of whole lines, so a reader never sees
   half of one of our lines unless the process dies inside that ``write`` (a torn tail, which the reader
   reports and never parses).
@@ -42,24 +50,24 @@ Durability contract, written before the code (``docs/durability.md`` names the t
   start does not see it; its line is then dropped by the freeze's fence like any late line.
 * A call ended with ``discard`` (a redirect: not a model call) leaves no line and no incomplete mark: its
   ``-`` marker is written if its ``+`` was, and nothing at all if its ``+`` was not written yet.
-* The event loop never touches the disk: callers await the future, or pass a ``LoopWaiter`` that the
-  thread resolves with one ``call_soon_threadsafe`` per event loop per batch (one wake-up for the whole
-  batch, instead of one per call as ``asyncio.wrap_future`` costs).
+* The event loop never touches the disk: callers pass a ``LoopWaiter`` that the thread resolves with one
+  ``call_soon_threadsafe`` per event loop per batch (one wake-up for the whole batch, instead of one per
+  call as ``asyncio.wrap_future`` costs).
 
 Concurrent calls that finish together share a batch: the thread takes everything queued, writes it file
 by file, and syncs each file once.
 
-What the queue carries is in :mod:`.writer_items`; how calls whose line did not reach the disk are
-failed, marked incomplete or ended, in :mod:`.writer_failures`.
+What the queue carries and how a call's waiter is resolved is in :mod:`.writer_items`; the writer owns a
+:class:`.writer_failures.WriterFailures`, which fails, marks incomplete or ends the calls whose line did
+not reach the disk.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
-import contextlib
 import ctypes
 import ctypes.util
+import errno
 import logging
 import os
 import queue
@@ -67,7 +75,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from .._correlation import validate_rollout_id
@@ -79,8 +86,10 @@ from .fstype import SyncChoice, choose_sync
 from .lifecycle_io import fenced_append
 from .locks import LockFiles
 from .types import CaptureFrozenError, LockTimeoutError
-from .writer_failures import WriterFailures
-from .writer_items import _Abandon, _Barrier, _Begin, _Discard, _Item
+from .writer_failures import WriterClosedError, WriterFailures
+from .writer_items import Completions, WriterStats, _Abandon, _Barrier, _Begin, _Discard, _Item
+
+__all__ = ["LIBC_SYNCFS", "JsonlWriter", "WriterClosedError", "WriterStats"]
 
 _logger = logging.getLogger(__name__)
 
@@ -105,19 +114,6 @@ def _libc_syncfs() -> Callable[[int], None] | None:
 LIBC_SYNCFS = _libc_syncfs()
 
 
-@dataclass(slots=True)
-class WriterStats:
-    """Counters a user can read to see what the writer did (and what it failed to do)."""
-
-    records_written: int = 0
-    batches: int = 0
-    fsyncs: int = 0
-    failures: int = 0
-    last_failure: str | None = None
-    late_write_dropped: int = 0
-    """Lines of frozen or retired rollouts (or of calls admitted before a retire or delete), dropped."""
-
-
 _STOP = object()
 _TICK = object()  # wakes an idle thread so that it starts timing a begin's marker delay
 
@@ -129,7 +125,7 @@ IDLE_CLOSE = 1.0
 """Seconds without a batch after which the thread closes the data files it keeps open between batches."""
 
 
-class JsonlWriter(WriterFailures):
+class JsonlWriter:
     """Appends record lines to per-rollout files from one background thread, with group commit.
 
     Raises :class:`UnsafeDirectoryError` for a directory other users can write, unless
@@ -159,9 +155,16 @@ class JsonlWriter(WriterFailures):
         self._state: DirState = dir_state(self.root)
         self.stats = WriterStats()
         self._fsync = fsync
-        self._wakeups: dict[
-            asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None], BaseException | None]]
-        ] = {}
+        self._done = Completions()  # the calls' waiters, resolved one wake-up per loop per batch
+        self._failures = WriterFailures(
+            self._state,
+            self.stats,
+            self._done,
+            _logger,
+            lock_timeout=lock_timeout_s,
+            fsync=fsync,
+            file_mode=file_mode,
+        )
         self._syncfs = syncfs
         # Why a filesystem decides the sync: syncfs does not reach a network or FUSE server (see _sync).
         self.sync_choice: SyncChoice = choose_sync(self.root, syncfs_allowed=syncfs is not None)
@@ -189,7 +192,7 @@ class JsonlWriter(WriterFailures):
         a begin wakes the thread only when it is idle with nothing else to time."""
         rid = validate_rollout_id(rollout_id)
         if self._closed:
-            return
+            return  # its line or its abandon is what gets counted and marked
         self._state.calls.begin(rid, model_call_id)
         self._begins.append(_Begin(rid, model_call_id, time.monotonic()))
         if self._idle:
@@ -198,8 +201,11 @@ class JsonlWriter(WriterFailures):
     def abandon(self, rollout_id: str, model_call_id: str, reason: str) -> None:
         """A begun call whose record could not even be built: count it, log it, and mark the rollout
         incomplete with the reason, so neither the loss nor a phantom in-flight call goes unseen."""
-        if not self._closed:
-            self._queue.put(_Abandon(validate_rollout_id(rollout_id), model_call_id, reason))
+        rid = validate_rollout_id(rollout_id)
+        if self._closed:
+            self._failures.after_close(rid, model_call_id, None)
+            return
+        self._queue.put(_Abandon(rid, model_call_id, reason))
 
     def discard(self, rollout_id: str, model_call_id: str) -> None:
         """A begun call that turned out not to be a model call (the upstream redirected it): it ends
@@ -212,21 +218,17 @@ class JsonlWriter(WriterFailures):
         rollout_id: str,
         line: bytes,
         model_call_id: str,
-        tokens_line: bytes | None = None,
-        waiter: LoopWaiter | None = None,
-    ) -> concurrent.futures.Future[None] | None:
-        """Queue one line (ending in ``\\n``), and its token line if any; the future resolves when both
-        are durable, or with the error that kept them off disk. With a ``waiter`` the thread resolves the
-        waiter alone and ``None`` is returned (no ``concurrent.futures.Future`` is made for it)."""
-        item = _Item(validate_rollout_id(rollout_id), line, model_call_id, tokens_line, waiter=waiter)
-        if waiter is None:
-            item.future = concurrent.futures.Future()
+        tokens_line: bytes | None,
+        waiter: LoopWaiter,
+    ) -> None:
+        """Queue one line (ending in ``\\n``), and its token line if any; the thread resolves ``waiter`` when
+        both are durable, or with the error that kept them off disk. After :meth:`close` the call is
+        counted, logged once and marked incomplete, and ``waiter`` fails with :class:`WriterClosedError`."""
+        item = _Item(validate_rollout_id(rollout_id), line, model_call_id, tokens_line, waiter)
         if self._closed:
-            self._resolve(item, RuntimeError("capture writer is closed"))
-            self._flush_wakeups()
-            return item.future
+            self._failures.after_close(item.rollout_id, model_call_id, item)
+            return
         self._queue.put(item)
-        return item.future
 
     def flush(self, timeout: float | None = None) -> bool:
         """Block until every line submitted before this call is durable or failed. False on timeout."""
@@ -257,6 +259,9 @@ class JsonlWriter(WriterFailures):
             if self._deferred or self._begins:
                 oldest = next(iter(self._deferred.values()), None) or self._begins[0]
                 timeout = oldest.at + self._marker_delay - time.monotonic()
+                retry = self._failures.retry_in()
+                if retry is not None:
+                    timeout = min(timeout, retry)
                 if timeout <= 0:
                     return _TICK
                 try:
@@ -269,6 +274,12 @@ class JsonlWriter(WriterFailures):
                 except queue.Empty:
                     self._files.close_all()  # idle: a retired rollout's file is not held open for long
                     self._lock_files.close_all()
+            retry = self._failures.retry_in()
+            if retry is not None:  # lost calls whose marks are still to be written
+                try:
+                    return self._queue.get(timeout=retry)
+                except queue.Empty:
+                    return _TICK
             return self._queue.get()
         finally:
             self._idle = False
@@ -337,16 +348,21 @@ class JsonlWriter(WriterFailures):
                     _logger.exception("capture writer failed on a batch of %d call(s)", len(batch))
                     for item in batch:
                         if not item.resolved:
-                            self._resolve(item, exc)
+                            self._done.resolve(item, exc)
             for abandoned in abandons:
-                self._abandon(abandoned)
+                self._failures.abandon(abandoned)
             for discarded in discards:
-                self._discard(discarded)
-            self._flush_wakeups()
+                self._failures.discard(discarded)
+            self._done.flush()
+            try:
+                self._failures.retry(force=bool(barriers))
+            except Exception:  # a bug here must not stop the thread: the losses stay kept and counted
+                _logger.exception("capture writer failed retrying the incomplete marks it holds")
             for barrier in barriers:
                 barrier.future.set_result(None)
         self._files.close_all()
         self._lock_files.close_all()
+        self._failures.close()
 
     def _write_batch(self, batch: list[_Item], begins: list[_Begin]) -> None:
         if batch:
@@ -361,13 +377,17 @@ class JsonlWriter(WriterFailures):
         try:
             self._ensure_dir()
         except OSError as exc:
-            self._fail_all(batch, exc)
+            self._failures.fail_all(batch, exc)
             return
         # Phase 1: every rollout's lines are written (each under its lock, fenced); nothing synced yet.
         written: list[tuple[str, list[_Item]]] = []
         fds: list[int] = []
         created_any = False
         with self._state.dirs(lock_timeout=self._lock_timeout) as dirs:
+            wrote_in = _identity(os.fstat(dirs.root_fd()))
+            # Ahead of need: at the first batch (and in a directory made anew) the state directory and the
+            # loss reserve are made, while the filesystem still has room; later batches pay nothing.
+            self._failures.prepare(dirs, wrote_in)
             for rollout_id, items in by_rollout.items():
                 try:
                     outcome = fenced_append(
@@ -383,10 +403,11 @@ class JsonlWriter(WriterFailures):
                     )
                 except OSError as exc:
                     exc = self._locked_out_error(rollout_id, exc)
-                    self._fail_append(rollout_id, items, begun.get(rollout_id, []), exc)
+                    self._failures.fail_append(rollout_id, items, begun.get(rollout_id, []), exc)
                     dirs.close()  # reopened afresh: the failure may have been a directory removed under us
                     continue
                 self._locked_out.pop(rollout_id, None)
+                self._failures.unmarked(rollout_id, outcome, items)
                 for index, error in outcome.dropped:
                     self._drop_late(items[index], error)
                 written.append((rollout_id, [items[index] for index in outcome.accepted]))
@@ -400,12 +421,23 @@ class JsonlWriter(WriterFailures):
             self._files.close_all()  # after a failed fsync, nothing is assumed of those descriptors
             for rollout_id, items in written:
                 if items:
-                    self._fail(rollout_id, items, exc)
+                    self._failures.fail(rollout_id, items, exc)
+            return
+        if written and not self._still_there(wrote_in):
+            # The directory was removed (or replaced) under the batch: its lines went into files no reader
+            # will find. Nothing is acknowledged; each call is marked in the directory as it is now.
+            self._files.close_all()
+            self._lock_files.close_all()
+            gone = OSError(errno.ENOENT, "the capture directory was removed or replaced during the write")
+            reason = f"capture_error: {gone.strerror}: the line went into a removed file"
+            for rollout_id, items in written:
+                if items:
+                    self._failures.fail(rollout_id, items, gone, reason)
             return
         for _, items in written:
             self.stats.records_written += len(items)
             for item in items:
-                self._resolve(item)
+                self._done.resolve(item)
 
     def _data_lock_wait(self, rollout_id: str) -> float:
         """The lock timeout, or :data:`LOCKED_OUT_WAIT` for a data file whose lock already timed out and
@@ -446,22 +478,13 @@ class JsonlWriter(WriterFailures):
         if created:
             self._sync_dir()
 
-    def _resolve(self, item: _Item, error: BaseException | None = None) -> None:
-        item.resolved = True
-        if item.future is None:
-            pass
-        elif error is None:
-            item.future.set_result(None)
-        else:
-            item.future.set_exception(error)
-        if item.waiter is not None:
-            self._wakeups.setdefault(item.waiter.loop, []).append((item.waiter.future, error))
-
-    def _flush_wakeups(self) -> None:
-        wakeups, self._wakeups = self._wakeups, {}
-        for loop, entries in wakeups.items():
-            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody is waiting any more
-                loop.call_soon_threadsafe(_wake, entries)
+    def _still_there(self, wrote_in: tuple[int, int]) -> bool:
+        """Whether the capture directory's path still leads to the directory the batch wrote in (one
+        ``stat`` per batch, after its sync: what a batch acknowledges is in a file a reader can find)."""
+        try:
+            return _identity(os.stat(self.root)) == wrote_in
+        except OSError:
+            return False
 
     def _ensure_dir(self) -> None:
         """Checked each batch (one ``stat``): a directory made world-writable under a running writer stops
@@ -472,7 +495,7 @@ class JsonlWriter(WriterFailures):
     def _drop_late(self, item: _Item, error: CaptureFrozenError) -> None:
         # Quietly: a late call of a frozen or retired rollout is the lifecycle working, not a failure.
         self.stats.late_write_dropped += 1
-        self._resolve(item, error)
+        self._done.resolve(item, error)
 
     def _sync_dir(self) -> None:
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -483,12 +506,5 @@ class JsonlWriter(WriterFailures):
         self.stats.fsyncs += 1
 
 
-def _wake(entries: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:
-    """On the waiters' loop: resolve a whole batch's waiters in one callback."""
-    for future, error in entries:
-        if future.done():  # the waiting task was cancelled
-            continue
-        if error is None:
-            future.set_result(None)
-        else:
-            future.set_exception(error)
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino

@@ -1,88 +1,162 @@
-"""How :class:`.writer.JsonlWriter`'s thread ends calls whose line does not reach the disk: a failed batch
-or append fails its calls and marks the rollout incomplete with the reason (best effort, logged either
-way), an abandoned call is counted and marked incomplete, and a discarded call (a redirect) has its ``-``
-marker written if its ``+`` was.
+"""How :class:`.writer.JsonlWriter` ends the calls whose line did not reach the disk, and makes sure each
+such loss is said somewhere a reader looks.
 
-:class:`WriterFailures` is a base class of the writer, so these methods run on the writer thread with the
-writer's state, exactly as when they were written inside it.
+A failed batch or append fails its calls and marks the rollout incomplete with the reason; an abandoned
+call is counted and marked; a discarded call (a redirect) has its ``-`` marker written if its ``+`` was.
+When the mark itself cannot be written (no inode for a new marker, no block for its line, the directory
+gone), the loss goes to the writer's loss reserve (:mod:`.losses`, made ahead of need), is kept in memory,
+and is retried until the marker takes it; only then is its reserve entry turned to reported. A call that
+comes after the writer is closed is counted, logged once and marked incomplete too.
+
+:class:`WriterFailures` is owned by the writer (composition): it is given the directory's state, the
+writer's counters, the completions it resolves calls through, and the writer's logger.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import logging
+import threading
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from .dirstate import DirState
+from .fs import DirFds
 from .journal import Fence
-from .lifecycle_io import fenced_mark_incomplete
+from .lifecycle_io import AppendOutcome, fenced_mark_incomplete
+from .losses import LossReserve, orphans
 from .types import UnsafeDirectoryError
-from .writer_items import _Abandon, _Discard, _Item
+from .writer_items import Completions, WriterStats, _Abandon, _Discard, _Item
 
-if TYPE_CHECKING:
-    from .writer import WriterStats
+RETRY_S = 0.5
+"""Seconds between two tries to write the incomplete marks that could not be written."""
 
-# The writer's own logger: its failures are logged under the writer's name.
-_logger = logging.getLogger("otel_capture._store.writer")
+
+class WriterClosedError(RuntimeError):
+    """The call reached the writer after it was closed: its line is not written (the rollout is marked)."""
+
+
+@dataclass(slots=True)
+class _Unreported:
+    model_call_ids: list[str]
+    reason: str
+    offset: int | None  # its entry in the reserve; None: in memory only (no reserve, or it was full)
 
 
 class WriterFailures:
-    """The failure and incomplete-marking half of :class:`.writer.JsonlWriter` (which sets the attributes
-    below and resolves items)."""
+    """The failure handling of one writer: run on its thread (``after_close`` on the caller's)."""
 
-    stats: WriterStats
-    _state: DirState
-    _lock_timeout: float
-    _fsync: Callable[[int], None]
-    _file_mode: int
+    def __init__(
+        self,
+        state: DirState,
+        stats: WriterStats,
+        completions: Completions,
+        logger: logging.Logger,
+        *,
+        lock_timeout: float,
+        fsync: Callable[[int], None],
+        file_mode: int,
+    ) -> None:
+        self._state = state
+        self._stats = stats
+        self._completions = completions
+        self._logger = logger
+        self._lock_timeout = lock_timeout
+        self._fsync = fsync
+        self._file_mode = file_mode
+        self._reserve = LossReserve(file_mode)
+        self._unreported: dict[str, list[_Unreported]] = {}
+        self._next_retry = 0.0
+        self._unmarked: dict[tuple[str, str], str] = {}  # begun calls without their "+" marker -> reason
+        self._ready_in: tuple[int, int] | None = None  # the directory whose state and reserve are made
+        self._late: concurrent.futures.ThreadPoolExecutor | None = None
+        self._late_lock = threading.Lock()
 
-    if TYPE_CHECKING:
+    # -- the directory made ready ahead of need --------------------------------------------------------
 
-        def _resolve(self, item: _Item, error: BaseException | None = None) -> None: ...
+    def prepare(self, dirs: DirFds, identity: tuple[int, int] | None = None) -> None:
+        """Make the state directory whole and this writer's loss reserve, unless done for the directory
+        ``identity`` names (``(st_dev, st_ino)``; ``None``: look). Called by each batch (free while the
+        directory is the one prepared: the first batch makes them) and before a loss is recorded."""
+        if identity is not None and identity == self._ready_in:
+            return
+        try:
+            complete = self._state.prepare(dirs)
+            if not self._reserve.ready(dirs):
+                self._reserve.open(dirs, self._fsync)
+                self._adopt()
+            if complete and identity is not None:
+                self._ready_in = identity
+        except Exception as exc:  # never fails the batch: the reserve is made by a later one
+            self._logger.debug("could not make the loss reserve in %s yet: %s", self._state.root, exc)
 
-    def _fail_all(self, items: list[_Item], exc: OSError) -> None:
+    # -- ending calls ----------------------------------------------------------------------------------
+
+    def fail_all(self, items: list[_Item], exc: OSError) -> None:
         if isinstance(exc, UnsafeDirectoryError):  # refused: not even an incomplete marker is written there
-            self.stats.failures += len(items)
-            self.stats.last_failure = str(exc)
-            _logger.error("capture of %d call(s) failed: %s", len(items), exc)
+            self._stats.failures += len(items)
+            self._stats.last_failure = str(exc)
+            self._logger.error("capture of %d call(s) failed: %s", len(items), exc)
             for item in items:
-                self._resolve(item, exc)
+                self._completions.resolve(item, exc)
             return
         by_rollout: dict[str, list[_Item]] = {}
         for item in items:
             by_rollout.setdefault(item.rollout_id, []).append(item)
         for rollout_id, group in by_rollout.items():
-            self._fail(rollout_id, group, exc)
+            self.fail(rollout_id, group, exc)
 
-    def _fail(self, rollout_id: str, items: list[_Item], exc: OSError) -> None:
-        reason = _describe(exc)
-        self.stats.failures += len(items)
-        self.stats.last_failure = reason
-        _logger.error("capture of %d call(s) of rollout %s failed: %s", len(items), rollout_id, reason)
-        self._mark_incomplete(rollout_id, [item.model_call_id for item in items], reason)
+    def fail(self, rollout_id: str, items: list[_Item], exc: OSError, reason: str | None = None) -> None:
+        reason = reason or describe(exc)
+        self._stats.failures += len(items)
+        self._stats.last_failure = reason
+        self._logger.error("capture of %d call(s) of rollout %s failed: %s", len(items), rollout_id, reason)
+        self.mark_incomplete(rollout_id, [item.model_call_id for item in items], reason)
         for item in items:
-            self._resolve(item, exc)
+            self._completions.resolve(item, exc)
 
-    def _fail_append(self, rollout_id: str, items: list[_Item], begun: list[str], exc: OSError) -> None:
+    def fail_append(self, rollout_id: str, items: list[_Item], begun: list[str], exc: OSError) -> None:
         """A rollout's append failed: its lines fail, and the calls begun without their ``+`` marker are
         marked incomplete too (a freeze in another process could not see them in flight)."""
         if items:
-            self._fail(rollout_id, items, exc)
+            self.fail(rollout_id, items, exc)
         in_batch = {item.model_call_id for item in items}
         unmarked = [mcid for mcid in begun if mcid not in in_batch]
         if unmarked:
-            reason = f"in-flight marker not written: {_describe(exc)}"
-            _logger.error("rollout %s: %s", rollout_id, reason)
-            self._mark_incomplete(rollout_id, unmarked, reason)
+            reason = f"in-flight marker not written: {describe(exc)}"
+            self._logger.error("rollout %s: %s", rollout_id, reason)
+            self.mark_incomplete(rollout_id, unmarked, reason)
 
-    def _abandon(self, abandoned: _Abandon) -> None:
-        self.stats.failures += 1
-        self.stats.last_failure = abandoned.reason  # logged by the middleware, with its traceback
-        self._mark_incomplete(abandoned.rollout_id, [abandoned.model_call_id], abandoned.reason)
+    def unmarked(self, rollout_id: str, outcome: AppendOutcome, items: list[_Item]) -> None:
+        """After a rollout's append: remember begun calls whose ``+`` marker a full filesystem refused (a
+        freeze in another process cannot see them in flight). A remembered call whose line is written was
+        not missed by anyone; one whose line is dropped as late was (that freeze did not name it): it is
+        marked incomplete then, so the snapshot's ``version`` changes and a stale ``drop`` fails."""
+        if outcome.marker_error is not None:
+            reason = f"in-flight marker not written: {describe(outcome.marker_error)}"
+            for mcid in outcome.unmarked:
+                self._unmarked[(rollout_id, mcid)] = reason
+        if not self._unmarked:
+            return
+        for index in outcome.accepted:
+            self._unmarked.pop((rollout_id, items[index].model_call_id), None)
+        for index, _ in outcome.dropped:
+            missed = self._unmarked.pop((rollout_id, items[index].model_call_id), None)
+            if missed is not None:
+                self._logger.error("rollout %s, call %s: %s", rollout_id, items[index].model_call_id, missed)
+                self.mark_incomplete(rollout_id, [items[index].model_call_id], missed)
 
-    def _discard(self, discarded: _Discard) -> None:
+    def abandon(self, abandoned: _Abandon) -> None:
+        self._unmarked.pop((abandoned.rollout_id, abandoned.model_call_id), None)  # marked below anyway
+        self._stats.failures += 1
+        self._stats.last_failure = abandoned.reason  # logged by the middleware, with its traceback
+        self.mark_incomplete(abandoned.rollout_id, [abandoned.model_call_id], abandoned.reason)
+
+    def discard(self, discarded: _Discard) -> None:
         rid, mcid = discarded.rollout_id, discarded.model_call_id
+        self._unmarked.pop((rid, mcid), None)  # not a model call: nothing a freeze could miss
         try:
             if discarded.marked:  # its "+" is on disk: a freeze elsewhere must not take it for in flight
                 with (
@@ -91,30 +165,177 @@ class WriterFailures:
                 ):
                     self._state.markers.write(dirs, rid, [], [mcid])
         except OSError as exc:
-            _logger.error("could not end the in-flight marker of rollout %s, call %s: %s", rid, mcid, exc)
+            self._logger.error(
+                "could not end the in-flight marker of rollout %s, call %s: %s", rid, mcid, exc
+            )
         finally:
             self._state.calls.end(rid, [mcid])
 
-    def _mark_incomplete(self, rollout_id: str, model_call_ids: list[str], reason: str) -> None:
+    # -- marking incomplete, and what to do when even that fails ---------------------------------------
+
+    def mark_incomplete(self, rollout_id: str, model_call_ids: list[str], reason: str) -> None:
+        try:
+            self._write_marks(rollout_id, model_call_ids, reason)
+        except OSError as exc:
+            self._keep(rollout_id, model_call_ids, reason, exc)
+
+    def _write_marks(self, rollout_id: str, model_call_ids: list[str], reason: str) -> None:
+        with self._state.dirs(lock_timeout=self._lock_timeout) as dirs:
+            fenced_mark_incomplete(
+                self._state,
+                dirs,
+                rollout_id,
+                [(mcid, reason) for mcid in model_call_ids],
+                fsync=self._fsync,
+                check=self._fence,
+                file_mode=self._file_mode,
+            )
+
+    def _keep(self, rollout_id: str, model_call_ids: list[str], reason: str, exc: OSError) -> None:
+        """The marker refused the mark: record the loss in the reserve (blocks taken ahead of need), keep it
+        in memory, and retry it (:meth:`retry`)."""
+        offset = None
         try:
             with self._state.dirs(lock_timeout=self._lock_timeout) as dirs:
-                fenced_mark_incomplete(
-                    self._state,
-                    dirs,
-                    rollout_id,
-                    [(mcid, reason) for mcid in model_call_ids],
-                    fsync=self._fsync,
-                    check=self._fence,
-                    file_mode=self._file_mode,
+                self.prepare(dirs)  # a directory removed and made anew needs a new reserve
+                offset = self._reserve.record(rollout_id, model_call_ids, reason, self._fsync)
+        except OSError as reserve_exc:
+            self._logger.error("could not record the loss in the loss reserve either: %s", reserve_exc)
+        where = f"recorded in {self._reserve.label}" if offset is not None else "kept in memory only"
+        self._logger.error(
+            "could not mark rollout %s incomplete (%s): %d call(s) lost, %s; retried every %g s",
+            rollout_id,
+            describe(exc),
+            len(model_call_ids),
+            where,
+            RETRY_S,
+        )
+        self._unreported.setdefault(rollout_id, []).append(_Unreported(model_call_ids, reason, offset))
+        self._stats.unreported += len(model_call_ids)
+        self._next_retry = time.monotonic() + RETRY_S
+
+    def retry_in(self) -> float | None:
+        """Seconds until the next retry is due (``None``: nothing to retry)."""
+        if not self._unreported:
+            return None
+        return max(0.0, self._next_retry - time.monotonic())
+
+    def retry(self, force: bool = False) -> None:
+        """Try again to write every kept loss into its rollout's marker (and adopt the reserves of writers
+        that are gone); a loss written there has its reserve entry turned to reported."""
+        if not force and (not self._unreported or time.monotonic() < self._next_retry):
+            return
+        self._next_retry = time.monotonic() + RETRY_S
+        for rollout_id in list(self._unreported):
+            entries = self._unreported[rollout_id]
+            while entries:
+                entry = entries[0]
+                try:
+                    self._write_marks(rollout_id, entry.model_call_ids, entry.reason)
+                except OSError:
+                    break  # still refused: the next retry
+                entries.pop(0)
+                self._stats.unreported -= len(entry.model_call_ids)
+                if entry.offset is not None:
+                    self._report(entry.offset)
+            if not entries:
+                del self._unreported[rollout_id]
+                self._logger.warning(
+                    "rollout %s: the lost calls are in its incomplete marker now", rollout_id
                 )
+        if not self._unreported:
+            try:
+                self._reserve.overflow_reported(self._fsync)
+            except OSError as exc:
+                self._logger.error("could not update the loss reserve: %s", exc)
+        self._adopt()
+
+    def _report(self, offset: int) -> None:
+        try:
+            self._reserve.reported([offset], self._fsync)
+        except OSError as exc:  # the marker has the mark: the stale entry over-reports, never hides
+            self._logger.error("could not update the loss reserve: %s", exc)
+
+    def _adopt(self) -> None:
+        """Write the pending marks of reserves whose writers are gone (a crash), then remove those."""
+        try:
+            with self._state.dirs(create=False, lock_timeout=self._lock_timeout) as dirs:
+                for orphan in orphans(dirs, self._reserve.name):
+                    reported = []
+                    try:
+                        for offset, loss in orphan.losses:
+                            if loss.rollout_id:
+                                self._write_marks(loss.rollout_id, list(loss.model_call_ids), loss.reason)
+                            reported.append(offset)
+                    except OSError:
+                        pass
+                    finally:
+                        orphan.done(reported, self._fsync)
         except OSError as exc:
-            # The disk that refused the record may refuse the marker too; the log line is all that is left.
-            _logger.error("could not mark rollout %s incomplete: %s", rollout_id, exc)
+            self._logger.debug("no reserves to adopt in %s: %s", self._state.root, exc)
+
+    def close(self) -> None:
+        """At the writer's stop: one last try, then the reserve is closed (removed when nothing in it is
+        pending; kept, for ``check`` and for another writer to adopt, when something is)."""
+        self.retry(force=True)
+        if self._unreported:
+            self._logger.error(
+                "capture writer stopped with %d lost call(s) not in their rollouts' incomplete markers "
+                "(recorded in %s where it had room)",
+                self._stats.unreported,
+                self._reserve.label,
+            )
+        self._reserve.close()
+
+    # -- after close -------------------------------------------------------------------------------------
+
+    def after_close(self, rollout_id: str, model_call_id: str, item: _Item | None) -> None:
+        """A call handed to the writer after ``close``: counted, logged the first time, its rollout marked
+        incomplete (off the caller's thread: the caller may be an event loop), its waiter failed."""
+        self._stats.failures += 1
+        self._stats.after_close += 1
+        reason = "capture writer closed: the call ended after the writer stopped"
+        self._stats.last_failure = reason
+        if self._stats.after_close == 1:
+            self._logger.error(
+                "rollout %s, call %s: %s; marked incomplete (later ones are counted in "
+                "stats.after_close without a log line)",
+                rollout_id,
+                model_call_id,
+                reason,
+            )
+        with self._late_lock:
+            if self._late is None:
+                self._late = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="otel-capture-late")
+            late = self._late
+        try:
+            late.submit(self._mark_late, rollout_id, model_call_id, reason)
+        except RuntimeError:  # the interpreter is shutting down: no thread can write the mark
+            self._logger.error(
+                "rollout %s, call %s: could not be marked incomplete", rollout_id, model_call_id
+            )
+        if item is not None:
+            completions = Completions()
+            completions.resolve(item, WriterClosedError(reason))
+            completions.flush()
+
+    def _mark_late(self, rollout_id: str, model_call_id: str, reason: str) -> None:
+        try:
+            self._write_marks(rollout_id, [model_call_id], reason)
+        except OSError as exc:
+            self._logger.error("could not mark rollout %s incomplete: %s", rollout_id, exc)
+
+    def wait_late(self) -> None:
+        """Wait for the marks of calls that came after ``close`` (tests, and an orderly exit)."""
+        with self._late_lock:
+            late = self._late
+        if late is not None:
+            late.submit(lambda: None).result()
 
     def _fence(self, rollout_id: str) -> Fence | None:
         self._state.journal.refresh()
         return self._state.journal.fence(rollout_id)
 
 
-def _describe(exc: OSError) -> str:
+def describe(exc: OSError) -> str:
     return f"{type(exc).__name__}: {errno.errorcode.get(exc.errno or 0, '')} {exc.strerror or exc}".strip()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support import ReplayModelServer, recorded_json, serve, start_cli_proxy
+from support import ReplayModelServer, recorded_json, serve, start_cli_proxy, submit
 
 from otel_capture import CaptureStore, read_available_model_call_records
 
@@ -138,8 +138,9 @@ PLANTS = {
 
 # Everything the store and the writer do to a rollout, each step's outcome printed as one JSON line.
 EXERCISE = """
-    import json, os, sys
+    import asyncio, json, os, sys
     from otel_capture import CaptureStore
+    from otel_capture._sink import LoopWaiter
     from otel_capture._store.writer import JsonlWriter
 
     store = CaptureStore(sys.argv[1])
@@ -168,7 +169,16 @@ EXERCISE = """
     step("writer.begin", lambda: (writer.begin("r", "c1"), writer.flush(60)))
     line = json.dumps({"model_call_id": "c1", "dialect": "chat", "pad": "x" * 100_000}).encode() + b"\\n"
     tokens = b'{"model_call_id": "c1", "prompt_token_ids": [1]}\\n'
-    step("writer", lambda: writer.submit("r", line, "c1", tokens).result(60))
+    def submit_and_wait():
+        async def call():
+            loop = asyncio.get_running_loop()
+            waiter = LoopWaiter(loop, loop.create_future())
+            writer.submit("r", line, "c1", tokens, waiter)
+            await asyncio.wait_for(waiter.future, 60)
+
+        asyncio.run(call())
+
+    step("writer", submit_and_wait)
     writer.close(60)
     marker = os.path.join(sys.argv[1], "r.capture.incomplete")
     outcomes["marker"] = open(marker).read() if os.path.isfile(marker) else None
@@ -425,7 +435,7 @@ def test_data_files_are_kept_0600_even_when_they_existed_with_wider_modes(tmp_pa
         (root / name).write_bytes(b"")
         (root / name).chmod(mode)
     writer = JsonlWriter(root)
-    writer.submit("r", b'{"model_call_id":"c1"}\n', "c1", b'{"model_call_id":"c1"}\n').result(BOUND)
+    submit(writer, "r", b'{"model_call_id":"c1"}\n', "c1", b'{"model_call_id":"c1"}\n').result(BOUND)
     writer.close(BOUND)
     CaptureStore(root).mark_incomplete("r", "c2", "why")
     for name in ("r.capture.jsonl", "r.tokens.jsonl", "r.capture.incomplete"):
@@ -440,11 +450,11 @@ def test_a_directory_made_world_writable_under_a_running_writer_stops_capture_th
     root.mkdir(mode=0o700)
     writer = JsonlWriter(root)
     try:
-        writer.submit("r", b'{"model_call_id":"c1"}\n', "c1").result(BOUND)
+        submit(writer, "r", b'{"model_call_id":"c1"}\n', "c1").result(BOUND)
         before = _tree(root)
         root.chmod(0o777)
         with pytest.raises(UnsafeDirectoryError, match="world-writable"):
-            writer.submit("r", b'{"model_call_id":"c2"}\n', "c2").result(BOUND)
+            submit(writer, "r", b'{"model_call_id":"c2"}\n', "c2").result(BOUND)
         assert _tree(root) == before  # not even an incomplete marker is written there
         assert writer.stats.failures == 1
     finally:
@@ -466,7 +476,7 @@ def test_a_data_file_changed_under_a_running_writer_is_never_written_through(
     data = root / "r.capture.jsonl"
     writer = JsonlWriter(root)
     try:
-        writer.submit("r", b'{"model_call_id":"c1"}\n', "c1").result(BOUND)
+        submit(writer, "r", b'{"model_call_id":"c1"}\n', "c1").result(BOUND)
         if change == "symlink":
             data.unlink()
             data.symlink_to(outside / "notes.txt")
@@ -477,7 +487,7 @@ def test_a_data_file_changed_under_a_running_writer_is_never_written_through(
         else:
             data.chmod(0o644)
         before = _tree(outside)
-        future = writer.submit("r", b'{"model_call_id":"c2"}\n', "c2")
+        future = submit(writer, "r", b'{"model_call_id":"c2"}\n', "c2")
         if change in ("symlink", "hardlink"):
             with pytest.raises(DamagedEntryError):
                 future.result(BOUND)
@@ -527,12 +537,12 @@ def test_a_stripe_lock_file_replaced_by_a_link_under_a_running_writer_is_never_f
     root.mkdir(mode=0o700)
     writer = JsonlWriter(root)
     try:
-        writer.submit("r", b'{"model_call_id":"c1"}\n', "c1").result(BOUND)
+        submit(writer, "r", b'{"model_call_id":"c1"}\n', "c1").result(BOUND)
         lock = _lock_path(root, "r")
         lock.unlink()
         lock.symlink_to(outside / ("notes.txt" if target == "existing" else "planted.lock"))
         before = _tree(outside)
-        future = writer.submit("r", b'{"model_call_id":"c2"}\n', "c2")
+        future = submit(writer, "r", b'{"model_call_id":"c2"}\n', "c2")
         with pytest.raises(DamagedEntryError, match=r"locks/\d\d\.lock"):
             future.result(BOUND)
         assert _tree(outside) == before, "a planted stripe lock link was followed"
@@ -565,7 +575,7 @@ def test_a_stripe_lock_file_replaced_by_another_file_is_the_one_locked(tmp_path:
     root.mkdir(mode=0o700)
     writer = JsonlWriter(root, lock_timeout_s=0.5)
     try:
-        writer.submit("r", b'{"model_call_id":"c1"}\n', "c1").result(BOUND)
+        submit(writer, "r", b'{"model_call_id":"c1"}\n', "c1").result(BOUND)
         lock = _lock_path(root, "r")
         with subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(HOLD_NEW_LOCK), str(lock)],
@@ -574,13 +584,13 @@ def test_a_stripe_lock_file_replaced_by_another_file_is_the_one_locked(tmp_path:
         ) as holder:
             try:
                 assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
-                future = writer.submit("r", b'{"model_call_id":"c2"}\n', "c2")
+                future = submit(writer, "r", b'{"model_call_id":"c2"}\n', "c2")
                 with pytest.raises(LockTimeoutError, match=r"locks/\d\d\.lock"):
                     future.result(BOUND)
             finally:
                 holder.kill()
                 holder.wait(BOUND)
-        writer.submit("r", b'{"model_call_id":"c3"}\n', "c3").result(BOUND)
+        submit(writer, "r", b'{"model_call_id":"c3"}\n', "c3").result(BOUND)
         assert (root / "r.capture.jsonl").read_bytes() == b'{"model_call_id":"c1"}\n{"model_call_id":"c3"}\n'
     finally:
         writer.close(BOUND)
@@ -596,7 +606,7 @@ def test_the_writer_s_kept_stripe_lock_files_are_closed_when_it_stops(tmp_path: 
     writer = JsonlWriter(root)
     try:
         for i in range(200):
-            writer.submit(f"r{i}", b'{"model_call_id":"c1"}\n', "c1")
+            submit(writer, f"r{i}", b'{"model_call_id":"c1"}\n', "c1")
         assert writer.flush(BOUND)
         kept = _lock_fds(root)
         assert kept and len(kept) == len(set(kept)) <= 64

@@ -16,7 +16,7 @@ import openai
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from support import ReplayModelServer, serve
+from support import ReplayModelServer, serve, submit
 
 from otel_capture import (
     CaptureSettings,
@@ -69,8 +69,8 @@ def test_the_writer_fails_the_locked_rollout_and_goes_on_with_the_others(tmp_pat
     try:
         store.append_now("stuck", "c0", {"dialect": "chat"})
         with held_forever(store.data_path("stuck")):
-            locked = writer.submit("stuck", LINE % b"c1", "c1")
-            other = writer.submit("free", LINE % b"f1", "f1")
+            locked = submit(writer, "stuck", LINE % b"c1", "c1")
+            other = submit(writer, "free", LINE % b"f1", "f1")
             assert locked is not None and other is not None
             with pytest.raises(LockTimeoutError, match=r"stuck\.capture\.jsonl locked by another process"):
                 locked.result(BOUND)
@@ -80,8 +80,8 @@ def test_the_writer_fails_the_locked_rollout_and_goes_on_with_the_others(tmp_pat
             )
             assert "c1" in _reason(store, "stuck")
             # Later batches of the stuck rollout fail too (without another full wait); others go on.
-            again = writer.submit("stuck", LINE % b"c2", "c2")
-            more = writer.submit("free", LINE % b"f2", "f2")
+            again = submit(writer, "stuck", LINE % b"c2", "c2")
+            more = submit(writer, "free", LINE % b"f2", "f2")
             assert again is not None and more is not None
             with pytest.raises(LockTimeoutError, match=r"stuck\.capture\.jsonl locked by another process"):
                 again.result(BOUND)
@@ -90,7 +90,7 @@ def test_the_writer_fails_the_locked_rollout_and_goes_on_with_the_others(tmp_pat
             assert not store.is_incomplete("free")
             assert writer.stats.failures == 2
         # The holder is gone: the rollout is written again.
-        after = writer.submit("stuck", LINE % b"c3", "c3")
+        after = submit(writer, "stuck", LINE % b"c3", "c3")
         assert after is not None and after.result(BOUND) is None
         assert [r.model_call_id for r in read_model_call_records(store, "stuck")] == ["c0", "c3"]
     finally:

@@ -202,10 +202,13 @@ def test_gap_incomplete_with_and_without_records(tmp_path: Path) -> None:
     _mark_incomplete(tmp_path, "0-0")
     _mark_incomplete(tmp_path, "0-1")
     with_records = build_model_call_capture(tmp_path, "0-0")
-    assert with_records["gaps"] == [{"code": "model_call_capture_incomplete"}]
+    # the gap names what the marker says was lost ("?": its line names no call)
+    assert with_records["gaps"] == [{"code": "model_call_capture_incomplete", "detail": "?: disk full"}]
     assert len(with_records["calls"]) == 1
     # the marker says calls were made, so it is not "no records" (as in NeMo Gym)
-    assert build_model_call_capture(tmp_path, "0-1")["gaps"] == [{"code": "model_call_capture_incomplete"}]
+    assert build_model_call_capture(tmp_path, "0-1")["gaps"] == [
+        {"code": "model_call_capture_incomplete", "detail": "?: disk full"}
+    ]
 
 
 def test_gap_unreadable_when_the_read_fails(tmp_path: Path) -> None:
@@ -283,7 +286,7 @@ def test_gaps_from_several_directories_add_up(tmp_path: Path) -> None:
     attachment = build_model_call_capture([tmp_path / "a", tmp_path / "b", tmp_path / "c"], "r")
     assert attachment["gaps"] == [
         {"code": "model_call_capture_records_unreadable", "detail": "count=2"},
-        {"code": "model_call_capture_incomplete"},
+        {"code": "model_call_capture_incomplete", "detail": "?: disk full"},
     ]
     assert len(attachment["calls"]) == 2
 
