@@ -11,6 +11,7 @@ catches them all. Each one also keeps the built-in base it always had, so older 
     ├── DamagedEntryError (OSError)           a path of the store is not what the store made
     ├── LockTimeoutError (OSError)            a lock stayed held for the whole lock timeout
     ├── UnsafeDirectoryError (PermissionError) a capture directory others could write to
+    ├── WriterClosedError (RuntimeError)      a call reached the writer after it was closed
     └── CheckFailed (AssertionError)          a conformance check's rule was broken
 
 Capture itself never raises into a model call: these come from the store's API, the readers, the

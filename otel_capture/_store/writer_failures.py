@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .._errors import CaptureError
 from .dirstate import DirState
 from .fs import DirFds
 from .journal import Fence
@@ -34,7 +35,7 @@ RETRY_S = 0.5
 """Seconds between two tries to write the incomplete marks that could not be written."""
 
 
-class WriterClosedError(RuntimeError):
+class WriterClosedError(CaptureError, RuntimeError):
     """The call reached the writer after it was closed: its line is not written (the rollout is marked)."""
 
 
