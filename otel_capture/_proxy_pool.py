@@ -81,11 +81,12 @@ class _Pool:
             while True:  # 1xx interim answers (100 Continue) are skipped, as aiohttp does
                 try:
                     message, payload = await protocol.read()
-                except LineTooLong as exc:
-                    raise UpstreamHeadTooLarge(
-                        self._request_info(method, target), (), status=exc.code, message=str(exc)[:200]
-                    ) from exc
                 except HttpProcessingError as exc:  # a malformed answer (too many headers among them)
+                    # aiohttp re-raises its parser's error as a plain one, the original as its cause
+                    if isinstance(exc, LineTooLong) or isinstance(exc.__cause__, LineTooLong):
+                        raise UpstreamHeadTooLarge(
+                            self._request_info(method, target), (), status=exc.code, message=exc.message
+                        ) from exc
                     raise aiohttp.ClientResponseError(
                         self._request_info(method, target), (), status=exc.code, message=exc.message
                     ) from exc
