@@ -44,8 +44,8 @@ def _loads(data: str) -> JsonDict | None:
 
 def close_cut_json(raw: str | bytes) -> bytes | None:
     """A JSON text cut at a size cap, closed where it was cut: the unfinished string keeps what it had
-    (``{"delta": {"content": "abc`` gives ``{"delta": {"content": "abc"}}``), an unfinished number or
-    literal is dropped, open arrays and objects are closed. ``None`` when it does not begin as JSON.
+    (``{"delta": {"content": "abc`` gives ``{"delta": {"content": "abc"}}``), open arrays and objects
+    are closed, a value cut before it could be read is dropped. ``None`` when it does not begin as JSON.
     jiter's partial parse (in pydantic-core, which the Messages accumulator already uses for cut tool
     input) does it; an older pydantic-core without ``trailing-strings`` drops the unfinished string."""
     text = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
