@@ -17,7 +17,8 @@ import orjson
 from . import _attributes as A
 from ._content_encoding import ResponseDecoding, decoding_for
 from ._dialects import DIALECTS, Dialect, StreamAccumulator
-from ._dialects.sse import SSEDecoder
+from ._dialects.sse import SSEDecoder, SSEEvent
+from ._dialects.stream import close_cut_json
 from ._records import SCHEMA_VERSION, call_failed, encode_record_line
 from ._semconv import content_attributes, request_attributes, response_attributes
 from ._settings import CaptureSettings
@@ -187,7 +188,7 @@ class InFlightCall:
         self._decoding = decoding_for(content_encoding) if content_encoding else None
         if content_type.lower().lstrip().startswith("text/event-stream"):
             self.stream = True
-            self._decoder = SSEDecoder()
+            self._decoder = SSEDecoder(self.settings.max_body_bytes, keep_cut=True)  # an event over it: cut
             self._accumulator = self._spec.accumulator()
 
     def on_body(self, chunk: bytes) -> bool:
@@ -210,9 +211,19 @@ class InFlightCall:
                 self.ttft_ms = now_ms
             return False
         for event in self._decoder.feed(chunk):
+            if event.cut:
+                self._keep_cut(event)
             if self._accumulator.add(event) and self.ttft_ms is None:
                 self.ttft_ms = now_ms
         return self._accumulator.terminal is not None
+
+    def _keep_cut(self, event: SSEEvent) -> None:
+        """An event over the cap keeps its first ``max_body_bytes``: its JSON closed there, the record
+        flagged ``truncated`` (what the model said up to the cap, not an empty answer)."""
+        self.response.truncated = True
+        closed = close_cut_json(event.data)
+        if closed is not None:
+            event.data = closed.decode()
 
     @property
     def stream_complete(self) -> bool:
@@ -234,6 +245,8 @@ class InFlightCall:
         category = classify_status(self.status_code)
         if self._accumulator is not None and self._decoder is not None:
             for event in self._decoder.close():
+                if event.cut:
+                    self._keep_cut(event)
                 self._accumulator.add(event)
             self.response_obj = self._accumulator.result()
             terminal = self._accumulator.terminal
@@ -247,6 +260,8 @@ class InFlightCall:
                 self.failure = {"error": self._accumulator.error}
         elif not self.response.truncated:
             self.response_obj = parse_object(self.response.bytes())
+        elif self.response.size:  # over the cap: what it kept, its JSON closed at the cut (flagged truncated)
+            self.response_obj = parse_object(close_cut_json(self.response.bytes()) or b"")
         if exception is not None:
             if self.status_code is None:
                 self.status_code = 500  # what the server answers for an exception before the response start
@@ -263,6 +278,14 @@ class InFlightCall:
             category = "capture_parse_error"
         self.error_category = category
 
+    def release_bodies(self) -> None:
+        """Once the line is built: a call waiting until its record is durable holds only its line, not
+        the bodies and reassembly it was made from as well (200 cut streams at once: half the memory)."""
+        self.request.chunks = []
+        self.response.chunks = []
+        self._accumulator = self._decoder = None
+        self.request_obj = self.response_obj = None
+
     def _request_kept(self) -> bool:
         return self.request_obj is not None and not self.request.truncated
 
@@ -270,7 +293,7 @@ class InFlightCall:
         if self.stream:
             partial = self.error_category is not None or self.response_obj is None or self.response.truncated
             return partial or self.settings.keep_raw_stream
-        return self.response.size > 0 and self.response_obj is None
+        return self.response.size > 0 and (self.response_obj is None or self.response.truncated)
 
     def line(self, trace_id: int, span_id: int) -> bytes:
         """The record as one NeMo Gym 0.7.0 line (its keys first, in its order; ours after): the values
@@ -319,7 +342,7 @@ class InFlightCall:
     def _response_value(self) -> Any:
         if self.response_obj is None:
             return None
-        if self.stream:
+        if self.stream or self.response.truncated:
             return self.response_obj
         return _as_fragment(self.response.bytes(), self.response_obj)
 

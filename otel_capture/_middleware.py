@@ -333,6 +333,7 @@ class ModelCallCaptureMiddleware:
                     ),
                     LoopWaiter(loop, loop.create_future()),
                 )
+                call.release_bodies()
         except Exception as exc:
             _logger.exception("model-call capture failed while finishing a %s call", call.dialect)
             if sink is not None:

@@ -34,8 +34,8 @@ from yarl import URL
 
 from ._asgi import ASGIApp, Message, Receive, Scope, Send
 from ._middleware import SCOPE_RESPONSE_COMPLETE, ModelCallCaptureMiddleware
-from ._proxy_guards import RequestSizeLimit
-from ._proxy_pool import _Pool, _Response, _stale
+from ._proxy_guards import CallLimit, RequestSizeLimit
+from ._proxy_pool import MAX_HEADER_LINE_BYTES, UpstreamHeadTooLarge, _Pool, _Response, _stale
 from ._proxy_redirects import relocate
 from ._routing import server_span_details, unprefixed_raw_path
 from ._server_span import LeanServerSpanMiddleware
@@ -89,7 +89,9 @@ class UpstreamProxy:
         # credentials in the URL go as Basic auth, unless the client sends its own authorization
         auth = aiohttp.BasicAuth(base.user, base.password or "").encode() if base.user else None
         self._auth = b"authorization: " + auth.encode("latin-1") + b"\r\n" if auth else b""
-        self.timeout = (settings or ProxySettings()).upstream_timeout
+        settings = settings or ProxySettings()
+        self.timeout = settings.upstream_timeout
+        self.calls = CallLimit(settings.max_concurrent_calls)
         self._pool: _Pool | None = None
         self._fresh: _Pool | None = None  # no keep-alive: the retry of a stale connection
         self._closed = False  # after the lifespan's shutdown no pool is opened again (none left unclosed)
@@ -134,6 +136,16 @@ class UpstreamProxy:
             await pool.close()
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Inside the capture: a refused model call is recorded as answered (503, the reason in its body).
+        if not self.calls.enter():
+            await self.calls.refuse(send)
+            return
+        try:
+            await self._forward_one(scope, receive, send)
+        finally:
+            self.calls.leave()
+
+    async def _forward_one(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await _read_body(receive)
         if body is None:
             return  # the client left before sending its request
@@ -189,6 +201,13 @@ class UpstreamProxy:
         except asyncio.TimeoutError as exc:
             message = f"upstream {self.shown_upstream} timed out: {exc!r} (upstream timeout {self.timeout} s)"
             await _send_error(send, 504, "upstream_timeout", message)
+            return
+        except UpstreamHeadTooLarge as exc:
+            message = (
+                f"upstream {self.shown_upstream} sent a response header line over this proxy's limit of "
+                f"{MAX_HEADER_LINE_BYTES} bytes: {exc.message}"
+            )
+            await _send_error(send, 502, "upstream_header_too_large", message)
             return
         except aiohttp.ClientError as exc:
             await _send_error(
@@ -387,6 +406,20 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+# The kernel's send buffer for each client connection (accepted sockets inherit it from the listening one):
+# fixed instead of autotuned up to net.ipv4.tcp_wmem's maximum (4 MiB), so a client that stops reading holds
+# at most this much sent-but-unread in the proxy's kernel, and the proxy's writes then wait (uvicorn's
+# flow control, which pauses the relay and so the upstream read). Enough to keep a fast client's loopback
+# or LAN connection full (a model stream is far slower than this per round trip).
+CLIENT_SEND_BUFFER = 256 * 1024
+
+
+def limit_client_buffers(sock: socket.socket) -> socket.socket:
+    """Fix the send buffer of the connections ``sock`` will accept to :data:`CLIENT_SEND_BUFFER`."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CLIENT_SEND_BUFFER)
+    return sock
+
+
 def socket_url(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
@@ -452,7 +485,7 @@ def start_proxy(
     app = build_proxy_app(
         upstream, settings=settings, writer=writer, tracer_provider=tracer_provider, proxy=proxy
     )
-    sock = bind_socket(host, port)
+    sock = limit_client_buffers(bind_socket(host, port))
     server = uvicorn.Server(uvicorn.Config(app, **server_options(proxy)))
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="otel-capture-proxy", daemon=True

@@ -1,16 +1,25 @@
-"""The capture proxy's request-size limit, and :func:`redact_query`, the query string the HTTP server span
-is shown (every value ``REDACTED``, so ``?api_key=...`` never reaches a span).
+"""The capture proxy's request-size limit, its limit on calls at once (:class:`CallLimit`), and
+:func:`redact_query`, the query string the HTTP server span is shown (every value ``REDACTED``, so
+``?api_key=...`` never reaches a span).
 """
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
 import logging
+import time
+from collections.abc import Callable
 
 import orjson
 
 from ._asgi import ASGIApp, Message, Receive, Scope, Send
 
 _logger = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 1  # what a call refused for capacity is told to wait: calls end and free their place often
+_REFUSAL_LOG_INTERVAL_S = 60.0
+_TRIM_DELAY_S = 1.0  # idle this long after the last call: the allocator gives freed memory back
 
 
 def redact_query(query: bytes) -> bytes:
@@ -95,3 +104,93 @@ def _content_length(scope: Scope) -> int | None:
             text = bytes(value).strip()
             return int(text) if text.isdigit() else None
     return None
+
+
+class CallLimit:
+    """At most ``max_calls`` calls forwarded at once; :meth:`enter` says whether one more may go. What each
+    call holds is bounded (the relay's buffers and the record's copy of what the client was sent, up to the
+    body cap), so this bounds the proxy's memory under clients that read slowly or not at all. Refusals are
+    counted (``refused``) and logged the first time, then at most once a minute with their number.
+
+    When the last call ends, memory freed by the calls goes back to the system (``malloc_trim``, glibc):
+    the many mid-sized buffers a burst of streams leaves behind are otherwise kept by the allocator and the
+    process stays at its peak."""
+
+    def __init__(self, max_calls: int) -> None:
+        self.max_calls = max_calls
+        self.active = 0
+        self.refused = 0
+        self._logged_refusals = 0
+        self._next_log = 0.0
+        self._trim: asyncio.TimerHandle | None = None
+
+    def enter(self) -> bool:
+        if self.active >= self.max_calls:
+            self.refused += 1
+            now = time.monotonic()
+            if now >= self._next_log:
+                self._next_log = now + _REFUSAL_LOG_INTERVAL_S
+                _logger.warning(
+                    "%d call(s) refused with 503: %d already in flight (--max-concurrent-calls, %s)",
+                    self.refused - self._logged_refusals,
+                    self.active,
+                    "OTEL_CAPTURE_MAX_CONCURRENT_CALLS",
+                )
+                self._logged_refusals = self.refused
+            return False
+        self.active += 1
+        return True
+
+    def leave(self) -> None:
+        self.active -= 1
+        if not self.active and self._trim is None and _MALLOC_TRIM is not None:
+            # not at once: a lone call ending between two others does not pay for a trim each time
+            self._trim = asyncio.get_running_loop().call_later(_TRIM_DELAY_S, self._trim_if_idle)
+
+    def _trim_if_idle(self) -> None:
+        self._trim = None
+        if not self.active and _MALLOC_TRIM is not None:
+            _MALLOC_TRIM(0)
+
+    async def refuse(self, send: Send) -> None:
+        body = orjson.dumps(
+            {
+                "error": {
+                    "type": "proxy_over_capacity",
+                    "message": (
+                        f"this proxy forwards at most {self.max_calls} calls at once; retry after "
+                        f"{RETRY_AFTER_S} s (otel-capture proxy --max-concurrent-calls, "
+                        "OTEL_CAPTURE_MAX_CONCURRENT_CALLS)"
+                    ),
+                    "limit_calls": self.max_calls,
+                }
+            }
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 503,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"retry-after", str(RETRY_AFTER_S).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or ``None`` where there is none (musl, macOS): memory is then left to the
+    allocator."""
+    try:
+        libc = ctypes.CDLL(None)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+_MALLOC_TRIM = _malloc_trim()

@@ -17,13 +17,18 @@ import asyncio
 import aiohttp
 from aiohttp.client_reqrep import ClientRequest
 from aiohttp.connector import Connection
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from aiohttp.streams import EofStream
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 _CONNECTIONS = 256  # open upstream connections at most (calls beyond wait for one): 64+ concurrent calls
 _CONNECT_TIMEOUT = 30.0
+# The upstream's response head: each header line (and the status line) up to 64 KiB, at most 128 header
+# lines (aiohttp's count), so at most ~8 MiB of head per call in the worst case; a longer one gets the
+# client a 502 naming the limit (``UpstreamHeadTooLarge``), never a connection kept half-read.
+MAX_HEADER_LINE_BYTES = 64 * 1024
+MAX_HEADERS = 128
 
 
 def _stale(exc: BaseException) -> bool:
@@ -32,6 +37,10 @@ def _stale(exc: BaseException) -> bool:
     return isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)) and not isinstance(
         exc, aiohttp.ClientConnectorError
     )
+
+
+class UpstreamHeadTooLarge(aiohttp.ClientResponseError):
+    """The upstream's status line or a header line is over ``MAX_HEADER_LINE_BYTES``: not forwarded."""
 
 
 class _Pool:
@@ -68,6 +77,9 @@ class _Pool:
                 read_until_eof=True,  # an answer without a length ends when the upstream closes
                 auto_decompress=False,  # the client gets the upstream's bytes; the record decodes its copy
                 read_timeout=self._read_timeout,
+                max_line_size=MAX_HEADER_LINE_BYTES,
+                max_field_size=MAX_HEADER_LINE_BYTES,
+                max_headers=MAX_HEADERS,
             )
             request_line = method.encode("latin-1") + b" " + target + b" HTTP/1.1\r\n"
             transport.write(b"".join((request_line, self._host, headers, self._close, b"\r\n", body)))
@@ -75,7 +87,12 @@ class _Pool:
             while True:  # 1xx interim answers (100 Continue) are skipped, as aiohttp does
                 try:
                     message, payload = await protocol.read()
-                except HttpProcessingError as exc:  # a malformed answer
+                except HttpProcessingError as exc:  # a malformed answer (too many headers among them)
+                    # aiohttp re-raises its parser's error as a plain one, the original as its cause
+                    if isinstance(exc, LineTooLong) or isinstance(exc.__cause__, LineTooLong):
+                        raise UpstreamHeadTooLarge(
+                            self._request_info(method, target), (), status=exc.code, message=exc.message
+                        ) from exc
                     raise aiohttp.ClientResponseError(
                         self._request_info(method, target), (), status=exc.code, message=exc.message
                     ) from exc

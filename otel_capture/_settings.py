@@ -41,6 +41,7 @@ ENV_ALLOW_SHARED_DIR = "OTEL_CAPTURE_ALLOW_SHARED_DIR"
 ENV_UPSTREAM_TIMEOUT = "OTEL_CAPTURE_UPSTREAM_TIMEOUT"
 ENV_MAX_REQUEST_BYTES = "OTEL_CAPTURE_MAX_REQUEST_BYTES"
 ENV_SHUTDOWN_TIMEOUT = "OTEL_CAPTURE_SHUTDOWN_TIMEOUT"
+ENV_MAX_CONCURRENT_CALLS = "OTEL_CAPTURE_MAX_CONCURRENT_CALLS"
 ENV_LOCK_TIMEOUT = "OTEL_CAPTURE_LOCK_TIMEOUT_S"
 # standard
 ENV_TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
@@ -59,6 +60,9 @@ DEFAULT_CONTENT_MAX_LENGTH = 16 * 1024
 DEFAULT_DURABLE_TIMEOUT_S = 120.0  # a sync that takes longer is a hung disk: answer the call, mark it failed
 DEFAULT_UPSTREAM_TIMEOUT = 600.0  # seconds without a byte from the upstream: model calls are long
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024  # long contexts with several images fit
+# Calls the proxy forwards at once; beyond it a 503 with Retry-After. Each holds what its client has been
+# sent so far for the record (up to twice max_body_bytes: raw and reassembled): this bounds the sum.
+DEFAULT_MAX_CONCURRENT_CALLS = 1024
 DEFAULT_SHUTDOWN_TIMEOUT = 25  # inside the 30 s an orchestrator (Kubernetes) waits before SIGKILL
 DEFAULT_LOCK_TIMEOUT_S = 30.0  # a data file's flock is held for one append: longer is a stuck process
 # Headers that carry credentials: the proxy never puts their values on spans, whatever
@@ -262,6 +266,9 @@ class ProxySettings:
     never sits in memory. The captured copy has its own cap, :attr:`CaptureSettings.max_body_bytes`."""
     shutdown_timeout: int = DEFAULT_SHUTDOWN_TIMEOUT
     """Seconds SIGTERM/SIGINT wait for in-flight calls; then they are cancelled (recorded ``cancelled``)."""
+    max_concurrent_calls: int = DEFAULT_MAX_CONCURRENT_CALLS
+    """Calls forwarded at once; one more is answered ``503`` with ``Retry-After`` (and recorded, when it is
+    a captured model call, with that status): the proxy's memory is bounded by calls times what each holds."""
     sanitize_headers: tuple[str, ...] = SECRET_HEADERS
     """Header name patterns whose values the HTTP server span shows as ``[REDACTED]``: always
     :data:`SECRET_HEADERS`, plus ``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SANITIZE_FIELDS``."""
@@ -280,6 +287,7 @@ class ProxySettings:
         upstream_timeout: float | None = None,
         max_request_bytes: int | None = None,
         shutdown_timeout: int | None = None,
+        max_concurrent_calls: int | None = None,
     ) -> ProxySettings:
         env = os.environ if environ is None else environ
         headers = HeaderCaptureSettings.from_environ(env)
@@ -292,6 +300,13 @@ class ProxySettings:
             ),
             shutdown_timeout=_pick(
                 shutdown_timeout, env, (ENV_SHUTDOWN_TIMEOUT,), _positive_int, DEFAULT_SHUTDOWN_TIMEOUT
+            ),
+            max_concurrent_calls=_pick(
+                max_concurrent_calls,
+                env,
+                (ENV_MAX_CONCURRENT_CALLS,),
+                _positive_int,
+                DEFAULT_MAX_CONCURRENT_CALLS,
             ),
             sanitize_headers=headers.sanitize_headers,
             capture_request_headers=headers.capture_request_headers,

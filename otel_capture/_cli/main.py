@@ -71,6 +71,13 @@ def _parser() -> argparse.ArgumentParser:
         help="on SIGTERM/SIGINT, cancel calls still running after this long (default: "
         "$OTEL_CAPTURE_SHUTDOWN_TIMEOUT, else 25)",
     )
+    proxy.add_argument(
+        "--max-concurrent-calls",
+        type=_positive(int),
+        metavar="N",
+        help="answer 503 with Retry-After to calls beyond N at once (default: "
+        "$OTEL_CAPTURE_MAX_CONCURRENT_CALLS, else 1024)",
+    )
 
     ls = commands.add_parser(
         "ls",
@@ -198,7 +205,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _proxy(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from .._proxy import bind_socket, build_proxy_app, display_url, server_options, socket_url
+    from .._proxy import (
+        bind_socket,
+        build_proxy_app,
+        display_url,
+        limit_client_buffers,
+        server_options,
+        socket_url,
+    )
     from .._settings import ENV_CAPTURE_DIR, ENV_UPSTREAM, CaptureSettings, WriterSettings
 
     settings = CaptureSettings.from_environ()
@@ -208,7 +222,7 @@ def _proxy(args: argparse.Namespace) -> int:
 
         check_directory(writer.directory, allow_shared=writer.allow_shared_directory)
     proxy = _proxy_settings(args)
-    sock = bind_socket(args.host, args.port)
+    sock = limit_client_buffers(bind_socket(args.host, args.port))
     if args.host not in ("127.0.0.1", "::1", "localhost"):
         print(
             f"otel-capture: warning: binding {args.host}: the proxy is reachable from other machines",
@@ -241,17 +255,25 @@ def _proxy(args: argparse.Namespace) -> int:
 def _proxy_settings(args: argparse.Namespace) -> ProxySettings:
     """The flags, else the variables. With ``--workers`` each worker builds its app from the environment,
     so the values are handed down as variables too."""
-    from .._settings import ENV_MAX_REQUEST_BYTES, ENV_SHUTDOWN_TIMEOUT, ENV_UPSTREAM_TIMEOUT, ProxySettings
+    from .._settings import (
+        ENV_MAX_CONCURRENT_CALLS,
+        ENV_MAX_REQUEST_BYTES,
+        ENV_SHUTDOWN_TIMEOUT,
+        ENV_UPSTREAM_TIMEOUT,
+        ProxySettings,
+    )
 
     proxy = ProxySettings.from_environ(
         upstream_timeout=args.upstream_timeout,
         max_request_bytes=args.max_request_bytes,
         shutdown_timeout=args.shutdown_timeout,
+        max_concurrent_calls=args.max_concurrent_calls,
     )
     if args.workers > 1:
         os.environ[ENV_UPSTREAM_TIMEOUT] = repr(proxy.upstream_timeout)
         os.environ[ENV_MAX_REQUEST_BYTES] = str(proxy.max_request_bytes)
         os.environ[ENV_SHUTDOWN_TIMEOUT] = str(proxy.shutdown_timeout)
+        os.environ[ENV_MAX_CONCURRENT_CALLS] = str(proxy.max_concurrent_calls)  # each worker's own cap
     return proxy
 
 

@@ -15,7 +15,9 @@ still returns the pending event (a server that forgets the last blank line has s
 
 Memory is bounded by ``max_line_bytes``: a line longer than that (complete or not) is discarded and its
 length added to :attr:`SSEDecoder.dropped_bytes`; so is the data of an event whose ``data:`` lines add up
-to more than that. The result does not depend on how the bytes were chunked.
+to more than that. The result does not depend on how the bytes were chunked. With ``keep_cut=True`` (what
+the capture uses) such a line or event is not dropped but cut: its first ``max_line_bytes`` are kept and
+the event is dispatched with ``cut=True``, so a record shows what an oversized event began with.
 
 It runs on every chunk of every captured stream, so it works per line with ``bytes.find``/``split``, never
 per byte.
@@ -38,6 +40,7 @@ class SSEEvent:
 
     event: str | None
     data: str
+    cut: bool = False  # its data is only the first max_line_bytes of what was sent (keep_cut)
 
 
 class SSEDecoder:
@@ -51,7 +54,9 @@ class SSEDecoder:
         "_data_size",
         "_discarding_line",
         "_event",
+        "_event_cut",
         "_event_overflow",
+        "_keep_cut",
         "_max_line_bytes",
         "_skip_lf",
         "_started",
@@ -59,10 +64,12 @@ class SSEDecoder:
         "dropped_bytes",
     )
 
-    def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+    def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, *, keep_cut: bool = False) -> None:
         if max_line_bytes < 1:
             raise ValueError("max_line_bytes must be at least 1")
         self._max_line_bytes = max_line_bytes
+        self._keep_cut = keep_cut
+        self._event_cut = False
         self.dropped_bytes = 0
         self._tail = bytearray()  # the incomplete last line, never longer than max_line_bytes
         self._skip_lf = False  # the previous chunk ended in CR: a leading LF completes that CRLF
@@ -101,14 +108,19 @@ class SSEDecoder:
                 chunk = chunk[1:]
                 if not chunk:
                     return []
+        events: list[SSEEvent] = []
         if self._discarding_line:
             chunk = self._discard_to_line_end(chunk)
+            if not self._discarding_line and self._tail:  # a cut line ended: its kept start is the line
+                line = bytes(self._tail)
+                self._tail.clear()
+                self._process_line(line, events, cut=True)
             if not chunk:
-                return []
+                return events
         end = max(chunk.rfind(b"\n"), chunk.rfind(b"\r"))
         if end < 0:
             self._extend_tail(chunk)
-            return []
+            return events
         if chunk[end] == 0x0D and end == len(chunk) - 1:
             self._skip_lf = True
         if self._tail:
@@ -116,7 +128,6 @@ class SSEDecoder:
             self._tail.clear()
         else:
             complete = chunk[: end + 1]
-        events: list[SSEEvent] = []
         self._process_lines(complete, events)
         rest = chunk[end + 1 :]
         if rest:
@@ -126,10 +137,10 @@ class SSEDecoder:
     def close(self) -> list[SSEEvent]:
         """End of stream: return the pending event, if it has data, and reset the decoder."""
         events: list[SSEEvent] = []
-        if self._tail and not self._discarding_line:
+        if self._tail:  # kept only when whole, or cut (keep_cut)
             line = bytes(self._tail)
             self._tail.clear()
-            self._process_line(line, events)
+            self._process_line(line, events, cut=self._discarding_line)
         self._tail.clear()
         self._discarding_line = False
         self._skip_lf = False
@@ -157,8 +168,13 @@ class SSEDecoder:
 
     def _extend_tail(self, part: bytes) -> None:
         if len(self._tail) + len(part) > self._max_line_bytes:
-            self.dropped_bytes += len(self._tail) + len(part)
-            self._tail.clear()
+            if self._keep_cut:
+                room = self._max_line_bytes - len(self._tail)
+                self._tail += part[:room]
+                self.dropped_bytes += len(part) - room
+            else:
+                self.dropped_bytes += len(self._tail) + len(part)
+                self._tail.clear()
             self._discarding_line = True
         else:
             self._tail += part
@@ -191,11 +207,15 @@ class SSEDecoder:
         check = len(complete) > cap
         for line in lines:
             if check and len(line) > cap:
-                self.dropped_bytes += len(line)
+                if self._keep_cut:
+                    self.dropped_bytes += len(line) - cap
+                    self._process_line(line[:cap], events, cut=True)
+                else:
+                    self.dropped_bytes += len(line)
                 continue
             self._process_line(line, events)
 
-    def _process_line(self, raw: bytes, events: list[SSEEvent]) -> None:
+    def _process_line(self, raw: bytes, events: list[SSEEvent], cut: bool = False) -> None:
         if not raw:
             self._started = True
             self._dispatch(events)
@@ -213,15 +233,23 @@ class SSEDecoder:
         if value[:1] == " ":
             value = value[1:]
         if field == "data":
-            self._add_data(value, len(raw))
+            self._add_data(value, len(raw), cut)
         elif field == "event":
             self._event = value or None
 
-    def _add_data(self, value: str, raw_size: int) -> None:
+    def _add_data(self, value: str, raw_size: int, cut: bool = False) -> None:
         if self._event_overflow:
             self.dropped_bytes += raw_size
             return
         self._data_size += raw_size
+        self._event_cut = self._event_cut or cut
+        if self._data_size > self._max_line_bytes and self._keep_cut:
+            room = max(self._max_line_bytes - (self._data_size - raw_size), 0)
+            self.dropped_bytes += raw_size - room
+            self._data.append(value[:room])
+            self._data_size = self._max_line_bytes
+            self._event_cut = self._event_overflow = True
+            return
         if self._data_size > self._max_line_bytes:
             self.dropped_bytes += self._data_size
             self._data.clear()
@@ -232,7 +260,8 @@ class SSEDecoder:
 
     def _dispatch(self, events: list[SSEEvent]) -> None:
         if self._data:
-            events.append(SSEEvent(self._event, "\n".join(self._data)))
+            events.append(SSEEvent(self._event, "\n".join(self._data), self._event_cut))
+        self._event_cut = False
         self._event = None
         self._data = []
         self._data_size = 0

@@ -10,6 +10,7 @@ import logging
 from typing import Any, Literal, Protocol
 
 import orjson
+from pydantic_core import from_json
 
 from .sse import SSEEvent
 
@@ -39,6 +40,23 @@ def _loads(data: str) -> JsonDict | None:
     except ValueError:  # orjson.JSONDecodeError, and surrogates that are not valid UTF-8
         return None
     return obj if isinstance(obj, dict) else None
+
+
+def close_cut_json(raw: str | bytes) -> bytes | None:
+    """A JSON text cut at a size cap, closed where it was cut: the unfinished string keeps what it had
+    (``{"delta": {"content": "abc`` gives ``{"delta": {"content": "abc"}}``), open arrays and objects
+    are closed, a value cut before it could be read is dropped. ``None`` when it does not begin as JSON.
+    jiter's partial parse (in pydantic-core, which the Messages accumulator already uses for cut tool
+    input) does it; an older pydantic-core without ``trailing-strings`` drops the unfinished string."""
+    text = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    try:
+        try:
+            value = from_json(text, allow_partial="trailing-strings")
+        except TypeError:  # pydantic-core before 2.22
+            value = from_json(text, allow_partial=True)
+    except ValueError:
+        return None
+    return orjson.dumps(value)
 
 
 def _event_type(payload: JsonDict, event: SSEEvent) -> str | None:

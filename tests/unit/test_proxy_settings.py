@@ -17,6 +17,7 @@ def test_defaults_fit_long_model_calls_with_images() -> None:
     assert settings.upstream_timeout == 600
     assert settings.max_request_bytes == 64 * 1024 * 1024
     assert settings.shutdown_timeout == 25
+    assert settings.max_concurrent_calls == 1024
     assert settings.sanitize_headers == SECRET_HEADERS
 
 
@@ -33,6 +34,12 @@ def test_variables_then_constructor() -> None:
     assert (given.upstream_timeout, given.max_request_bytes, given.shutdown_timeout) == (9, 7, 1)
 
 
+def test_the_call_cap_comes_from_its_variable_unless_given() -> None:
+    env = {"OTEL_CAPTURE_MAX_CONCURRENT_CALLS": "8"}
+    assert ProxySettings.from_environ(env).max_concurrent_calls == 8
+    assert ProxySettings.from_environ(env, max_concurrent_calls=3).max_concurrent_calls == 3
+
+
 @pytest.mark.parametrize(
     ("name", "raw", "field"),
     [
@@ -41,6 +48,8 @@ def test_variables_then_constructor() -> None:
         ("OTEL_CAPTURE_UPSTREAM_TIMEOUT", "nan", "upstream_timeout"),
         ("OTEL_CAPTURE_MAX_REQUEST_BYTES", "-1", "max_request_bytes"),
         ("OTEL_CAPTURE_SHUTDOWN_TIMEOUT", "1.5", "shutdown_timeout"),
+        ("OTEL_CAPTURE_MAX_CONCURRENT_CALLS", "0", "max_concurrent_calls"),
+        ("OTEL_CAPTURE_MAX_CONCURRENT_CALLS", "many", "max_concurrent_calls"),
     ],
 )
 def test_a_bad_value_is_logged_by_name_and_the_default_kept(

@@ -188,3 +188,36 @@ def test_whole_event_chunks_respect_the_line_cap() -> None:
     decoder = SSEDecoder(max_line_bytes=8)
     assert decoder.feed(b"data: a\n\n") + decoder.feed(b"data: 1234\n\n") == [SSEEvent(None, "a")]
     assert decoder.dropped_bytes == len(b"data: 1234")
+
+
+@pytest.mark.parametrize("piece", [1, 7, 64, 10_000])
+def test_keep_cut_keeps_the_start_of_an_oversized_event_whatever_the_chunking(piece: int) -> None:
+    raw = b'data: {"d": "' + b"x" * 200 + b'"}\n\n' + b"data: next\n\n"
+    decoder = SSEDecoder(max_line_bytes=64, keep_cut=True)
+    events = [e for start in range(0, len(raw), piece) for e in decoder.feed(raw[start : start + piece])]
+    events += decoder.close()
+    assert events == [SSEEvent(None, '{"d": "' + "x" * (64 - 6 - 7), cut=True), SSEEvent(None, "next")]
+    assert decoder.dropped_bytes == len(raw) - len(b"data: next\n\n") - 64 - 2
+
+
+def test_keep_cut_cuts_an_event_whose_data_lines_add_up_past_the_cap() -> None:
+    decoder = SSEDecoder(max_line_bytes=16, keep_cut=True)
+    events = decoder.feed(b"data: 0123456789\ndata: abcdefghij\ndata: more\n\n")
+    assert events == [SSEEvent(None, "0123456789\n", cut=True)]
+
+
+def test_a_stream_ending_inside_a_cut_line_keeps_its_start() -> None:
+    decoder = SSEDecoder(max_line_bytes=10, keep_cut=True)
+    assert decoder.feed(b"data: abcdefghijklmnop") == []
+    assert decoder.close() == [SSEEvent(None, "abcd", cut=True)]
+
+
+def test_close_cut_json_keeps_the_unfinished_string() -> None:
+    from otel_capture._dialects.stream import close_cut_json
+
+    assert (
+        close_cut_json('{"choices": [{"delta": {"content": "abc')
+        == b'{"choices":[{"delta":{"content":"abc"}}]}'
+    )
+    assert close_cut_json(b'{"a": 1, "b": [true, "x') == b'{"a":1,"b":[true,"x"]}'
+    assert close_cut_json("not json") is None
