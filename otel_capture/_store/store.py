@@ -31,6 +31,7 @@ from .fs import flock_within, open_file, problem, read_all
 from .journal import no_hook
 from .lifecycle import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX, FileLifecycle
 from .types import DamagedEntryError
+from .weight import declare, declared_versions, validate_weight_version
 
 _logger = logging.getLogger(__name__)
 
@@ -151,6 +152,38 @@ class CaptureStore(FileLifecycle):
     def is_incomplete(self, rollout_id: str) -> bool:
         """Whether the marker exists (whatever it is: a damaged marker says something went wrong too)."""
         return os.path.lexists(self.incomplete_path(rollout_id))
+
+    # -- the declared weight version and calls in flight (docs/lifecycle.md) ------------------------
+
+    def set_weight_version(self, version: str | int) -> None:
+        """Declare the weight (policy) version in force from now on for every call captured in this
+        directory (by any writer, on any node sharing it, from its next batch): one ``fsync``-ed line in
+        ``.otel-capture/weight_versions``. A record's ``weight_version`` is the version in force when its
+        call started (unless the caller sent one), ``weight_version_at_end`` the one when it finished, if
+        different. Raises ``ValueError`` for an empty, over-long or unprintable version."""
+        text = validate_weight_version(version)
+        with self._dirs() as dirs:
+            declare(dirs, text, self._fsync)
+
+    def weight_version(self) -> str | None:
+        """The version declared last (``None`` before any declaration)."""
+        view = declared_versions(self.root)
+        view.refresh()
+        return view.current
+
+    def calls_in_flight(self, rollout_id: str) -> dict[str, float | None]:
+        """The rollout's calls begun and not yet recorded, in this process and in every process whose
+        writer has written their in-flight marker, each with when that marker was written (UTC Unix
+        seconds; ``None`` for a call of this process without one yet, or a marker written without it).
+        A call begun less than the writer's marker delay (20 ms) ago in another process is not seen."""
+        rid = validate_rollout_id(rollout_id)
+        self._state.journal.refresh()
+        pending = self._pending(rid)
+        try:
+            since = self._state.markers.since(self.root, rid)
+        except DamagedEntryError:
+            since = {}
+        return {mcid: since.get(mcid) for mcid in sorted(pending)}
 
     def rollout_ids(self) -> list[str]:
         """Every rollout with a data, token or incomplete file that is a regular file, sorted: the one

@@ -78,6 +78,7 @@ from .fs import DIR_MODE, FILE_MODE, AppendFiles, check_directory, make_root
 from .lifecycle_io import fenced_append
 from .locks import LockFiles
 from .types import CaptureFrozenError, LockTimeoutError
+from .weight import DeclaredVersions, declared_versions, stamp_batch
 from .writer_failures import WriterFailures
 from .writer_items import _Abandon, _Barrier, _Begin, _Discard, _Item
 
@@ -171,6 +172,7 @@ class JsonlWriter(WriterFailures):
         self._idle = False  # the thread is blocked with nothing to time: a begin must wake it
         self._files = AppendFiles()  # data files kept open between batches (thread only)
         self._lock_files = LockFiles()  # stripe lock files kept open between batches (thread only)
+        self.weights: DeclaredVersions = declared_versions(self.root)  # refreshed once per batch
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="otel-capture-writer", daemon=True)
         self._thread.start()
@@ -210,11 +212,16 @@ class JsonlWriter(WriterFailures):
         model_call_id: str,
         tokens_line: bytes | None = None,
         waiter: LoopWaiter | None = None,
+        weight: tuple[str | None, float | None, float | None] | None = None,
     ) -> concurrent.futures.Future[None] | None:
         """Queue one line (ending in ``\\n``), and its token line if any; the future resolves when both
         are durable, or with the error that kept them off disk. With a ``waiter`` the thread resolves the
-        waiter alone and ``None`` is returned (no ``concurrent.futures.Future`` is made for it)."""
-        item = _Item(validate_rollout_id(rollout_id), line, model_call_id, tokens_line, waiter=waiter)
+        waiter alone and ``None`` is returned (no ``concurrent.futures.Future`` is made for it). With
+        ``weight`` (the caller's weight version, the call's start and end), the declared weight versions are
+        added to the line in its batch (:func:`.weight.stamp_batch`)."""
+        item = _Item(
+            validate_rollout_id(rollout_id), line, model_call_id, tokens_line, waiter=waiter, weight=weight
+        )
         if waiter is None:
             item.future = concurrent.futures.Future()
         if self._closed:
@@ -327,6 +334,7 @@ class JsonlWriter(WriterFailures):
                     break
             begins = self._due_begins(batch, abandons, discards, force=stop or bool(barriers))
             if batch or begins:
+                stamp_batch(self.weights, batch)  # the declared weight version: one stat per batch
                 try:
                     self._write_batch(batch, begins)
                 except Exception as exc:  # a bug here must fail the calls, never leave them waiting forever

@@ -20,6 +20,9 @@ class _Item:
     """None when a ``waiter`` is given (the middleware's route): the thread resolves the waiter alone."""
     waiter: LoopWaiter | None = None
     resolved: bool = False
+    weight: tuple[str | None, float | None, float | None] | None = None
+    """(caller's weight version, started_at, completed_at): the declared versions are added to ``line`` in
+    its batch (:func:`.weight.stamp_batch`); ``None``: the line is written as it is."""
 
 
 @dataclass(slots=True)
