@@ -99,13 +99,12 @@ def span_weight_attributes(
     writer last read it (``sink.weight_versions``; no I/O here, so a declaration is seen from the writer's
     next batch on, while the record's own values are read in the batch that writes it)."""
     view = getattr(sink, "weight_versions", None)
-    admitted = caller
-    if admitted is None and view is not None:
-        admitted = view.at(started_at)
+    declared = view.at(started_at) if view is not None else None
+    admitted = caller if caller is not None else declared
     attributes: dict[str, Any] = {}
     if admitted is not None:
         attributes[A.WEIGHT_VERSION] = admitted
     at_end = view.at(completed_at) if view is not None else None
-    if at_end is not None and at_end != admitted:
+    if at_end is not None and at_end != declared:  # the weights changed while the call ran
         attributes[A.WEIGHT_VERSION_AT_END] = at_end
     return attributes

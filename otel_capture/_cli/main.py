@@ -88,6 +88,14 @@ def _parser() -> argparse.ArgumentParser:
     delete.add_argument("dir")
     delete.add_argument("rollout_ids", nargs="+", metavar="ID")
 
+    weight = commands.add_parser(
+        "weight-version", help="declare the weight (policy) version in force for a capture directory"
+    )
+    weight.add_argument("dir")
+    weight.add_argument(
+        "version", nargs="?", help="the version to declare; without it, print the current one"
+    )
+
     demo = commands.add_parser("demo", help="run a few rollouts against a real tiny model through the proxy")
     demo.add_argument("--upstream", help="use this model server instead of starting the embedded tiny model")
     demo.add_argument("--capture-dir", help="where records go (default: a new temporary directory)")
@@ -118,6 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _check(args)
         if args.command in ("ls", "retire", "delete"):
             return _lifecycle(args)
+        if args.command == "weight-version":
+            return _weight_version(args)
         if args.command == "demo":
             return _run_demo()(
                 upstream=args.upstream,
@@ -296,6 +306,26 @@ def _lifecycle(args: argparse.Namespace) -> int:
     for rollout_id, reason in result["failed"].items():
         print(f"otel-capture: error: {args.command} {rollout_id}: {reason}", file=sys.stderr)
     return EXIT_ERROR if result["failed"] else EXIT_OK
+
+
+def _weight_version(args: argparse.Namespace) -> int:
+    """Declare ``version`` for the directory (what a trainer runs when it syncs weights), or print the
+    version declared last (nothing, exit 1, before any declaration)."""
+    from .._store import CaptureStore
+
+    store = CaptureStore(args.dir)
+    if not store.root.is_dir():
+        print(f"otel-capture: error: {args.dir} is not a directory", file=sys.stderr)
+        return EXIT_ERROR
+    if args.version is not None:
+        store.set_weight_version(args.version)
+        return EXIT_OK
+    current = store.weight_version()
+    if current is None:
+        print(f"otel-capture: no weight version declared for {args.dir}", file=sys.stderr)
+        return EXIT_ERROR
+    print(current)
+    return EXIT_OK
 
 
 def _run_demo() -> Callable[..., int]:

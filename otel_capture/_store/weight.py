@@ -188,7 +188,8 @@ def stamp_batch(view: DeclaredVersions, items: Iterable[_Stamped]) -> None:
     """The writer's hook, once per batch: refresh the view (one ``stat``), then add the declared versions
     to each line that asks for them (:attr:`_Stamped.weight`): ``weight_version`` (in force when the call
     started; only when the caller sent none) and ``weight_version_at_end`` (in force when it finished; only
-    when it differs). Never raises: a view that cannot be read leaves the lines as they are (logged)."""
+    when it differs from the one in force when it started: the weights changed while it ran, whatever
+    version the caller sent). Never raises: a view that cannot be read leaves the lines as they are (logged)."""
     try:
         view.refresh()
     except Exception as exc:  # the records are written either way; only their declared version is unknown
@@ -200,12 +201,12 @@ def stamp_batch(view: DeclaredVersions, items: Iterable[_Stamped]) -> None:
         if weight is None:
             continue
         caller, started_at, completed_at = weight
-        admitted = caller if caller is not None else view.at(started_at)
+        declared = view.at(started_at)
         values: dict[str, str] = {}
-        if caller is None and admitted is not None:
-            values["weight_version"] = admitted
+        if caller is None and declared is not None:
+            values["weight_version"] = declared
         at_end = view.at(completed_at)
-        if at_end is not None and at_end != admitted:
+        if at_end is not None and at_end != declared:  # the weights changed while the call ran
             values["weight_version_at_end"] = at_end
         if values:
             try:
