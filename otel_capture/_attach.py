@@ -39,8 +39,9 @@ Ours, added where they tell more (NeMo Gym's readers ignore unknown codes):
 
 - ``model_call_capture_in_flight``, ``detail: "<model_call_id>: began by <UTC time>, still in flight after
   <wait_s> s (<dir>)"`` (one per call; also ``model_call_capture_incomplete``): the call had not ended when
-  the wait did. The time is when its in-flight marker was written, at most the marker delay (20 ms) and one
-  writer batch after the call began (``began at an unknown time``: no marker yet, a call of this process);
+  the wait did. The time bounds its start from above: the earlier of when its in-flight marker was written
+  (at most the marker delay, 20 ms, and one writer batch after it began; the marker holds only the call's
+  id and that time) and when the wait first saw it in flight;
 - ``model_call_capture_not_dropped``, ``detail: "<dir>: <why>"`` (``drop=True`` only): that directory's
   snapshot was not dropped (it changed after the freeze, say a call marked incomplete since); the rollout
   stays frozen there, its records kept: retire it once the attachment is safe;
@@ -211,7 +212,8 @@ def _gaps(reads: Sequence[_DirectoryRead]) -> list[dict[str, str]]:
     damaged = sum(available.damaged for available in readable)
     incomplete = any(available.incomplete for available in readable)
     found_anything = any(available.records or available.damaged for available in readable)
-    if not found_anything and not incomplete and all(read.available is not None for read in reads):
+    in_flight = any(read.in_flight for read in reads)
+    if not (found_anything or incomplete or in_flight) and all(read.available is not None for read in reads):
         gaps.append({"code": GAP_NO_RECORDS})
     if damaged:
         gaps.append({"code": GAP_RECORDS_UNREADABLE, "detail": f"count={damaged}"})
@@ -219,7 +221,7 @@ def _gaps(reads: Sequence[_DirectoryRead]) -> list[dict[str, str]]:
         torn = read.available.torn_tail_line if read.available is not None else None
         if torn is not None:
             gaps.append({"code": GAP_TORN_TAIL, "detail": f"{read.path}:{torn.line_number}"})
-    if incomplete or any(read.in_flight for read in reads):
+    if incomplete or in_flight:
         gaps.append({"code": GAP_INCOMPLETE})
     for read in reads:
         gaps.extend({"code": GAP_IN_FLIGHT, "detail": detail} for detail in read.in_flight)
@@ -291,8 +293,9 @@ class FrozenCapture:
 
 
 def _wait_until_quiet(stores: Sequence[CaptureStore], rollout_id: str, wait_s: float) -> dict[str, float]:
-    """Wait until no call of the rollout is in flight in any of ``stores`` or ``wait_s`` has passed; when
-    each call still in flight at the end was first seen (its marker's time, else when this wait saw it)."""
+    """Wait until no call of the rollout is in flight in any of ``stores`` or ``wait_s`` has passed; for
+    each call seen in flight, the earliest time it is known to have been running (its marker's time, or
+    when this wait first saw it): an upper bound of its start."""
     deadline = time.monotonic() + max(wait_s, 0.0)
     delay = _POLL_S[0]
     seen: dict[str, float] = {}
@@ -308,7 +311,8 @@ def _wait_until_quiet(stores: Sequence[CaptureStore], rollout_id: str, wait_s: f
                 continue
             for mcid, since in calls.items():
                 busy = True
-                seen[mcid] = since if since is not None else seen.get(mcid, time.time())
+                known = [t for t in (since, seen.get(mcid)) if t is not None]
+                seen[mcid] = min(known) if known else time.time()
         if not busy or time.monotonic() >= deadline:
             return seen
         time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
@@ -325,7 +329,8 @@ def _in_flight_detail(mcid: str, since: float | None, wait_s: float, store: Capt
 def _freeze_directory(
     store: CaptureStore, rollout_id: str, seen: dict[str, float], wait_s: float
 ) -> tuple[_DirectoryRead, CaptureSnapshot | None]:
-    if not os.path.isdir(store.root):  # never created by a writer: nothing here, and none is made
+    if not os.path.isdir(store.root) and not store.calls_in_flight(rollout_id):
+        # never created by a writer, and no call of this process on its way to it: nothing here, none made
         return _DirectoryRead(store, str(store.data_path(rollout_id)), AvailableRecords(records=[])), None
     try:
         snapshot = store.freeze_now(rollout_id)
@@ -360,7 +365,7 @@ def freeze_model_call_capture(
     :meth:`FrozenCapture.drop` once the attachment is safe. Raises ``ValueError`` for a bad id only."""
     validate_rollout_id(rollout_id)
     targets = as_stores(stores)
-    seen = _wait_until_quiet([s for s in targets if os.path.isdir(s.root)], rollout_id, wait_s)
+    seen = _wait_until_quiet(targets, rollout_id, wait_s)
     reads: list[_DirectoryRead] = []
     frozen = FrozenCapture(rollout_id, {})
     for store in targets:
