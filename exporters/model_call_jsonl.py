@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from otel_capture import WriterSettings
 from otel_capture._sink import FinishedCall
 from otel_capture._store import LIBC_SYNCFS, JsonlWriter, WriterStats
+from otel_capture._store.weight import DeclaredVersions
 
 _logger = logging.getLogger(__name__)
 
@@ -73,6 +74,12 @@ class ModelCallJsonlExporter(SpanExporter):
         return str(self._writer.root) if self._writer else None
 
     @property
+    def weight_versions(self) -> DeclaredVersions | None:
+        """The directory's declared weight versions as the writer last read them (no I/O): what the
+        middleware puts on a call's span."""
+        return self._writer.weights if self._writer else None
+
+    @property
     def stats(self) -> WriterStats:
         return self._writer.stats if self._writer else WriterStats()
 
@@ -91,7 +98,12 @@ class ModelCallJsonlExporter(SpanExporter):
             )
             return
         self._writer.submit(
-            call.rollout_id, call.line, call.model_call_id, call.tokens_line, waiter=call.waiter
+            call.rollout_id,
+            call.line,
+            call.model_call_id,
+            call.tokens_line,
+            waiter=call.waiter,
+            weight=call.weight,
         )
 
     def abandon_call(self, rollout_id: str, model_call_id: str, reason: str) -> None:

@@ -11,7 +11,13 @@ from ._agent import (
     url_path_for_request,
     url_path_for_run,
 )
-from ._attach import attach_model_call_capture, build_model_call_capture, clear_model_call_captures
+from ._attach import (
+    FrozenCapture,
+    attach_model_call_capture,
+    build_model_call_capture,
+    clear_model_call_captures,
+    freeze_model_call_capture,
+)
 from ._correlation import (
     ROLLOUT_ID_PATTERN,
     InvalidRolloutIdError,
@@ -69,6 +75,7 @@ __all__ = [
     "CorrelationSettings",
     "DamagedEntryError",
     "FinishedCall",
+    "FrozenCapture",
     "IncompleteCall",
     "InvalidLine",
     "InvalidRolloutIdError",
@@ -93,6 +100,7 @@ __all__ = [
     "clear_model_call_captures",
     "current_rollout_id",
     "extract_tokens",
+    "freeze_model_call_capture",
     "inject_rollout_baggage",
     "instrument_http_client",
     "is_valid_rollout_id",

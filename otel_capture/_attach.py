@@ -5,9 +5,17 @@ The flow of a collector (NeMo Gym's ``rollout_collection``):
 1. stamp each row to dispatch (``_ng_attempt_index`` on a retry), then
    :func:`clear_model_call_captures` for the rows' rollout ids, so a reused id starts empty;
 2. dispatch; the agent's calls are captured under the rollout id (``/ng-rollout/<id>/`` or baggage);
-3. :func:`attach_model_call_capture` on each result record: it adds
-   ``ng_model_call_capture = {"rollout_id", "metrics", "calls", "gaps"?}`` and changes nothing else;
-4. write the records durably, then retire the captures.
+3. :func:`attach_model_call_capture` on each result record: it waits (up to ``wait_s``) until no call of
+   the rollout is in flight in any directory, freezes the rollout in every directory, and adds
+   ``ng_model_call_capture = {"rollout_id", "metrics", "calls", "gaps"?}`` built from exactly those
+   snapshots, changing nothing else; with ``drop=True`` it then drops exactly those snapshots (never a
+   plain retire: a directory that changed after its snapshot is not dropped, and says so in a gap);
+4. write the records durably (with ``drop=False``: then drop the snapshots, :class:`FrozenCapture`).
+
+A call still in flight when the wait ends is frozen out: its line, when it comes, is dropped by the fence
+(the proxy counts it in ``late_write_dropped``) and the attachment names it in a gap. So is a call that
+arrives after the freeze. A call begun less than the writer's marker delay (20 ms) before the freeze in
+another process has no in-flight marker yet: nothing names it, and its line is dropped by the fence.
 
 **Several directories** (one per node) are read together. When a rollout's records come from one
 directory, ``call_index`` is exactly NeMo Gym's (the line's position in its file, damaged lines counted).
@@ -31,6 +39,15 @@ key to a call in the store.
 
 Ours, added where they tell more (NeMo Gym's readers ignore unknown codes):
 
+- ``model_call_capture_in_flight``, ``detail: "<model_call_id>: began by <UTC time>, still in flight after
+  <wait_s> s (<dir>)"`` (one per call; also ``model_call_capture_incomplete``): the call had not ended when
+  the wait did. The time bounds its start from above: the earlier of when its in-flight marker was written
+  (at most the marker delay, 20 ms, and one writer batch after it began; the marker holds only the call's
+  id and that time) and when the wait first saw it in flight;
+- ``model_call_capture_not_dropped``, ``detail: "<dir>: <why>"`` (``drop=True`` only): that directory's
+  snapshot was not dropped (it changed after the freeze, say a call marked incomplete since); the rollout
+  stays frozen there, its records kept: retire it once the attachment is safe;
+
 - ``model_call_capture_torn_tail``, ``detail: "<data file>:<line number>"`` (one per directory that has
   one): the data file ends in a line without its newline, a writer died mid-append. It is reported, never parsed, and also
   counted in ``model_call_capture_records_unreadable``, so NeMo Gym's health checks treat it as NeMo Gym
@@ -39,11 +56,14 @@ Ours, added where they tell more (NeMo Gym's readers ignore unknown codes):
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 import os
+import time
 from collections.abc import Iterable, Iterator, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, TypeAlias
 
 from ._agent import maybe_rollout_id_from_run_body
@@ -51,12 +71,15 @@ from ._correlation import validate_rollout_id
 from ._records import ModelCallRecord, aggregate_model_call_records
 from ._store import (
     AvailableRecords,
+    CaptureRetiredError,
+    CaptureSnapshot,
     CaptureStore,
     RemovalResult,
     empty_result,
     read_available_model_call_records,
     validate_rollout_ids,
 )
+from ._store.lifecycle_io import INFLIGHT_REASON
 
 _logger = logging.getLogger(__name__)
 
@@ -68,6 +91,10 @@ GAP_RECORDS_UNREADABLE = "model_call_capture_records_unreadable"
 GAP_INCOMPLETE = "model_call_capture_incomplete"
 GAP_UNREADABLE = "model_call_capture_unreadable"
 GAP_TORN_TAIL = "model_call_capture_torn_tail"
+GAP_IN_FLIGHT = "model_call_capture_in_flight"
+GAP_NOT_DROPPED = "model_call_capture_not_dropped"
+DEFAULT_WAIT_S = 5.0
+_POLL_S = (0.005, 0.1)  # the wait looks again after 5 ms, doubling up to 100 ms
 _NAMED = 20  # calls an incomplete gap names
 
 StoreLike: TypeAlias = "CaptureStore | str | os.PathLike[str]"
@@ -143,6 +170,7 @@ class _DirectoryRead:
     available: AvailableRecords | None  # None: the read failed
     error: str | None = None
     lost: tuple[str, ...] = ()  # "<model_call_id>: <reason>" of each call the marker (or a reserve) names
+    in_flight: tuple[str, ...] = ()  # gap details of the calls a freeze found in flight
 
 
 def _read_directory(store: CaptureStore, rollout_id: str) -> _DirectoryRead:
@@ -191,7 +219,8 @@ def _gaps(reads: Sequence[_DirectoryRead]) -> list[dict[str, str]]:
     damaged = sum(available.damaged for available in readable)
     incomplete = any(available.incomplete for available in readable)
     found_anything = any(available.records or available.damaged for available in readable)
-    if not found_anything and not incomplete and all(read.available is not None for read in reads):
+    in_flight = any(read.in_flight for read in reads)
+    if not (found_anything or incomplete or in_flight) and all(read.available is not None for read in reads):
         gaps.append({"code": GAP_NO_RECORDS})
     if damaged:
         gaps.append({"code": GAP_RECORDS_UNREADABLE, "detail": f"count={damaged}"})
@@ -199,7 +228,7 @@ def _gaps(reads: Sequence[_DirectoryRead]) -> list[dict[str, str]]:
         torn = read.available.torn_tail_line if read.available is not None else None
         if torn is not None:
             gaps.append({"code": GAP_TORN_TAIL, "detail": f"{read.path}:{torn.line_number}"})
-    if incomplete:
+    if incomplete or in_flight:
         lost = [entry for read in reads for entry in read.lost]
         gap = {"code": GAP_INCOMPLETE}
         if lost:
@@ -207,9 +236,25 @@ def _gaps(reads: Sequence[_DirectoryRead]) -> list[dict[str, str]]:
             gap["detail"] = "; ".join(lost[:_NAMED]) + more
         gaps.append(gap)
     for read in reads:
+        gaps.extend({"code": GAP_IN_FLIGHT, "detail": detail} for detail in read.in_flight)
+    for read in reads:
         if read.available is None:
             gaps.append({"code": GAP_UNREADABLE, "detail": read.error or "read failed"})
     return gaps
+
+
+def _attachment(rollout_id: str, reads: Sequence[_DirectoryRead], include_payloads: bool) -> dict[str, Any]:
+    records = _merged_records(reads)
+    exclude = None if include_payloads else set(PAYLOAD_FIELDS)
+    attachment: dict[str, Any] = {
+        "rollout_id": rollout_id,
+        "metrics": aggregate_model_call_records(records),
+        "calls": [record.model_dump(mode="json", exclude=exclude) for record in records],
+    }
+    gaps = _gaps(reads)
+    if gaps:
+        attachment["gaps"] = gaps
+    return attachment
 
 
 def build_model_call_capture(
@@ -225,17 +270,123 @@ def build_model_call_capture(
     """
     validate_rollout_id(rollout_id)
     reads = [_read_directory(store, rollout_id) for store in as_stores(stores)]
-    records = _merged_records(reads)
-    exclude = None if include_payloads else set(PAYLOAD_FIELDS)
-    attachment: dict[str, Any] = {
-        "rollout_id": rollout_id,
-        "metrics": aggregate_model_call_records(records),
-        "calls": [record.model_dump(mode="json", exclude=exclude) for record in records],
-    }
-    gaps = _gaps(reads)
-    if gaps:
-        attachment["gaps"] = gaps
-    return attachment
+    return _attachment(rollout_id, reads, include_payloads)
+
+
+# --- attaching from a snapshot ----------------------------------------------------------------------------
+
+
+@dataclass
+class FrozenCapture:
+    """A rollout frozen in every directory and its attachment, built from exactly those snapshots.
+
+    :meth:`drop` retires exactly those snapshots (a directory whose rollout changed since is left frozen
+    and reported). ``snapshots`` pairs each directory with its snapshot; a directory that does not exist
+    or could not be frozen has none."""
+
+    rollout_id: str
+    attachment: dict[str, Any]
+    snapshots: list[tuple[CaptureStore, CaptureSnapshot]] = field(default_factory=list)
+
+    def drop(self) -> dict[str, str]:
+        """Drop each directory's snapshot; ``{directory: why}`` for those not dropped (empty: all were)."""
+        failed: dict[str, str] = {}
+        for store, snapshot in self.snapshots:
+            try:
+                dropped = store.drop_now(
+                    self.rollout_id, snapshot_id=snapshot.snapshot_id, version=snapshot.version
+                )
+            except Exception as exc:  # reported, never raised: the attachment is made already
+                failed[str(store.root)] = f"{type(exc).__name__}: {exc}"
+                continue
+            if not dropped:
+                failed[str(store.root)] = "the rollout changed after its snapshot (not dropped; still frozen)"
+        return failed
+
+
+def _wait_until_quiet(stores: Sequence[CaptureStore], rollout_id: str, wait_s: float) -> dict[str, float]:
+    """Wait until no call of the rollout is in flight in any of ``stores`` or ``wait_s`` has passed; for
+    each call seen in flight, the earliest time it is known to have been running (its marker's time, or
+    when this wait first saw it): an upper bound of its start."""
+    deadline = time.monotonic() + max(wait_s, 0.0)
+    delay = _POLL_S[0]
+    seen: dict[str, float] = {}
+    while True:
+        busy = False
+        for store in stores:
+            try:
+                calls = store.calls_in_flight(rollout_id)
+            except Exception as exc:  # the freeze that follows reports what it can
+                _logger.warning(
+                    "cannot list the calls in flight of %s in %s: %s", rollout_id, store.root, exc
+                )
+                continue
+            for mcid, since in calls.items():
+                busy = True
+                known = [t for t in (since, seen.get(mcid)) if t is not None]
+                seen[mcid] = min(known) if known else time.time()
+        if not busy or time.monotonic() >= deadline:
+            return seen
+        time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
+        delay = min(delay * 2, _POLL_S[1])
+
+
+def _in_flight_detail(mcid: str, since: float | None, wait_s: float, store: CaptureStore) -> str:
+    began = "began at an unknown time"
+    if since is not None:
+        began = "began by " + datetime.fromtimestamp(since, timezone.utc).isoformat(timespec="milliseconds")
+    return f"{mcid}: {began}, still in flight after {wait_s:g} s ({store.root})"
+
+
+def _freeze_directory(
+    store: CaptureStore, rollout_id: str, seen: dict[str, float], wait_s: float
+) -> tuple[_DirectoryRead, CaptureSnapshot | None]:
+    if not os.path.isdir(store.root) and not store.calls_in_flight(rollout_id):
+        # never created by a writer, and no call of this process on its way to it: nothing here, none made
+        return _DirectoryRead(store, str(store.data_path(rollout_id)), AvailableRecords(records=[])), None
+    try:
+        snapshot = store.freeze_now(rollout_id)
+    except CaptureRetiredError:
+        return _read_directory(store, rollout_id), None  # retired: its records are gone, its calls unknown
+    except Exception as exc:  # an unfreezable directory is a gap, never a crash
+        _logger.warning("cannot freeze rollout %s in %s: %s", rollout_id, store.root, exc, exc_info=True)
+        return _DirectoryRead(store, str(store.data_path(rollout_id)), None, f"{store.root}: {exc}"), None
+    read = _read_directory(store, rollout_id)  # the damage, the torn tail and the marker, as ever
+    in_flight = tuple(
+        _in_flight_detail(call.model_call_id, seen.get(call.model_call_id), wait_s, store)
+        for call in snapshot.incomplete_calls
+        if call.reason == INFLIGHT_REASON
+    )
+    if read.available is not None:  # the calls are exactly the snapshot's
+        read = dataclasses.replace(
+            read, available=dataclasses.replace(read.available, records=list(snapshot.records))
+        )
+    return dataclasses.replace(read, in_flight=in_flight), snapshot
+
+
+def freeze_model_call_capture(
+    stores: Stores,
+    rollout_id: str,
+    *,
+    wait_s: float = DEFAULT_WAIT_S,
+    include_payloads: bool = False,
+) -> FrozenCapture:
+    """Wait up to ``wait_s`` seconds until no call of the rollout is in flight in any directory, freeze it
+    in every directory that exists (none is created), and build its ``ng_model_call_capture`` from exactly
+    those snapshots (calls still in flight become gaps naming them). Nothing is dropped: call
+    :meth:`FrozenCapture.drop` once the attachment is safe. Raises ``ValueError`` for a bad id only."""
+    validate_rollout_id(rollout_id)
+    targets = as_stores(stores)
+    seen = _wait_until_quiet(targets, rollout_id, wait_s)
+    reads: list[_DirectoryRead] = []
+    frozen = FrozenCapture(rollout_id, {})
+    for store in targets:
+        read, snapshot = _freeze_directory(store, rollout_id, seen, wait_s)
+        reads.append(read)
+        if snapshot is not None:
+            frozen.snapshots.append((store, snapshot))
+    frozen.attachment = _attachment(rollout_id, reads, include_payloads)
+    return frozen
 
 
 def attach_model_call_capture(
@@ -244,8 +395,18 @@ def attach_model_call_capture(
     *,
     rollout_id: str | None = None,
     include_payloads: bool = False,
+    wait_s: float = DEFAULT_WAIT_S,
+    drop: bool = False,
 ) -> dict[str, Any]:
-    """Add ``ng_model_call_capture`` to a rollout record; return what was added.
+    """Add ``ng_model_call_capture`` to a rollout record, from a snapshot; return what was added.
+
+    Waits up to ``wait_s`` seconds until no call of the rollout is in flight in any directory, freezes it
+    in each, and attaches exactly those snapshots (:func:`freeze_model_call_capture`): a call still in
+    flight is a gap naming it, a call arriving later is refused by the fence. With ``drop`` the snapshots
+    are then dropped (exactly them, never a plain retire); a directory that changed since is left frozen
+    and named in a ``model_call_capture_not_dropped`` gap. ``drop`` frees the captures before the record is
+    written: a collector that must never lose a call to a crash passes ``drop=False`` and drops the
+    snapshots of :func:`freeze_model_call_capture` once its records are durable.
 
     The rollout id is ``rollout_id`` if given, else the one the record names (NeMo Gym's rules:
     ``_ng_rollout_id``, else ``{_ng_task_index}-{_ng_rollout_index}``, ``-a{n}`` for attempts > 0),
@@ -264,6 +425,13 @@ def attach_model_call_capture(
                 "the record names no rollout (no _ng_rollout_id, _ng_task_index or _ng_rollout_index);"
                 " pass rollout_id="
             )
-    attachment = build_model_call_capture(stores, rollout_id, include_payloads=include_payloads)
+    frozen = freeze_model_call_capture(stores, rollout_id, wait_s=wait_s, include_payloads=include_payloads)
+    attachment = frozen.attachment
+    if drop:
+        for directory, why in frozen.drop().items():
+            _logger.warning("rollout %s in %s: %s", rollout_id, directory, why)
+            attachment.setdefault("gaps", []).append(
+                {"code": GAP_NOT_DROPPED, "detail": f"{directory}: {why}"}
+            )
     record[ATTACHMENT_KEY] = attachment
     return attachment

@@ -64,6 +64,11 @@ ROLLOUT_ID_BAGGAGE = "rollout.id.baggage"  # set only when baggage disagreed wit
 MODEL_CALL_ID = "otel_capture.model_call.id"
 MODEL_CALL_DIALECT = "otel_capture.model_call.dialect"  # the uncorrelated-calls counter's; not on spans (provider + openai.api.type say it)
 MODEL_CALL_ROLLOUT_SOURCE = "otel_capture.rollout.source"  # "url_prefix", "header" or "baggage"
+# The weight (policy) version (docs/attachment.md, "Weight versions"): in force at admission, declared at
+# the end when it differs, and what the engine reported.
+WEIGHT_VERSION = "otel_capture.weight_version"
+WEIGHT_VERSION_AT_END = "otel_capture.weight_version_at_end"
+ENGINE_WEIGHT_VERSION = "otel_capture.engine_weight_version"
 
 OPERATION_CHAT = "chat"
 

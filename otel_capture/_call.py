@@ -22,6 +22,7 @@ from ._dialects.stream import close_cut_json
 from ._records import SCHEMA_VERSION, call_failed, encode_record_line
 from ._semconv import content_attributes, request_attributes, response_attributes
 from ._settings import CaptureSettings
+from ._weight import engine_weight_version
 
 _logger = logging.getLogger(__name__)
 
@@ -139,6 +140,7 @@ class InFlightCall:
         settings: CaptureSettings,
         *,
         session_id: str | None = None,
+        weight_version: str | None = None,
     ) -> None:
         # 128 random bits as 32 hex digits, like NeMo Gym's uuid4().hex; from `random` (reseeded after fork,
         # as the OpenTelemetry SDK's span ids are) because os.urandom is a ~10 us syscall per call here
@@ -148,6 +150,7 @@ class InFlightCall:
         self.rollout_id = rollout_id
         self.settings = settings
         self.session_id = session_id
+        self.weight_version = weight_version  # the caller's (x-weight-version or baggage), if it sent one
         # One clock reading starts both the record's latency and the span (start_time_ns, end_time_ns): a
         # span's duration in a tracing backend is the record's latency_ms
         self.start_time_ns = time.time_ns()
@@ -332,6 +335,11 @@ class InFlightCall:
             record["truncated"] = True
         if self.failure is not None:
             record["failure"] = self.failure
+        engine_version = engine_weight_version(self.response_obj)
+        if engine_version is not None:
+            record["engine_weight_version"] = engine_version
+        if self.weight_version is not None:
+            record["weight_version"] = self.weight_version
         return encode_record_line(record)
 
     def _request_value(self) -> Any:
@@ -384,6 +392,9 @@ class InFlightCall:
             attributes.setdefault(A.GEN_AI_RESPONSE_FINISH_REASONS, ["error"])
         if self.error_category is not None:
             attributes[A.ERROR_TYPE] = self.error_category
+        engine_version = engine_weight_version(self.response_obj)
+        if engine_version is not None:
+            attributes[A.ENGINE_WEIGHT_VERSION] = engine_version
         return attributes
 
     def content_attributes(self, max_length: int) -> dict[str, str]:

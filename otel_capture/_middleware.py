@@ -51,6 +51,7 @@ from ._settings import JSONL_EXPORTER, CaptureSettings
 from ._sink import CallSink, FinishedCall, LoopWaiter, SinkLookup, find_sink
 from ._spans import SpanGate
 from ._version import __version__
+from ._weight import caller_weight_version, span_weight_attributes, without_weight_version_header
 
 _logger = logging.getLogger(__name__)
 
@@ -165,7 +166,15 @@ class ModelCallCaptureMiddleware:
     ) -> None:
         assert found.dialect is not None and found.rollout_id is not None  # found.captured
         rollout_id, headers = found.rollout_id, found.headers
-        call = InFlightCall(found.dialect, rollout_id, self.settings, session_id=R.session_id(headers))
+        weight_version = caller_weight_version(headers)  # the header is not forwarded, as x-rollout-id is not
+        scope = without_weight_version_header(scope)
+        call = InFlightCall(
+            found.dialect,
+            rollout_id,
+            self.settings,
+            session_id=R.session_id(headers),
+            weight_version=weight_version,
+        )
         start = _CallStart(sink, rollout_id, call.model_call_id)
         body_messages, disconnected = await _read_request(receive)
         call.set_request(b"".join(m.get("body", b"") for m in body_messages))
@@ -308,6 +317,10 @@ class ModelCallCaptureMiddleware:
             if recording or attributes is not None:
                 end_attributes = call.end_attributes()
                 if recording:
+                    end_attributes.update(
+                        span_weight_attributes(call.weight_version, call.started_at, call.completed_at, sink)
+                    )
+                if recording:
                     span.set_attributes(end_attributes)  # the start attributes are on the span already
                 if attributes is not None:
                     attributes.update(end_attributes)
@@ -332,6 +345,7 @@ class ModelCallCaptureMiddleware:
                         call.response_obj, rollout_id=call.rollout_id, model_call_id=call.model_call_id
                     ),
                     LoopWaiter(loop, loop.create_future()),
+                    (call.weight_version, call.started_at, call.completed_at),
                 )
                 call.release_bodies()
         except Exception as exc:

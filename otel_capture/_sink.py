@@ -48,6 +48,9 @@ class FinishedCall:
     line: bytes  # one JSON object ending in "\n"
     tokens_line: bytes | None  # the call's <id>.tokens.jsonl line, when the upstream returned tokens
     waiter: LoopWaiter
+    # (the caller's weight version, started_at, completed_at): the writer adds the declared weight versions
+    # to the line in the batch that writes it (otel_capture._store.weight); None: the line as it is
+    weight: tuple[str | None, float | None, float | None] | None = None
 
 
 @runtime_checkable

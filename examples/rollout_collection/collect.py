@@ -11,9 +11,15 @@ The loop, as a NeMo Gym style collector runs it:
 3. the agent calls the model server through the capture proxy at ``base_url_for_run(proxy, row)``, so
    every call lands in ``<capture-dir>/<rollout_id>.capture.jsonl``;
 4. each result becomes a rollout record with ``ng_model_call_capture`` attached
-   (:func:`attach_model_call_capture`) and is written to ``--out`` as one JSON line;
-5. once the round's records are on disk (fsynced), their captures are retired. A rollout that failed every
-   attempt gets no record; its attempts' captures stay in the capture directory for inspection.
+   (:func:`attach_model_call_capture` with ``drop=True``: it waits up to ``wait_s`` for the rollout's calls
+   still in flight, freezes the rollout, attaches exactly that snapshot and drops exactly it; a call still
+   running then is a gap naming it, and its late line is refused by the fence), and the record is written to
+   ``--out`` as one JSON line, flushed and ``fsync``-ed once per round. A rollout that failed every attempt
+   gets no record; its attempts' captures stay in the capture directory for inspection.
+
+``drop=True`` lets the captures go before the record that carries them is durable (a crash in between
+loses those calls): a collector that cannot afford that freezes with :func:`freeze_model_call_capture` and
+calls :meth:`FrozenCapture.drop` after its ``fsync`` (``docs/attachment.md``).
 
 A task with ``"environment_failures": n`` simulates an environment that crashes on the first ``n``
 attempts, after the agent's first model call, to show a retry and where the failed attempt's call goes.
@@ -54,6 +60,7 @@ MAX_TOKENS = 8
 MAX_ATTEMPTS = 2
 PARALLEL = 4  # the tiny model serves four calls at once
 CALL_TIMEOUT_S = 120.0
+WAIT_S = 5.0  # how long attaching waits for a rollout's calls still in flight (the default)
 
 Say = Callable[[str], None]
 
@@ -194,7 +201,7 @@ def collect(
                     summary.failed_attempts.append(rollout_id)
                     continue
                 record = {**row, **outcome}
-                attachment = attach_model_call_capture(record, store)
+                attachment = attach_model_call_capture(record, store, wait_s=WAIT_S, drop=True)
                 gaps = [gap["code"] for gap in attachment.get("gaps", [])]
                 say(
                     f"  {rollout_id}: {len(attachment['calls'])} calls attached"
@@ -202,13 +209,10 @@ def collect(
                 )
                 records.write(json.dumps(record) + "\n")
                 written.append(attachment["rollout_id"])
-            # The records must be durable before their captures are retired. Retiring keeps a fence, so a
-            # straggling call of a finished rollout cannot recreate its file.
+            # The snapshots were dropped as attached (a drop keeps a fence, so a straggling call of a
+            # finished rollout cannot recreate its file); the records are made durable once per round.
             records.flush()
             os.fsync(records.fileno())
-            retired = store.retire_now(written)
-            for rollout_id, reason in retired["failed"].items():
-                say(f"  {rollout_id}: could not retire its captures ({reason}); retire it again later")
             summary.written += written
             pending = failed
     summary.given_up = [rollout_id_of(row) for row in pending]

@@ -150,6 +150,20 @@ def _parser() -> argparse.ArgumentParser:
     delete.add_argument("dir", metavar="DIR", help="the capture directory")
     delete.add_argument("rollout_ids", nargs="+", metavar="ID")
 
+    weight = commands.add_parser(
+        "weight-version",
+        help="declare the weight (policy) version in force for a capture directory",
+        description="Declare the weight (policy) version in force from now on for every call captured in a "
+        "directory, as a trainer does when it syncs new weights: every writer sharing the directory, on any "
+        "node, stamps it on the records of calls it admits from its next batch (weight_version, and "
+        "weight_version_at_end when the weights changed while a call ran). Without VERSION, print the "
+        "version declared last (exit 1 if none was).",
+    )
+    weight.add_argument("dir", metavar="DIR", help="the capture directory")
+    weight.add_argument(
+        "version", nargs="?", help="the version to declare; without it, print the current one"
+    )
+
     demo = commands.add_parser(
         "demo",
         help="run a few rollouts against a real tiny model through the proxy",
@@ -186,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _check(args)
         if args.command in ("ls", "freeze", "retire", "delete"):
             return _lifecycle(args)
+        if args.command == "weight-version":
+            return _weight_version(args)
         if args.command == "demo":
             return _run_demo()(
                 upstream=args.upstream,
@@ -415,6 +431,26 @@ def _freeze(store: CaptureStore, rollout_ids: list[str]) -> int:
 
 def _count(n: int, what: str) -> str:
     return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def _weight_version(args: argparse.Namespace) -> int:
+    """Declare ``version`` for the directory (what a trainer runs when it syncs weights), or print the
+    version declared last (nothing, exit 1, before any declaration)."""
+    from .._store import CaptureStore
+
+    store = CaptureStore(args.dir)
+    if not store.root.is_dir():
+        print(f"otel-capture: error: {args.dir} is not a directory", file=sys.stderr)
+        return EXIT_ERROR
+    if args.version is not None:
+        store.set_weight_version(args.version)
+        return EXIT_OK
+    current = store.weight_version()
+    if current is None:
+        print(f"otel-capture: no weight version declared for {args.dir}", file=sys.stderr)
+        return EXIT_ERROR
+    print(current)
+    return EXIT_OK
 
 
 def _run_demo() -> Callable[..., int]:

@@ -33,6 +33,7 @@ CALL_HEADERS = (
     "latency ms",
     "ttft ms",
     "error",
+    "weight",
 )
 CALL_RIGHT = frozenset({0, 3, 4, 5, 6, 7})
 ROLLOUT_HEADERS = ("rollout", "state", "calls", "errors", "tokens in", "tokens out", "incomplete")
@@ -122,7 +123,24 @@ def _call_row(record: ModelCallRecord) -> list[str]:
         _cell(record.latency_total_ms),
         _cell(record.latency_ttft_ms),
         _cell(record.error_category),
+        weight_cell(record),
     ]
+
+
+def weight_cell(record: ModelCallRecord) -> str:
+    """The call's weight version: ``7``; ``7->8`` when the declared version changed while it ran; the
+    engine's own when it differs, ``7 (engine 6)``; ``-`` when none is known."""
+    admitted, at_end, engine = (
+        record.weight_version,
+        record.weight_version_at_end,
+        record.engine_weight_version,
+    )
+    cell = admitted or MISSING
+    if at_end:
+        cell += f"->{at_end}"
+    if engine and engine != admitted:
+        cell += f" (engine {engine})"
+    return cell
 
 
 def trace_link(trace_url: str, trace_id: str | None) -> str:

@@ -23,13 +23,21 @@ def aggregate_model_call_records(records: Iterable[ModelCallRecord]) -> dict[str
     Gym's keys: ``tokens_in``, ``tokens_out``, ``tokens_reasoning``, ``tokens_total``, ``cached_tokens``,
     ``latency_total_ms``, ``num_calls`` (failed calls included). Ours: ``num_errors`` (the calls that
     :attr:`~.schema.ModelCallRecord.failed`), ``cache_creation_tokens`` (a sum) and
-    ``latency_ttft_ms_mean`` (the mean over calls that have a TTFT). One pass: ``records`` may be an iterator.
+    ``latency_ttft_ms_mean`` (the mean over calls that have a TTFT), ``weight_versions`` (the distinct
+    ``weight_version`` values of the calls, in the order first seen; calls without one are not counted) and
+    ``num_weight_version_changed`` (calls during which the declared version changed: those with a
+    ``weight_version_at_end``). One pass: ``records`` may be an iterator.
     """
     sums: dict[str, Any] = dict.fromkeys((*_SUMMED, "cache_creation_tokens"))
     calls = errors = ttft_count = 0
     ttft_sum = 0.0
+    versions: dict[str, None] = {}
+    changed = 0
     for call in records:
         calls += 1
+        if call.weight_version is not None:
+            versions.setdefault(call.weight_version)
+        changed += call.weight_version_at_end is not None
         errors += call.failed
         for attr in sums:
             value = getattr(call, attr)
@@ -44,4 +52,6 @@ def aggregate_model_call_records(records: Iterable[ModelCallRecord]) -> dict[str
         "num_errors": errors,
         "cache_creation_tokens": sums["cache_creation_tokens"],
         "latency_ttft_ms_mean": ttft_sum / ttft_count if ttft_count else None,
+        "weight_versions": list(versions),
+        "num_weight_version_changed": changed,
     }

@@ -36,6 +36,7 @@ __all__ = [
     "parse_record_line",
     "preview",
     "split_lines",
+    "stamp_record_line",
     "tokens_line",
 ]
 
@@ -54,6 +55,23 @@ def encode_record_line(values: dict[str, Any]) -> bytes:
     Bodies may be ``orjson.Fragment``s, embedded as sent. The keys are not checked here, per call (this
     runs on every captured call): ``tests/unit/test_codec.py`` checks the lines the capture makes."""
     return orjson.dumps(values, default=str, option=orjson.OPT_APPEND_NEWLINE)
+
+
+STAMPED_KEYS = ("weight_version", "weight_version_at_end")
+"""The keys the writer may add to an encoded line once it knows them (:func:`stamp_record_line`)."""
+
+
+def stamp_record_line(line: bytes, values: dict[str, Any]) -> bytes:
+    """A line from :func:`encode_record_line` with ``values`` (keys of :data:`STAMPED_KEYS` that the line
+    does not carry) added as its last keys: what the writer knows only in the batch that writes the line
+    (the declared weight versions). The line is otherwise untouched (its bodies stay the bytes sent)."""
+    if not values:
+        return line
+    if not set(STAMPED_KEYS).issuperset(values):
+        raise KeyError(f"not a stamped key: {sorted(values.keys() - set(STAMPED_KEYS))}")
+    if not line.endswith(b"}\n"):
+        raise ValueError("not an encoded record line")
+    return line[:-2] + b"," + orjson.dumps(values)[1:-1] + b"}\n"
 
 
 def tokens_line(response: dict[str, Any] | None, *, rollout_id: str, model_call_id: str) -> bytes | None:

@@ -98,6 +98,12 @@ class ModelCallRecord(BaseModel):
     stream_truncated: bool | None = None
     truncated: bool | None = None
     failure: dict[str, Any] | None = None
+    # The weight (policy) version (docs/attachment.md, "Weight versions"): what the engine reported in its
+    # answer; the version in force when the call was admitted (the caller's, else the one declared for the
+    # directory); the declared version when it finished, only when that differs (weights changed meanwhile).
+    engine_weight_version: str | None = None
+    weight_version: str | None = None
+    weight_version_at_end: str | None = None
 
     @property
     def failed(self) -> bool:

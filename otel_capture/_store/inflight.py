@@ -10,9 +10,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -107,7 +109,9 @@ class InflightMarkers:
         if ended and not (_apply(read_all_from(fd), set()) | set(begun)) - set(ended):
             os.unlink(rollout_id + MARKER_SUFFIX, dir_fd=dirs.state_fd("inflight"))
             return
-        data = b"".join(b"+" + m.encode() + b"\n" for m in begun) + b"".join(
+        # "@<call> <time>" says when the "+" was written (readers that know only "+" and "-" skip it)
+        now = b" %.3f\n" % time.time() if begun else b""
+        data = b"".join(b"+" + m.encode() + b"\n@" + m.encode() + now for m in begun) + b"".join(
             b"-" + m.encode() + b"\n" for m in ended
         )
         if data:
@@ -137,6 +141,28 @@ class InflightMarkers:
             return _apply(read_all(fd), set())
         finally:
             os.close(fd)
+
+    @staticmethod
+    def since(root: Path, rollout_id: str) -> dict[str, float]:
+        """When each call's ``+`` marker was written (its ``@`` line, UTC Unix seconds): the call began
+        at most the writer's marker delay (and one batch) before. A damaged marker raises
+        ``DamagedEntryError``."""
+        path = root / STATE_DIR / "inflight" / (rollout_id + MARKER_SUFFIX)
+        try:
+            fd, _ = open_file(None, path, os.O_RDONLY, marker_label(rollout_id), single_link=False)
+        except FileNotFoundError:
+            return {}
+        try:
+            lines, _ = split_lines(read_all(fd))
+        finally:
+            os.close(fd)
+        found: dict[str, float] = {}
+        for line in lines:
+            if line[:1] == b"@":
+                mcid, _, at = line[1:].decode("utf-8", "replace").partition(" ")
+                with contextlib.suppress(ValueError):
+                    found.setdefault(mcid, float(at))
+        return found
 
     @staticmethod
     def rollouts(dirs: DirFds) -> list[str]:

@@ -74,6 +74,7 @@ from .types import (
     empty_result,
     validate_rollout_ids,
 )
+from .weight import declare
 
 _logger = logging.getLogger(__name__)
 
@@ -273,6 +274,22 @@ class FileLifecycle:
         if damage is not None:
             raise CaptureStateError(f"rollout {rid}: {damage}; retire or delete it to reset its state")
         return state.journal.fence(rid)
+
+    def set_weight_version(self, version: str) -> None:
+        """Append ``version`` (already validated) to the directory's weight-version declarations."""
+        with self._dirs() as dirs:
+            declare(dirs, version, self._fsync)
+
+    def calls_in_flight(self, rollout_id: str) -> dict[str, float | None]:
+        """:meth:`.store.CaptureStore.calls_in_flight`: the pending calls, each with its marker's time."""
+        rid = validate_rollout_id(rollout_id)
+        self._state.journal.refresh()
+        pending = self._pending(rid)
+        try:
+            since = self._state.markers.since(self.root, rid)
+        except DamagedEntryError:
+            since = {}
+        return {mcid: since.get(mcid) for mcid in sorted(pending)}
 
     def freeze_now(self, rollout_id: str) -> CaptureSnapshot:
         """Freeze the rollout (no more records) and return its snapshot. Idempotent: a repeat returns the

@@ -36,6 +36,7 @@ from .journal import no_hook
 from .lifecycle import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX, FileLifecycle
 from .losses import pending_for, pending_losses
 from .types import CaptureSnapshot, DamagedEntryError, IncompleteCall, RemovalResult, RolloutState
+from .weight import declared_versions, validate_weight_version
 
 _logger = logging.getLogger(__name__)
 
@@ -254,6 +255,29 @@ class CaptureStore:
             for mcid in loss.model_call_ids or ("",):
                 calls.append(IncompleteCall(mcid, loss.describe()))
         return calls
+
+    # -- the declared weight version and calls in flight (docs/lifecycle.md) ------------------------
+
+    def set_weight_version(self, version: str | int) -> None:
+        """Declare the weight (policy) version in force from now on for every call captured in this
+        directory (by any writer, on any node sharing it, from its next batch): one ``fsync``-ed line in
+        ``.otel-capture/weight_versions``. A record's ``weight_version`` is the version in force when its
+        call started (unless the caller sent one), ``weight_version_at_end`` the one when it finished, if
+        different. Raises ``ValueError`` for an empty, over-long or unprintable version."""
+        self._lifecycle.set_weight_version(validate_weight_version(version))
+
+    def weight_version(self) -> str | None:
+        """The version declared last (``None`` before any declaration)."""
+        view = declared_versions(self.root)
+        view.refresh()
+        return view.current
+
+    def calls_in_flight(self, rollout_id: str) -> dict[str, float | None]:
+        """The rollout's calls begun and not yet recorded, in this process and in every process whose
+        writer has written their in-flight marker, each with when that marker was written (UTC Unix
+        seconds; ``None`` for a call of this process without one yet, or a marker written without it).
+        A call begun less than the writer's marker delay (20 ms) ago in another process is not seen."""
+        return self._lifecycle.calls_in_flight(rollout_id)
 
     def rollout_ids(self) -> list[str]:
         """Every rollout with a data, token or incomplete file that is a regular file, or with a loss in a

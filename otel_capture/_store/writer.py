@@ -86,6 +86,7 @@ from .fstype import SyncChoice, choose_sync
 from .lifecycle_io import fenced_append
 from .locks import LockFiles
 from .types import CaptureFrozenError, LockTimeoutError
+from .weight import DeclaredVersions, declared_versions, stamp_batch
 from .writer_failures import WriterClosedError, WriterFailures
 from .writer_items import Completions, WriterStats, _Abandon, _Barrier, _Begin, _Discard, _Item
 
@@ -178,6 +179,7 @@ class JsonlWriter:
         self._idle = False  # the thread is blocked with nothing to time: a begin must wake it
         self._files = AppendFiles()  # data files kept open between batches (thread only)
         self._lock_files = LockFiles()  # stripe lock files kept open between batches (thread only)
+        self.weights: DeclaredVersions = declared_versions(self.root)  # refreshed once per batch
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="otel-capture-writer", daemon=True)
         self._thread.start()
@@ -220,11 +222,14 @@ class JsonlWriter:
         model_call_id: str,
         tokens_line: bytes | None,
         waiter: LoopWaiter,
+        weight: tuple[str | None, float | None, float | None] | None = None,
     ) -> None:
         """Queue one line (ending in ``\\n``), and its token line if any; the thread resolves ``waiter`` when
         both are durable, or with the error that kept them off disk. After :meth:`close` the call is
-        counted, logged once and marked incomplete, and ``waiter`` fails with :class:`WriterClosedError`."""
-        item = _Item(validate_rollout_id(rollout_id), line, model_call_id, tokens_line, waiter)
+        counted, logged once and marked incomplete, and ``waiter`` fails with :class:`WriterClosedError`.
+        With ``weight`` (the caller's weight version, the call's start and end), the declared weight
+        versions are added to the line in its batch (:func:`.weight.stamp_batch`)."""
+        item = _Item(validate_rollout_id(rollout_id), line, model_call_id, tokens_line, waiter, weight=weight)
         if self._closed:
             self._failures.after_close(item.rollout_id, model_call_id, item)
             return
@@ -342,6 +347,7 @@ class JsonlWriter:
                     break
             begins = self._due_begins(batch, abandons, discards, force=stop or bool(barriers))
             if batch or begins:
+                stamp_batch(self.weights, batch)  # the declared weight version: one stat per batch
                 try:
                     self._write_batch(batch, begins)
                 except Exception as exc:  # a bug here must fail the calls, never leave them waiting forever

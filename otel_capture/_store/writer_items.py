@@ -42,6 +42,9 @@ class _Item:
     waiter: LoopWaiter
     """The one completion route: resolved by the thread with the rest of its batch."""
     resolved: bool = False
+    weight: tuple[str | None, float | None, float | None] | None = None
+    """(caller's weight version, started_at, completed_at): the declared versions are added to ``line`` in
+    its batch (:func:`.weight.stamp_batch`); ``None``: the line is written as it is."""
 
 
 @dataclass(slots=True)

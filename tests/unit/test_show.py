@@ -60,6 +60,7 @@ def test_calls_table_has_a_header_and_one_aligned_line_per_call() -> None:
         "ttft",
         "ms",
         "error",
+        "weight",
     ]
     assert lines[1].split() == [
         "0",
@@ -71,11 +72,12 @@ def test_calls_table_has_a_header_and_one_aligned_line_per_call() -> None:
         "212.3",
         "31.0",
         "-",
+        "-",
     ]
     assert lines[2].split()[1] == "responses"
     assert lines[2].split()[4] == "1234"
     assert lines[2].split()[7] == "-"  # no TTFT
-    assert lines[3].split()[-1] == "timeout"
+    assert lines[3].split()[-2] == "timeout"
     assert lines[3].split()[5] == "-"  # no output tokens
     # Numbers are right-aligned: the tokens-in column ends at the same place on every line.
     end = lines[0].index("tokens in") + len("tokens in")
@@ -132,13 +134,13 @@ def test_show_counts_as_errors_exactly_the_calls_num_errors_counts(tmp_path: Pat
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "nemo_gym" / "gym_server_0-0.capture.jsonl"
 FIXTURE_TABLE = """\
-#  dialect    model        status  tokens in  tokens out  latency ms  ttft ms  error
-0  responses  fake-model      200         20          12        45.2     45.1  -
-1  responses  fake-model      200         20          12         4.0      2.4  -
-2  chat       fake-model      200         30           7         5.1      5.0  -
-3  chat       fake-model      200         30           7         3.7      1.6  -
-4  messages   claude-fake     200         20          12        12.9      9.6  -
-5  responses  -               422          -           -         1.0      0.9  client_error
+#  dialect    model        status  tokens in  tokens out  latency ms  ttft ms  error         weight
+0  responses  fake-model      200         20          12        45.2     45.1  -             -
+1  responses  fake-model      200         20          12         4.0      2.4  -             -
+2  chat       fake-model      200         30           7         5.1      5.0  -             -
+3  chat       fake-model      200         30           7         3.7      1.6  -             -
+4  messages   claude-fake     200         20          12        12.9      9.6  -             -
+5  responses  -               422          -           -         1.0      0.9  client_error  -
 """
 
 
@@ -152,7 +154,7 @@ def test_show_prints_nemo_gyms_fixture_exactly_as_before(tmp_path: Path, capsys:
     (tmp_path / "gym.capture.jsonl").write_bytes(FIXTURE.read_bytes())
     assert _show(capsys, str(tmp_path), "gym") == (0, FIXTURE_TABLE, "")
     code, out, _ = _show(capsys, str(tmp_path), "gym", "--trace-url", "http://j:16686")
-    assert code == 0 and out.splitlines()[0] == FIXTURE_TABLE.splitlines()[0] + "         trace"
+    assert code == 0 and out.splitlines()[0] == FIXTURE_TABLE.splitlines()[0] + "  trace"
 
 
 def test_show_of_a_long_rollout_is_what_sizing_from_every_row_gives(tmp_path: Path, capsys: Any) -> None:

@@ -1,0 +1,110 @@
+"""The weight (policy) version of a call, from the two sides that can say it (``docs/attachment.md``,
+"Weight versions"):
+
+* the caller's: the ``x-weight-version`` header, else the W3C baggage entry ``weight.version``
+  (:func:`caller_weight_version`); the header is removed before the request goes on
+  (:func:`without_weight_version_header`), as ``x-rollout-id`` is;
+* the engine's, from its answer (:func:`engine_weight_version`): SGLang's native ``meta_info.weight_version``,
+  its OpenAI-compatible ``metadata.weight_version`` (non-streamed answers only: its stream chunks carry no
+  ``metadata``), ``metadata.model_version``, and a top-level ``weight_version`` (where a vLLM build that
+  reports one is expected to put it; released vLLM reports none).
+
+The version the trainer declared for the directory is the store's (:mod:`otel_capture._store.weight`).
+Pure functions: no I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from urllib.parse import unquote
+
+from . import _attributes as A
+from ._asgi import Scope
+
+_logger = logging.getLogger(__name__)
+
+WEIGHT_VERSION_HEADER = "x-weight-version"
+BAGGAGE_WEIGHT_VERSION_KEY = "weight.version"
+_HEADER = WEIGHT_VERSION_HEADER.encode()
+_MAX_LENGTH = 200
+
+
+def _usable(text: str) -> str | None:
+    text = text.strip()
+    if not text or len(text) > _MAX_LENGTH or not text.isprintable():
+        return None
+    return text
+
+
+def caller_weight_version(headers: dict[str, list[bytes]]) -> str | None:
+    """The version the caller sent: the ``x-weight-version`` header, else baggage ``weight.version``.
+    A value that is empty, longer than 200 characters or not printable is ignored with a warning (the
+    call is served and recorded with the declared version instead); so are repeated headers that differ."""
+    values = headers.get(WEIGHT_VERSION_HEADER)
+    if values:
+        distinct = {v.decode("latin-1").strip() for v in values}
+        found = _usable(distinct.pop()) if len(distinct) == 1 else None
+        if found is None:
+            _logger.warning("ignoring an unusable %s header %r", WEIGHT_VERSION_HEADER, values[0][:64])
+        return found
+    for raw in headers.get("baggage", ()):
+        for member in raw.decode("latin-1").split(","):
+            key, sep, value = member.partition("=")
+            if sep and key.strip() == BAGGAGE_WEIGHT_VERSION_KEY:
+                found = _usable(unquote(value.split(";", 1)[0]))
+                if found is None:
+                    _logger.warning(
+                        "ignoring an unusable baggage %s %r", BAGGAGE_WEIGHT_VERSION_KEY, value[:64]
+                    )
+                return found
+    return None
+
+
+def without_weight_version_header(scope: Scope) -> Scope:
+    """``scope`` with the ``x-weight-version`` header removed (a copy; the same scope when it has none),
+    so that it is not forwarded upstream."""
+    headers = scope.get("headers", ())
+    if not any(key.lower() == _HEADER for key, _ in headers):
+        return scope
+    return dict(scope, headers=[(key, value) for key, value in headers if key.lower() != _HEADER])
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float, str)):
+        return _usable(str(value))
+    return None
+
+
+def engine_weight_version(response: dict[str, Any] | None) -> str | None:
+    """The weight version the engine reported in its answer, as text, or ``None``."""
+    if not response:
+        return None
+    for container in ("meta_info", "metadata"):
+        section = response.get(container)
+        if isinstance(section, dict):
+            for key in ("weight_version", "model_version"):
+                found = _text(section.get(key))
+                if found is not None:
+                    return found
+    return _text(response.get("weight_version"))
+
+
+def span_weight_attributes(
+    caller: str | None, started_at: float, completed_at: float | None, sink: object
+) -> dict[str, Any]:
+    """The span's weight versions: the caller's, else the one declared for the directory as this process's
+    writer last read it (``sink.weight_versions``; no I/O here, so a declaration is seen from the writer's
+    next batch on, while the record's own values are read in the batch that writes it)."""
+    view = getattr(sink, "weight_versions", None)
+    declared = view.at(started_at) if view is not None else None
+    admitted = caller if caller is not None else declared
+    attributes: dict[str, Any] = {}
+    if admitted is not None:
+        attributes[A.WEIGHT_VERSION] = admitted
+    at_end = view.at(completed_at) if view is not None else None
+    if at_end is not None and at_end != declared:  # the weights changed while the call ran
+        attributes[A.WEIGHT_VERSION_AT_END] = at_end
+    return attributes
