@@ -2,7 +2,7 @@
 
 A real uvicorn model server replays vLLM's answer to one completions call
 (``tests/fixtures/vllm/completions_return_token_ids.{json,sse}``, built from vLLM's protocol definitions; see
-``tests/unit/test_completions.py``), behind the capture proxy or wrapped in the capture middleware
+``tests/unit/test_completions_dialect.py``), behind the capture proxy or wrapped in the capture middleware
 in-process; the client is the official openai SDK's ``completions.create``, streamed and not, with a prompt
 of token ids, ``logprobs=1`` and vLLM's ``return_token_ids``.
 """
