@@ -72,9 +72,14 @@ def _anthropic_cassette_body() -> bytes:
 
 
 def recorded_json(dialect: str) -> bytes:
-    """A real non-streaming response body of each dialect (compact, as servers send them)."""
+    """A real non-streaming response body of each dialect (compact, as servers send them); for
+    ``completions``, vLLM's shape (``fixtures/vllm``: built from its definitions, not recorded)."""
     if dialect == "messages":
         return _anthropic_cassette_body()
+    if dialect == "completions":
+        return json.dumps(
+            json.loads((FIXTURES_ROOT / "vllm/completions_return_token_ids.json").read_text())
+        ).encode()
     name = {
         "responses": "openai-python/responses_json/output_text.json",
         "chat": "openai-python/chat_completions_json/parse_nothing.json",
@@ -152,9 +157,10 @@ async def read_body(receive: Any) -> bytes:
 
 
 class ReplayModelServer:
-    """An ASGI model server that answers the three dialects with recorded bodies or SSE chunks.
+    """An ASGI model server that answers the four dialects with recorded bodies or SSE chunks.
 
-    Tests set ``replies[dialect]`` to change what a dialect answers; ``seen`` lists (method, path, body).
+    Tests set ``replies[dialect]`` to change what a dialect answers; ``seen`` lists (method, path, body),
+    ``headers_seen`` the headers of each.
 
     Like a real server (Starlette's ``StreamingResponse``), it listens for ``http.disconnect`` while it
     streams and stops streaming when the client has gone (uvicorn does not cancel the app; it only delivers
@@ -163,9 +169,10 @@ class ReplayModelServer:
 
     def __init__(self) -> None:
         self.replies: dict[str, Reply] = {
-            d: Reply(chunks=[recorded_json(d)]) for d in ("responses", "chat", "messages")
+            d: Reply(chunks=[recorded_json(d)]) for d in ("responses", "chat", "messages", "completions")
         }
         self.seen: list[tuple[str, str, bytes]] = []
+        self.headers_seen: list[dict[str, str]] = []  # each request's headers, by lower-case name
         self.chunk_delay = 0.0
         self.outcomes: list[str] = []
         self.finished = threading.Event()
@@ -178,11 +185,13 @@ class ReplayModelServer:
         # the path it routes, as an ASGI app mounted at root_path does (the capture puts the prefix there)
         path = scope["path"].removeprefix(scope.get("root_path", ""))
         self.seen.append((scope["method"], path, body))
+        self.headers_seen.append({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
         dialect = {
             "/v1/responses": "responses",
             "/v1/chat/completions": "chat",
             "/v1/messages": "messages",
-        }.get(path.rstrip("/"))
+            "/v1/completions": "completions",
+        }.get(_with_v1(path.rstrip("/")))
         if dialect is None or scope["method"] != "POST":
             payload = json.dumps({"path": path, "method": scope["method"]}).encode()
             await send(
@@ -238,6 +247,11 @@ class ReplayModelServer:
         if reply.raise_after is not None and reply.raise_after >= len(reply.chunks):
             raise UpstreamFailure("the model server failed before the end of its body")
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _with_v1(path: str) -> str:
+    """The dialect path of a route served without ``/v1`` too (as vLLM's and llama.cpp's are)."""
+    return path if path.startswith("/v1/") else "/v1" + path
 
 
 async def _wait_for_disconnect(receive: Any) -> None:

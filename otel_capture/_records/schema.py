@@ -98,6 +98,8 @@ class ModelCallRecord(BaseModel):
     stream_truncated: bool | None = None
     truncated: bool | None = None
     failure: dict[str, Any] | None = None
+    # why the token ids or log-probs the request asked for are not all in the answer (docs/tokens.md)
+    tokens_missing: str | None = None
     # The weight (policy) version (docs/attachment.md, "Weight versions"): what the engine reported in its
     # answer; the version in force when the call was admitted (the caller's, else the one declared for the
     # directory); the declared version when it finished, only when that differs (weights changed meanwhile).
