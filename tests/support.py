@@ -48,14 +48,20 @@ def _loop() -> asyncio.AbstractEventLoop:
 
 
 def submit(
-    writer: Any, rollout_id: str, line: bytes, model_call_id: str, tokens_line: bytes | None = None
+    writer: Any,
+    rollout_id: str,
+    line: bytes,
+    model_call_id: str,
+    tokens_line: bytes | None = None,
+    *,
+    weight: tuple[str | None, float | None, float | None] | None = None,
 ) -> concurrent.futures.Future[None]:
     """Hand one line to a ``JsonlWriter`` as the middleware does (its one completion route: a
     ``LoopWaiter``, here on a test-wide event loop in a thread), from a test's plain thread: the line is
     queued before this returns, and the returned future follows the waiter (``.result(timeout)``)."""
     loop = _loop()
     waiter = LoopWaiter(loop, loop.create_future())
-    writer.submit(rollout_id, line, model_call_id, tokens_line, waiter)
+    writer.submit(rollout_id, line, model_call_id, tokens_line, waiter, weight=weight)
 
     async def wait() -> None:
         await waiter.future

@@ -30,7 +30,7 @@ import httpx
 import orjson
 import pytest
 from gluster_cluster import Gluster
-from support import RECORDED, ReplayModelServer, gym_style_read, serve, sse_chunks, start_cli_proxy
+from support import RECORDED, ReplayModelServer, gym_style_read, serve, sse_chunks, start_cli_proxy, submit
 
 from otel_capture import CaptureStore, read_available_model_call_records
 from otel_capture._store import writer as writer_module
@@ -234,7 +234,7 @@ def test_a_node_cut_off_while_holding_locks_is_fenced(
     append path does not cut ``x`` back over node 2's line), then captures ``r`` again."""
     monkeypatch.setattr(writer_module, "IDLE_CLOSE", 3600.0)  # node 1 keeps r's file open through the cut
     node1 = JsonlWriter(dirs[0])
-    assert node1.submit("r", b'{"model_call_id": "before"}\n', "before").result(30) is None  # type: ignore[union-attr]
+    assert submit(node1, "r", b'{"model_call_id": "before"}\n', "before").result(30) is None
     kept = [fd for name, (fd, _, _) in node1._files._files.items() if name == "r.capture.jsonl"]
     assert kept, "node 1's writer did not keep r's file open"
     # What the writer holds in the middle of its append: an flock belongs to the open file description,
@@ -257,12 +257,12 @@ def test_a_node_cut_off_while_holding_locks_is_fenced(
         finally:
             gluster.restore(0)
         gluster.wait_connected(2)
-        attempt = node1.submit("r", b'{"model_call_id": "after"}\n', "after")
+        attempt = submit(node1, "r", b'{"model_call_id": "after"}\n', "after")
         assert attempt is not None
         error = attempt.exception(60)
         assert isinstance(error, OSError) and error.errno == errno.EBADFD, error
         assert "fenced" in str(error)
-        assert node1.submit("r", b'{"model_call_id": "again"}\n', "again").result(60) is None  # type: ignore[union-attr]
+        assert submit(node1, "r", b'{"model_call_id": "again"}\n', "again").result(60) is None
         with pytest.raises(OSError, match="fenced") as raised:
             _append_locked(x_fd, b'{"n": 3}\n', "x.capture.jsonl", 5.0)
         assert raised.value.errno == errno.EBADFD

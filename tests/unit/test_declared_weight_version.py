@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
+from support import submit
 
 from otel_capture import CaptureStore, read_model_call_records
 from otel_capture._cli.main import main
@@ -94,15 +95,14 @@ def test_the_writer_stamps_the_versions_in_force_at_the_calls_start_and_end(tmp_
     writer = JsonlWriter(tmp_path)
     try:
         futures = [
-            writer.submit("r", _line("1" * 32), "1" * 32, weight=(None, started, finished)),
-            writer.submit(
-                "r", _line("2" * 32, weight_version="5"), "2" * 32, weight=("5", started, finished)
+            submit(writer, "r", _line("1" * 32), "1" * 32, weight=(None, started, finished)),
+            submit(
+                writer, "r", _line("2" * 32, weight_version="5"), "2" * 32, weight=("5", started, finished)
             ),
-            writer.submit("r", _line("3" * 32), "3" * 32, weight=(None, finished, finished)),
-            writer.submit("r", _line("4" * 32), "4" * 32),  # no stamp asked: written as it is
+            submit(writer, "r", _line("3" * 32), "3" * 32, weight=(None, finished, finished)),
+            submit(writer, "r", _line("4" * 32), "4" * 32),  # no stamp asked: written as it is
         ]
         for future in futures:
-            assert future is not None
             future.result(10)
     finally:
         writer.close()

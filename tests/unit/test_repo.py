@@ -48,7 +48,7 @@ def test_the_types_of_the_public_sink_parameter_and_the_writer_stats_are_exporte
     assert isinstance(exporter, otel_capture.CallSink)
     assert type(exporter.stats) is otel_capture.WriterStats
     fields = [f.name for f in dataclasses.fields(otel_capture.FinishedCall)]
-    assert fields == ["rollout_id", "model_call_id", "line", "tokens_line", "waiter"]
+    assert fields == ["rollout_id", "model_call_id", "line", "tokens_line", "waiter", "weight"]
 
 
 def test_every_error_the_package_defines_sits_under_capture_error() -> None:
