@@ -107,7 +107,7 @@ class ModelCallCaptureMiddleware:
                 "not capturing a call with invalid baggage rollout.id %r", found.invalid_baggage_id[:64]
             )
         if not found.captured:
-            if found.dialect is not None and found.rollout_id is None:
+            if found.dialect is not None and found.rollout_id is None and not found.captured_upstream:
                 self._uncorrelated(found.scope, found.dialect)
             # not a model call, or one a capture layer in front of this one records (one call, one record)
             await self.app(found.scope, receive, send)
