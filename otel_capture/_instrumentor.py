@@ -44,6 +44,7 @@ from opentelemetry.util.http import get_excluded_urls
 from ._asgi import ASGIApp, Message, Receive, Scope, Send
 from ._middleware import ModelCallCaptureMiddleware
 from ._routing import server_span_details
+from ._sdk_private import instrumented_by_contrib
 from ._server_span import LeanServerSpanMiddleware
 from ._settings import CaptureSettings, HeaderCaptureSettings
 
@@ -174,7 +175,7 @@ def _instrument_stack(app: Any, stack: ASGIApp, options: dict[str, Any]) -> ASGI
         stack.app = _FlushAtShutdown(ModelCallCaptureMiddleware(stack.app, **capture_kwargs), options)
     else:  # an unexpected stack shape: capture around all of it
         stack = _FlushAtShutdown(ModelCallCaptureMiddleware(stack, **capture_kwargs), options)
-    if getattr(app, "_is_instrumented_by_opentelemetry", False):
+    if instrumented_by_contrib(app):
         return stack  # the FastAPI/Starlette instrumentation wraps this in its own HTTP server span
     is_fastapi = any(c.__module__.startswith("fastapi") for c in type(app).__mro__)
     headers = HeaderCaptureSettings.from_environ()  # OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_*

@@ -117,7 +117,7 @@ class ModelCallCaptureMiddleware:
             R.name_server_span(found.scope, found.dialect)
         R.warn_ignored_carriers(found)  # a bad baggage id, API key group or session id: logged, not read
         if not found.captured:
-            if found.dialect is not None and found.rollout_id is None:
+            if found.dialect is not None and found.rollout_id is None and not found.captured_upstream:
                 self._uncorrelated(found.scope, found.dialect)
             # not a model call, or one a capture layer in front of this one records (one call, one record)
             await self.app(found.scope, receive, send)

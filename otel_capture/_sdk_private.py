@@ -1,4 +1,5 @@
-"""Every private attribute of the OpenTelemetry SDK this package reads, in one place.
+"""Every private attribute of the OpenTelemetry SDK (and of contrib's instrumentations) this package reads,
+in one place.
 
 The SDK has no public way to list a tracer provider's span processors, to reach the exporter a processor
 wraps, or to resolve ``OTEL_TRACES_EXPORTER`` and ``OTEL_TRACES_SAMPLER`` as ``opentelemetry-instrument``
@@ -10,7 +11,12 @@ does. What is read, and who needs it:
 - ``SimpleSpanProcessor.span_exporter`` and ``BatchSpanProcessor._batch_processor._exporter`` (older SDKs:
   ``BatchSpanProcessor.span_exporter``): the exporter behind a processor (:mod:`._sink`, :mod:`._spans`);
 - ``opentelemetry.sdk._configuration._get_exporter_names``, ``_get_sampler`` and ``_import_sampler``: the
-  SDK's own reading of ``OTEL_TRACES_EXPORTER`` and ``OTEL_TRACES_SAMPLER[_ARG]`` (:mod:`._telemetry`).
+  SDK's own reading of ``OTEL_TRACES_EXPORTER`` and ``OTEL_TRACES_SAMPLER[_ARG]`` (:mod:`._telemetry`);
+- ``app._is_instrumented_by_opentelemetry``: the mark contrib's FastAPI/Starlette instrumentation leaves on
+  an app it wrapped in its own HTTP server span (:mod:`._instrumentor`).
+
+The one private attribute of another library read elsewhere is FastAPI's ``app._telemetry`` (the config of
+``FastAPI(telemetry=...)``), in :mod:`._instrumentor`, which switches FastAPI's own request telemetry off.
 
 ``tests/unit/test_sdk_private.py`` pins each against the installed SDK, so a release that renames one fails
 the tests loudly instead of leaving a middleware that writes no records and says nothing. At run time a
@@ -30,6 +36,7 @@ from opentelemetry.sdk.trace.sampling import Sampler
 __all__ = [
     "configured_exporter_names",
     "configured_sampler",
+    "instrumented_by_contrib",
     "processor_exporter",
     "provider_disabled",
     "span_processors",
@@ -92,3 +99,8 @@ def configured_sampler() -> Sampler | None:
     """The sampler ``OTEL_TRACES_SAMPLER[_ARG]`` names (``None``: the SDK's default)."""
     sampler: Sampler | None = sdk_configuration._import_sampler(sdk_configuration._get_sampler())
     return sampler
+
+
+def instrumented_by_contrib(app: object) -> bool:
+    """Whether contrib's FastAPI/Starlette instrumentation wrapped ``app`` in its own HTTP server span."""
+    return bool(getattr(app, "_is_instrumented_by_opentelemetry", False))

@@ -75,3 +75,18 @@ def test_a_provider_of_the_sdk_without_its_processors_is_an_error_in_the_log(
     assert len(errors) == 1 and "opentelemetry-sdk" in errors[0].getMessage()
     provider._active_span_processor = renamed
     provider.shutdown()
+
+
+def test_contribs_fastapi_instrumentation_marks_the_app_it_wrapped() -> None:
+    fastapi = pytest.importorskip("fastapi")
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+    app = fastapi.FastAPI()
+    assert sdk.instrumented_by_contrib(app) is False
+    FastAPIInstrumentor.instrument_app(app, tracer_provider=TracerProvider())
+    try:
+        assert app._is_instrumented_by_opentelemetry is True  # read as is: the rename fails here
+        assert sdk.instrumented_by_contrib(app) is True
+    finally:
+        FastAPIInstrumentor.uninstrument_app(app)
+    assert sdk.instrumented_by_contrib(app) is False
