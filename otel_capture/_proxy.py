@@ -34,7 +34,7 @@ from yarl import URL
 
 from ._asgi import ASGIApp, Message, Receive, Scope, Send
 from ._middleware import SCOPE_RESPONSE_COMPLETE, ModelCallCaptureMiddleware
-from ._proxy_guards import CallLimit, RequestSizeLimit
+from ._proxy_guards import CallLimit, RequestSizeLimit, limit_client_buffers
 from ._proxy_pool import MAX_HEADER_LINE_BYTES, UpstreamHeadTooLarge, _Pool, _Response, _stale
 from ._proxy_redirects import relocate
 from ._routing import server_span_details, unprefixed_raw_path
@@ -403,20 +403,6 @@ def bind_socket(host: str, port: int) -> socket.socket:
     # that connects before uvicorn starts must wait in the backlog, not be refused.
     sock.listen(2048)
     sock.set_inheritable(True)
-    return sock
-
-
-# The kernel's send buffer for each client connection (accepted sockets inherit it from the listening one):
-# fixed instead of autotuned up to net.ipv4.tcp_wmem's maximum (4 MiB), so a client that stops reading holds
-# at most this much sent-but-unread in the proxy's kernel, and the proxy's writes then wait (uvicorn's
-# flow control, which pauses the relay and so the upstream read). Enough to keep a fast client's loopback
-# or LAN connection full (a model stream is far slower than this per round trip).
-CLIENT_SEND_BUFFER = 256 * 1024
-
-
-def limit_client_buffers(sock: socket.socket) -> socket.socket:
-    """Fix the send buffer of the connections ``sock`` will accept to :data:`CLIENT_SEND_BUFFER`."""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CLIENT_SEND_BUFFER)
     return sock
 
 

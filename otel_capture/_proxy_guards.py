@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
+import socket
 import time
 from collections.abc import Callable
 
@@ -194,3 +195,17 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 _MALLOC_TRIM = _malloc_trim()
+
+
+# The kernel's send buffer for each client connection (accepted sockets inherit it from the listening one):
+# fixed instead of autotuned up to net.ipv4.tcp_wmem's maximum (4 MiB), so a client that stops reading holds
+# at most this much sent-but-unread in the proxy's kernel, and the proxy's writes then wait (uvicorn's
+# flow control, which pauses the relay and so the upstream read). Enough to keep a fast client's loopback
+# or LAN connection full (a model stream is far slower than this per round trip).
+CLIENT_SEND_BUFFER = 256 * 1024
+
+
+def limit_client_buffers(sock: socket.socket) -> socket.socket:
+    """Fix the send buffer of the connections ``sock`` will accept to :data:`CLIENT_SEND_BUFFER`."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CLIENT_SEND_BUFFER)
+    return sock
