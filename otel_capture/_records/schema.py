@@ -1,8 +1,9 @@
 """``ModelCallRecord``: one captured model call as the readers return it, compatible with NeMo Gym 0.7.0.
 
 The fields up to ``latency_ttft_ms`` are Gym's, in its order; the rest (:data:`EXTRA_RECORD_FIELDS`) are
-ours and ``None`` on every line Gym writes. The line format and how a record is derived from a line are
-in ``docs/records.md``.
+ours and ``None`` on every line Gym writes. This module declares them all, once: the line's keys
+(:data:`LINE_KEYS`), the schema versions, the added fields' types. The line both ways is :mod:`.codec`;
+how a record's derived fields (token counts, tool calls, finish reason) come from a line is :mod:`.build`.
 """
 
 from __future__ import annotations
