@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -188,11 +188,22 @@ def test_lifecycle_through_one_node_fences_the_other(
                 status = _call_quietly(url, rollout, tag)
                 calls.append((rollout, tag, begun, time.monotonic(), status))
 
+    def called_after(rollout: str, moment: float) -> bool:
+        """A call of ``rollout`` that began after ``moment`` has been answered."""
+        return any(r == rollout and begun > moment for r, _, begun, _, _ in list(calls))
+
+    def wait_for(condition: Callable[[], bool], what: str) -> None:
+        """Calls through the mount are slow on a loaded machine: wait for the traffic, not for a time."""
+        deadline = time.monotonic() + 120
+        while not condition():
+            assert time.monotonic() < deadline, f"the traffic never reached {what}"
+            time.sleep(0.05)
+
     threads = [threading.Thread(target=traffic) for _ in range(3)]
     try:
         for thread in threads:
             thread.start()
-        time.sleep(1.0)
+        wait_for(lambda: all(called_after(r, 0.0) for r in rollouts), "every rollout")
         frozen = other.freeze_now("fz")
         fenced_at = {"fz": time.monotonic()}
         other.retire_now(["rt"])
@@ -200,27 +211,25 @@ def test_lifecycle_through_one_node_fences_the_other(
         snapshot = other.freeze_now("dp")
         assert other.drop_now("dp", snapshot_id=snapshot.snapshot_id, version=snapshot.version)
         fenced_at["dp"] = time.monotonic()
-        time.sleep(1.0)  # node 1 keeps calling every rollout meanwhile
+        # node 1 keeps calling every rollout meanwhile: until each fenced one had a call begun after its fence
+        wait_for(lambda: all(called_after(r, at) for r, at in fenced_at.items()), "the fenced rollouts")
         delete_started = time.monotonic()
         other.delete_now(["dl"])
-        time.sleep(1.0)
+        wait_for(lambda: called_after("dl", delete_started), "dl after its delete")
     finally:
         stop.set()
         for thread in threads:
             thread.join(60)
         _stop(writer_proxy)
     assert {status for *_, status in calls} == {200}, "a fenced call's response was changed"
-    for rollout, at in fenced_at.items():
-        assert any(r == rollout and begun > at for r, _, begun, _, _ in calls), (
-            f"no call of {rollout} began after its fence: the test proved nothing"
-        )
     tags = _tags(dirs[1])
     assert tags.get("fz", []) == [r.request["user"] for r in frozen.records if r.request], (
         "a line reached the frozen rollout after its freeze"
     )
     assert "rt" not in tags and "dp" not in tags, "a line reached a retired or dropped rollout"
     answered_before_delete = {tag for r, tag, _, done, _ in calls if r == "dl" and done < delete_started}
-    assert answered_before_delete and not answered_before_delete & set(tags.get("dl", [])), (
+    assert answered_before_delete, "no call of dl was answered before the delete: the test proved nothing"
+    assert not answered_before_delete & set(tags.get("dl", [])), (
         "a call answered before the delete survived it"
     )
 
