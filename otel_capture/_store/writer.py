@@ -181,6 +181,7 @@ class JsonlWriter:
         self._lock_files = LockFiles()  # stripe lock files kept open between batches (thread only)
         self.weights: DeclaredVersions = declared_versions(self.root)  # refreshed once per batch
         self._closed = False
+        self._wrote_in: tuple[int, int] | None = None  # the directory the last batch wrote in (dev, ino)
         self._thread = threading.Thread(target=self._run, name="otel-capture-writer", daemon=True)
         self._thread.start()
 
@@ -360,6 +361,7 @@ class JsonlWriter:
             for discarded in discards:
                 self._failures.discard(discarded)
             self._done.flush()
+            self._prepare()
             try:
                 self._failures.retry(force=bool(barriers))
             except Exception:  # a bug here must not stop the thread: the losses stay kept and counted
@@ -390,10 +392,7 @@ class JsonlWriter:
         fds: list[int] = []
         created_any = False
         with self._state.dirs(lock_timeout=self._lock_timeout) as dirs:
-            wrote_in = _identity(os.fstat(dirs.root_fd()))
-            # Ahead of need: at the first batch (and in a directory made anew) the state directory and the
-            # loss reserve are made, while the filesystem still has room; later batches pay nothing.
-            self._failures.prepare(dirs, wrote_in)
+            wrote_in = self._wrote_in = _identity(os.fstat(dirs.root_fd()))
             for rollout_id, items in by_rollout.items():
                 try:
                     outcome = fenced_append(
@@ -483,6 +482,19 @@ class JsonlWriter:
             self.stats.fsyncs += 1
         if created:
             self._sync_dir()
+
+    def _prepare(self) -> None:
+        """Ahead of need: once the first batch's calls are answered (and again in a directory made anew),
+        the state directory and the loss reserve are made, while the filesystem still has room. A batch
+        never waits for it; a directory already prepared costs nothing."""
+        wrote_in = self._wrote_in
+        if wrote_in is None or self._failures.prepared(wrote_in):
+            return
+        try:
+            with self._state.dirs(lock_timeout=self._lock_timeout) as dirs:
+                self._failures.prepare(dirs, wrote_in)
+        except OSError as exc:  # made by a later pass, or by the failure that needs it
+            _logger.debug("could not prepare %s: %s", self.root, exc)
 
     def _still_there(self, wrote_in: tuple[int, int]) -> bool:
         """Whether the capture directory's path still leads to the directory the batch wrote in (one

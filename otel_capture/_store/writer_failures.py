@@ -77,10 +77,13 @@ class WriterFailures:
 
     # -- the directory made ready ahead of need --------------------------------------------------------
 
+    def prepared(self, identity: tuple[int, int]) -> bool:
+        return identity == self._ready_in
+
     def prepare(self, dirs: DirFds, identity: tuple[int, int] | None = None) -> None:
         """Make the state directory whole and this writer's loss reserve, unless done for the directory
-        ``identity`` names (``(st_dev, st_ino)``; ``None``: look). Called by each batch (free while the
-        directory is the one prepared: the first batch makes them) and before a loss is recorded."""
+        ``identity`` names (``(st_dev, st_ino)``; ``None``: look). Called by the writer after a batch in a
+        directory not prepared yet (once its calls are answered) and before a loss is recorded."""
         if identity is not None and identity == self._ready_in:
             return
         try:

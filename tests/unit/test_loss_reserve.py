@@ -49,6 +49,7 @@ def test_a_reserve_takes_its_blocks_when_made_and_is_removed_when_nothing_in_it_
     writer = JsonlWriter(store.root)
     try:
         submit(writer, "r", b'{"model_call_id":"c1"}\n', "c1").result(60)
+        assert writer.flush(60)  # made right after the first batch, once its call was answered
         (reserve,) = (store.root / STATE_DIR / RESERVE_DIR).iterdir()
         assert reserve.stat().st_blocks * 512 >= RESERVE_BYTES  # its blocks are taken ahead of need
         assert pending_losses(store.root) == []
