@@ -4,7 +4,8 @@ Damage is a line that is not a valid record, a torn tail (a final line without i
 died inside its ``write``), or an entry named like a rollout's file that is not a regular file of its own
 (a link, a FIFO, a hard link: skipped, never followed or waited on). An incomplete marker is not damage,
 it is a capture failure that was recorded as it should be; it is reported, and fails the check only with
-``strict``.
+``strict``. So are model calls served without a rollout id (never recorded), which the serving processes
+count in the directory (:mod:`otel_capture._uncorrelated`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .._store import (
     CaptureStore,
     read_available_model_call_records,
 )
+from .._uncorrelated import read_uncorrelated
 
 
 @dataclass
@@ -96,3 +98,9 @@ def format_check(results: list[RolloutCheck]) -> list[str]:
         f"{len(results)} rollout(s), {records} record(s); {damaged} damaged, {incomplete} incomplete"
     )
     return lines
+
+
+def uncorrelated_line(store: CaptureStore) -> str | None:
+    """The line that says how many model calls were served without a rollout id, or ``None``: none were."""
+    summary = read_uncorrelated(store.root)
+    return summary.describe() if summary.calls else None

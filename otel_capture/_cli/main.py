@@ -9,10 +9,11 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from .._settings import ProxySettings
+    from .._store import CaptureStore
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -72,7 +73,11 @@ def _parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check", help="verify a capture directory; exit 1 on damage")
     check.add_argument("dir")
-    check.add_argument("--strict", action="store_true", help="also fail when a rollout is marked incomplete")
+    check.add_argument(
+        "--strict",
+        action="store_true",
+        help="also fail when a rollout is marked incomplete or a call had no rollout id",
+    )
 
     ls = commands.add_parser("ls", help="list a capture directory's rollouts and their lifecycle state")
     ls.add_argument("dir")
@@ -228,7 +233,7 @@ def _server_class() -> type:
 
 def _check(args: argparse.Namespace) -> int:
     from .._store import CaptureStore
-    from .check import check_capture_dir, format_check
+    from .check import check_capture_dir, format_check, uncorrelated_line
 
     store = CaptureStore(args.dir)
     if not store.root.is_dir():
@@ -237,7 +242,11 @@ def _check(args: argparse.Namespace) -> int:
     results = check_capture_dir(store)
     for line in format_check(results):
         print(line)
-    failed = any(r.damaged for r in results) or (args.strict and any(r.incomplete for r in results))
+    uncorrelated = uncorrelated_line(store)
+    if uncorrelated is not None:
+        print(uncorrelated)
+    strict_failed = any(r.incomplete for r in results) or uncorrelated is not None
+    failed = any(r.damaged for r in results) or (args.strict and strict_failed)
     return EXIT_ERROR if failed else EXIT_OK
 
 
@@ -252,6 +261,7 @@ def _show(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     if args.rollout_id is None:
         print(format_rollouts_table(store))
+        _print_uncorrelated(store)
         return EXIT_OK
     invalid: list[tuple[int, str]] = []  # damaged lines are reported after the table, as before
 
@@ -275,6 +285,14 @@ def _show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _print_uncorrelated(store: CaptureStore, file: TextIO | None = None) -> None:
+    from .check import uncorrelated_line
+
+    line = uncorrelated_line(store)
+    if line is not None:
+        print(line, file=file)
+
+
 def _lifecycle(args: argparse.Namespace) -> int:
     """``ls``: one ``<id> <state>`` line per rollout. ``retire``/``delete``: one ``<outcome> <id>`` line per
     id (``removed``, ``absent``, ``failed``); exit 1 if any id failed (the same command finishes it)."""
@@ -287,6 +305,7 @@ def _lifecycle(args: argparse.Namespace) -> int:
     if args.command == "ls":
         for rollout_id, state in store.list_rollouts(args.state).items():
             print(f"{rollout_id}\t{state}")
+        _print_uncorrelated(store, file=sys.stderr)  # stdout stays one rollout a line
         return EXIT_OK
     operation = store.retire_now if args.command == "retire" else store.delete_now
     result = operation(args.rollout_ids)

@@ -41,8 +41,8 @@ from otel_capture import (
 )
 from otel_capture import _attributes as A
 from otel_capture._correlation import ROLLOUT_ID_RULE
-from otel_capture._routing import DOUBLE_PREFIX_RULE
 from otel_capture._metrics import UNCORRELATED_CALLS
+from otel_capture._routing import DOUBLE_PREFIX_RULE
 from otel_capture._store.inflight import InflightMarkers
 
 SERVER, CLIENT = 2, 3  # OTLP Span.SpanKind SPAN_KIND_SERVER, SPAN_KIND_CLIENT
