@@ -63,9 +63,12 @@ ROLLOUT_ID = "rollout.id"
 ROLLOUT_ID_BAGGAGE = "rollout.id.baggage"  # set only when baggage disagreed with the URL prefix
 MODEL_CALL_ID = "otel_capture.model_call.id"
 MODEL_CALL_DIALECT = "otel_capture.model_call.dialect"  # the uncorrelated-calls counter's; not on spans (provider + openai.api.type say it)
-MODEL_CALL_ROLLOUT_SOURCE = "otel_capture.rollout.source"  # "url_prefix", "header" or "baggage"
+MODEL_CALL_ROLLOUT_SOURCE = "otel_capture.rollout.source"  # url_prefix, header, api_key, session_id, baggage
+# why the token ids or log-probs the request asked for are not all in the answer (docs/tokens.md)
+MODEL_CALL_TOKENS_MISSING = "otel_capture.model_call.tokens_missing"
 
 OPERATION_CHAT = "chat"
+OPERATION_TEXT_COMPLETION = "text_completion"  # /v1/completions
 
 # Metrics (GenAI semconv v1.41.1 gen-ai-metrics.md): name, unit, description, explicit bucket boundaries.
 METRIC_SERVER_REQUEST_DURATION = "gen_ai.server.request.duration"

@@ -17,6 +17,7 @@ import orjson
 from . import _attributes as A
 from ._content_encoding import ResponseDecoding, decoding_for
 from ._dialects import DIALECTS, Dialect, StreamAccumulator
+from ._dialects.missing import tokens_missing
 from ._dialects.sse import SSEDecoder
 from ._records import call_failed, encode_record_line
 from ._semconv import content_attributes, request_attributes, response_attributes
@@ -128,6 +129,16 @@ def classify_exception(exc: BaseException) -> str:
     return "exception"
 
 
+def _tokens_missing(
+    request: dict[str, Any] | None, response: dict[str, Any] | None, dialect: str
+) -> str | None:
+    try:
+        return tokens_missing(request, response, dialect)
+    except Exception:  # capture never fails a call; a body this cannot read is a bug, logged
+        _logger.debug("could not tell whether the tokens asked for are there", exc_info=True)
+        return None
+
+
 class InFlightCall:
     """State of one captured call, from request receipt to its finished record."""
 
@@ -169,6 +180,7 @@ class InFlightCall:
         self.completed_at: float | None = None
         self.latency_ms: float | None = None
         self.response_obj: dict[str, Any] | None = None
+        self.tokens_missing: str | None = None  # why the tokens asked for are not all there (docs/tokens.md)
 
     # -- request ------------------------------------------------------------------------------------
 
@@ -262,6 +274,8 @@ class InFlightCall:
         if category is None and self.response.size and self.response_obj is None:
             category = "capture_parse_error"
         self.error_category = category
+        if category in (None, "incomplete"):  # an answer: are the tokens it was asked for there?
+            self.tokens_missing = _tokens_missing(self.request_obj, self.response_obj, self.dialect)
 
     def _request_kept(self) -> bool:
         return self.request_obj is not None and not self.request.truncated
@@ -308,6 +322,8 @@ class InFlightCall:
             record["truncated"] = True
         if self.failure is not None:
             record["failure"] = self.failure
+        if self.tokens_missing is not None:
+            record["tokens_missing"] = self.tokens_missing
         return encode_record_line(record)
 
     def _request_value(self) -> Any:
@@ -360,6 +376,8 @@ class InFlightCall:
             attributes.setdefault(A.GEN_AI_RESPONSE_FINISH_REASONS, ["error"])
         if self.error_category is not None:
             attributes[A.ERROR_TYPE] = self.error_category
+        if self.tokens_missing is not None:
+            attributes[A.MODEL_CALL_TOKENS_MISSING] = self.tokens_missing
         return attributes
 
     def content_attributes(self, max_length: int) -> dict[str, str]:

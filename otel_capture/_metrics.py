@@ -6,8 +6,10 @@ They go through the OpenTelemetry metrics API, so whatever ``MeterProvider`` is 
 set they cost nothing. Their attributes are the low-cardinality span attributes only
 (:data:`otel_capture._attributes.METRIC_ATTRIBUTES`), never the rollout id.
 
-One counter of ours, ``otel_capture.uncorrelated_calls``: model calls served without a rollout id (so not
-recorded), by dialect; a missing prefix or header shows there at once (``docs/gateways.md``).
+Two counters of ours, by dialect: ``otel_capture.uncorrelated_calls``, model calls served without a rollout
+id (so not recorded): a missing prefix or header shows there at once (``docs/gateways.md``); and
+``otel_capture.tokens_missing_calls``, calls answered without the token ids or log-probs they asked for
+(``docs/tokens.md``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ._version import __version__
 _logger = logging.getLogger(__name__)
 
 UNCORRELATED_CALLS = "otel_capture.uncorrelated_calls"
+TOKENS_MISSING_CALLS = "otel_capture.tokens_missing_calls"
 _MAX_ATTRIBUTE_SETS = 1024  # past it (many models or hosts), further sets are built per call
 
 
@@ -85,6 +88,11 @@ class ServerMetrics:
             unit="{call}",
             description="Model calls served without a rollout id, so not recorded.",
         )
+        self.tokens_missing_calls = meter.create_counter(
+            TOKENS_MISSING_CALLS,
+            unit="{call}",
+            description="Model calls answered without all the token ids or log-probs they asked for.",
+        )
 
     @property
     def recording(self) -> bool:
@@ -125,3 +133,10 @@ class ServerMetrics:
             self.uncorrelated_calls.add(1, {A.MODEL_CALL_DIALECT: dialect})
         except Exception:
             _logger.exception("counting an uncorrelated model call failed")
+
+    def count_tokens_missing(self, dialect: str) -> None:
+        """Count one call answered without the tokens it asked for. Never raises."""
+        try:
+            self.tokens_missing_calls.add(1, {A.MODEL_CALL_DIALECT: dialect})
+        except Exception:
+            _logger.exception("counting a call without its tokens failed")

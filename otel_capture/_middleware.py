@@ -6,7 +6,7 @@ Per request (``docs/gateways.md`` has the whole story):
 1. The rollout id comes from the ``/ng-rollout/<id>/`` URL prefix, else the ``x-rollout-id`` header, else
    the W3C ``baggage`` entry ``rollout.id``. The prefix moves into ``root_path`` (so the app's redirects
    and links keep it) and the header is removed; an id that breaks the grammar in either gets ``400``.
-2. Only ``POST`` to ``/v1/responses``, ``/v1/chat/completions``, ``/v1/messages`` (also without ``/v1``,
+2. Only ``POST`` to ``/v1/responses``, ``/v1/chat/completions``, ``/v1/messages``, ``/v1/completions`` (also without ``/v1``,
    a trailing slash tolerated) with a rollout id is captured; everything else goes to the app untouched.
    A model call without a rollout id is logged (the first time, then once a minute) and counted.
 3. Response chunks are forwarded as they come; only the terminal chunk (the final SSE event, or the last
@@ -42,7 +42,7 @@ from . import _routing as R
 from ._asgi import ASGIApp, Message, Receive, Scope, Send
 from ._call import InFlightCall
 from ._correlation import BAGGAGE_ROLLOUT_KEY, ROLLOUT_ID_HEADER
-from ._dialects import Dialect
+from ._dialects import DIALECTS, Dialect
 from ._metrics import ServerMetrics
 from ._notices import notify
 from ._records import tokens_line
@@ -288,7 +288,8 @@ class ModelCallCaptureMiddleware:
             # No HTTP server span around us: continue the caller's trace from its traceparent header.
             parent = propagate.extract(headers, getter=_HEADERS_GETTER)
         model = call.request_model
-        name = f"{A.OPERATION_CHAT} {model}" if model else A.OPERATION_CHAT
+        operation = DIALECTS[call.dialect].operation_name  # chat, or text_completion for /v1/completions
+        name = f"{operation} {model}" if model else operation
         if self._spans.unseen():
             span: trace.Span = self._spans.context_only(name, parent, self._span_kind)
             if not self._metrics.recording:
@@ -329,6 +330,8 @@ class ModelCallCaptureMiddleware:
         finished: FinishedCall | None = None
         try:
             call.finish(exception=exception, cancelled=cancelled)
+            if call.tokens_missing is not None:
+                self._metrics.count_tokens_missing(call.dialect)
             recording = span.is_recording()
             if recording or attributes is not None:
                 end_attributes = call.end_attributes()

@@ -106,7 +106,7 @@ def response_attributes(response: dict[str, Any], dialect: str) -> dict[str, Any
     if reasons:
         attributes[A.GEN_AI_RESPONSE_FINISH_REASONS] = reasons
     spec = DIALECTS.get(dialect)
-    if spec is None or spec.openai_api_type is not None:  # an OpenAI API (or unknown: what it says)
+    if spec is None or spec.provider_name == "openai":  # an OpenAI API (or unknown: what it says)
         if isinstance(response.get("service_tier"), str):
             attributes[A.OPENAI_RESPONSE_SERVICE_TIER] = response["service_tier"]
         if isinstance(response.get("system_fingerprint"), str):

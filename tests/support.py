@@ -39,9 +39,14 @@ def _anthropic_cassette_body() -> bytes:
 
 
 def recorded_json(dialect: str) -> bytes:
-    """A real non-streaming response body of each dialect (compact, as servers send them)."""
+    """A real non-streaming response body of each dialect (compact, as servers send them); for
+    ``completions``, vLLM's shape (``fixtures/vllm``: built from its definitions, not recorded)."""
     if dialect == "messages":
         return _anthropic_cassette_body()
+    if dialect == "completions":
+        return json.dumps(
+            json.loads((FIXTURES_ROOT / "vllm/completions_return_token_ids.json").read_text())
+        ).encode()
     name = {
         "responses": "openai-python/responses_json/output_text.json",
         "chat": "openai-python/chat_completions_json/parse_nothing.json",
@@ -119,7 +124,7 @@ async def read_body(receive: Any) -> bytes:
 
 
 class ReplayModelServer:
-    """An ASGI model server that answers the three dialects with recorded bodies or SSE chunks.
+    """An ASGI model server that answers the four dialects with recorded bodies or SSE chunks.
 
     Tests set ``replies[dialect]`` to change what a dialect answers; ``seen`` lists (method, path, body).
 
@@ -130,7 +135,7 @@ class ReplayModelServer:
 
     def __init__(self) -> None:
         self.replies: dict[str, Reply] = {
-            d: Reply(chunks=[recorded_json(d)]) for d in ("responses", "chat", "messages")
+            d: Reply(chunks=[recorded_json(d)]) for d in ("responses", "chat", "messages", "completions")
         }
         self.seen: list[tuple[str, str, bytes]] = []
         self.chunk_delay = 0.0
@@ -149,7 +154,8 @@ class ReplayModelServer:
             "/v1/responses": "responses",
             "/v1/chat/completions": "chat",
             "/v1/messages": "messages",
-        }.get(path.rstrip("/"))
+            "/v1/completions": "completions",
+        }.get(_with_v1(path.rstrip("/")))
         if dialect is None or scope["method"] != "POST":
             payload = json.dumps({"path": path, "method": scope["method"]}).encode()
             await send(
@@ -205,6 +211,11 @@ class ReplayModelServer:
         if reply.raise_after is not None and reply.raise_after >= len(reply.chunks):
             raise UpstreamFailure("the model server failed before the end of its body")
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _with_v1(path: str) -> str:
+    """The dialect path of a route served without ``/v1`` too (as vLLM's and llama.cpp's are)."""
+    return path if path.startswith("/v1/") else "/v1" + path
 
 
 async def _wait_for_disconnect(receive: Any) -> None:

@@ -33,6 +33,9 @@ class RolloutCheck:
     error: str | None = None
     entries: list[tuple[str, str]] = field(default_factory=list)
     """``(file name, what it is)`` of this rollout's entries that are not regular files of their own."""
+    tokens_missing: list[tuple[int, str]] = field(default_factory=list)
+    """``(call_index, reason)`` of the calls answered without the token ids or log-probs they asked for:
+    not damage (the records are sound), but not trainable as asked (``docs/tokens.md``)."""
 
     @property
     def damaged(self) -> bool:
@@ -62,6 +65,9 @@ def check_capture_dir(store: CaptureStore) -> list[RolloutCheck]:
             result.invalid = list(available.invalid)
             result.torn_tail = available.torn_tail_line
             result.incomplete = available.incomplete
+            result.tokens_missing = [
+                (r.call_index, r.tokens_missing) for r in available.records if r.tokens_missing is not None
+            ]
     return results
 
 
@@ -91,12 +97,16 @@ def format_check(results: list[RolloutCheck]) -> list[str]:
             lines.append(
                 f"{result.rollout_id}: incomplete: at least one call was not captured (see the .capture.incomplete marker)"
             )
+        for call_index, reason in result.tokens_missing:
+            lines.append(f"{result.rollout_id}: call {call_index}: tokens missing: {reason}")
     damaged = sum(r.damaged for r in results)
     incomplete = sum(r.incomplete for r in results)
     records = sum(r.records for r in results)
-    lines.append(
-        f"{len(results)} rollout(s), {records} record(s); {damaged} damaged, {incomplete} incomplete"
-    )
+    summary = f"{len(results)} rollout(s), {records} record(s); {damaged} damaged, {incomplete} incomplete"
+    without_tokens = sum(bool(r.tokens_missing) for r in results)
+    if without_tokens:
+        summary += f"; {without_tokens} with calls missing the tokens they asked for"
+    lines.append(summary)
     return lines
 
 

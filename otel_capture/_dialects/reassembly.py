@@ -1,7 +1,7 @@
 """Per-dialect stream reassembly: :class:`~otel_capture._dialects.sse.SSEEvent` in, response dict out.
 
-One accumulator per streamed call turns the events of a Responses, Chat Completions or Anthropic Messages
-stream back into the object the non-streaming endpoint would have returned, and notes the dialect's
+One accumulator per streamed call turns the events of a Responses, Chat Completions, Anthropic Messages or
+legacy Completions stream back into the object the non-streaming endpoint would have returned, and notes the dialect's
 terminal event. The official SDKs' own accumulators are the reference (``tests/unit/test_reassembly.py``
 compares against them on every recorded stream); where they differ on purpose it is said below.
 
@@ -30,12 +30,13 @@ while the stream is still being fed.
 
 Layout: this module is the interface (:func:`accumulator_for`, :class:`StreamAccumulator`); the interface
 type, the fail-safe shell and JSON helpers are in :mod:`.stream`, one accumulator per dialect in
-:mod:`.responses`, :mod:`.chat` and :mod:`.messages`, each named in the dialect table (:mod:`.table`).
+:mod:`.responses`, :mod:`.chat`, :mod:`.messages` and :mod:`.completions`, each named in the dialect table (:mod:`.table`).
 """
 
 from __future__ import annotations
 
 from .chat import ChatCompletionsAccumulator
+from .completions import CompletionsAccumulator
 from .messages import MessagesAccumulator
 from .responses import ResponsesAccumulator
 from .stream import StreamAccumulator, TerminalKind
@@ -43,6 +44,7 @@ from .table import DIALECTS, Dialect
 
 __all__ = [
     "ChatCompletionsAccumulator",
+    "CompletionsAccumulator",
     "Dialect",
     "MessagesAccumulator",
     "ResponsesAccumulator",

@@ -1,4 +1,4 @@
-"""The three dialects a model server speaks, and what each one means: one :class:`DialectSpec` per dialect.
+"""The four dialects a model server speaks, and what each one means: one :class:`DialectSpec` per dialect.
 
 Everything that depends on the dialect is named here: the request paths that select it, the span's GenAI
 operation and provider, the ``openai.api.type``, the stream accumulator, the finish reasons and the
@@ -15,9 +15,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .._attributes import OPERATION_CHAT
+from .._attributes import OPERATION_CHAT, OPERATION_TEXT_COMPLETION
 from . import content
 from .chat import ChatCompletionsAccumulator
+from .completions import CompletionsAccumulator, completions_input, completions_output
 from .derive import chat_finish_reasons, messages_finish_reasons, responses_finish_reasons
 from .messages import MessagesAccumulator
 from .responses import ResponsesAccumulator
@@ -34,7 +35,7 @@ __all__ = [
 
 _logger = logging.getLogger(__name__)
 
-Dialect = Literal["responses", "chat", "messages"]
+Dialect = Literal["responses", "chat", "messages", "completions"]
 InputMessages = Callable[[JsonDict], tuple[list[Any], list[Any]]]
 
 
@@ -87,7 +88,19 @@ MESSAGES = DialectSpec(
     output_messages=content.messages_output,
 )
 
-DIALECTS: dict[str, DialectSpec] = {spec.name: spec for spec in (RESPONSES, CHAT, MESSAGES)}
+COMPLETIONS = DialectSpec(  # the legacy text completions (token-in/token-out training): .completions
+    name="completions",
+    paths=("/v1/completions",),
+    operation_name=OPERATION_TEXT_COMPLETION,
+    provider_name="openai",
+    openai_api_type=None,  # the semconv names chat_completions and responses only
+    accumulator=CompletionsAccumulator,
+    finish_reasons=chat_finish_reasons,  # each choice's finish_reason, as Chat
+    input_messages=completions_input,
+    output_messages=completions_output,
+)
+
+DIALECTS: dict[str, DialectSpec] = {spec.name: spec for spec in (RESPONSES, CHAT, MESSAGES, COMPLETIONS)}
 DIALECT_PATHS: dict[str, Dialect] = {path: spec.name for spec in DIALECTS.values() for path in spec.paths}
 
 

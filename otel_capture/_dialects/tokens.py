@@ -10,6 +10,11 @@ Shapes read (whichever are present; nothing is invented):
 * Chat Completions ``logprobs``: ``choices[i].logprobs.content[j].logprob`` (OpenAI, vLLM, llama.cpp); the
   token id from ``content[j].id`` (llama.cpp) or from a ``"token_id:N"`` token (vLLM's
   ``return_tokens_as_token_ids``) when ``token_ids`` is absent;
+* Completions (``/v1/completions``): ``choices[i].token_ids`` and each choice's ``prompt_token_ids``
+  (vLLM's, with ``return_token_ids``: one prompt for all choices, or each generation its own when the
+  request had several prompts), the legacy ``choices[i].logprobs.token_logprobs`` (ids from vLLM's
+  ``token_id:N`` tokens), without the prompt's entries that ``echo`` puts first
+  (:func:`.completions.legacy_log_probs`);
 * Responses: ``output[k].content[m].logprobs[j].logprob``; NeMo Gym's vLLM model server's
   ``prompt_token_ids`` / ``generation_token_ids`` / ``generation_log_probs`` on output items; a top-level
   ``prompt_token_ids``; vLLM's ``enable_response_messages``: top-level ``input_messages`` (the prompt's ids)
@@ -27,6 +32,8 @@ same call not streamed give the same line. Anthropic Messages has no log-probs (
 from __future__ import annotations
 
 from typing import Any
+
+from .completions import legacy_log_probs
 
 
 def _int_list(value: Any) -> list[int] | None:
@@ -96,12 +103,37 @@ def _chat_generations(choices: Any) -> list[dict[str, Any]]:
         log_probs = None
         logprobs = choice.get("logprobs")
         if isinstance(logprobs, dict):
-            ids, log_probs = _from_logprob_entries(logprobs.get("content"))
+            if "token_logprobs" in logprobs:  # /v1/completions' legacy lists
+                prompt = _int_list(choice.get("prompt_token_ids"))
+                ids, log_probs = legacy_log_probs(
+                    logprobs, token_ids, None if prompt is None else len(prompt)
+                )
+            else:
+                ids, log_probs = _from_logprob_entries(logprobs.get("content"))
             token_ids = token_ids if token_ids is not None else ids
         generation = _generation(index, token_ids, log_probs)
         if generation is not None:
             found.append(generation)
     return found
+
+
+def _choice_prompts(choices: Any, generations: list[dict[str, Any]]) -> list[int] | None:
+    """vLLM's ``/v1/completions`` puts ``prompt_token_ids`` on each choice: the one prompt of them all; for
+    a request of several prompts (choices of different prompts) each generation carries its own."""
+    if not isinstance(choices, list):
+        return None
+    prompts: dict[int, list[int]] = {}
+    for position, choice in enumerate(choices):
+        if isinstance(choice, dict) and (ids := _int_list(choice.get("prompt_token_ids"))) is not None:
+            raw_index = choice.get("index")
+            prompts[raw_index if isinstance(raw_index, int) else position] = ids
+    distinct = {tuple(ids) for ids in prompts.values()}
+    if len(distinct) == 1:
+        return next(iter(prompts.values()))
+    for generation in generations:
+        if generation["index"] in prompts:
+            generation["prompt_token_ids"] = prompts[generation["index"]]
+    return None
 
 
 def _responses_generations(output: Any) -> tuple[list[dict[str, Any]], list[int] | None]:
@@ -171,6 +203,8 @@ def extract_tokens(response: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     prompt = _int_list(response.get("prompt_token_ids"))
     generations = _chat_generations(response.get("choices"))
+    if prompt is None:
+        prompt = _choice_prompts(response.get("choices"), generations)
     if "output" in response:
         more, item_prompt = _responses_generations(response.get("output"))
         generations += more

@@ -22,15 +22,18 @@ def aggregate_model_call_records(records: Iterable[ModelCallRecord]) -> dict[str
 
     Gym's keys: ``tokens_in``, ``tokens_out``, ``tokens_reasoning``, ``tokens_total``, ``cached_tokens``,
     ``latency_total_ms``, ``num_calls`` (failed calls included). Ours: ``num_errors`` (the calls that
-    :attr:`~.schema.ModelCallRecord.failed`), ``cache_creation_tokens`` (a sum) and
-    ``latency_ttft_ms_mean`` (the mean over calls that have a TTFT). One pass: ``records`` may be an iterator.
+    :attr:`~.schema.ModelCallRecord.failed`), ``cache_creation_tokens`` (a sum),
+    ``latency_ttft_ms_mean`` (the mean over calls that have a TTFT) and ``num_tokens_missing`` (the calls
+    answered without the token ids or log-probs they asked for: ``tokens_missing``). One pass: ``records``
+    may be an iterator.
     """
     sums: dict[str, Any] = dict.fromkeys((*_SUMMED, "cache_creation_tokens"))
-    calls = errors = ttft_count = 0
+    calls = errors = ttft_count = tokens_missing = 0
     ttft_sum = 0.0
     for call in records:
         calls += 1
         errors += call.failed
+        tokens_missing += call.tokens_missing is not None
         for attr in sums:
             value = getattr(call, attr)
             if value is not None:
@@ -44,4 +47,5 @@ def aggregate_model_call_records(records: Iterable[ModelCallRecord]) -> dict[str
         "num_errors": errors,
         "cache_creation_tokens": sums["cache_creation_tokens"],
         "latency_ttft_ms_mean": ttft_sum / ttft_count if ttft_count else None,
+        "num_tokens_missing": tokens_missing,
     }

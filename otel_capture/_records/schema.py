@@ -98,6 +98,8 @@ class ModelCallRecord(BaseModel):
     stream_truncated: bool | None = None
     truncated: bool | None = None
     failure: dict[str, Any] | None = None
+    # why the token ids or log-probs the request asked for are not all in the answer (docs/tokens.md)
+    tokens_missing: str | None = None
 
     @property
     def failed(self) -> bool:

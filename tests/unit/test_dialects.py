@@ -18,6 +18,7 @@ def test_each_path_selects_the_dialect_that_lists_it() -> None:
         "/v1/responses": "responses",
         "/v1/chat/completions": "chat",
         "/v1/messages": "messages",
+        "/v1/completions": "completions",
     }
 
 
@@ -26,11 +27,13 @@ def test_only_the_openai_dialects_carry_an_openai_api_type() -> None:
         "responses": "responses",
         "chat": "chat_completions",
         "messages": None,
+        "completions": None,  # the semconv names no api type for the legacy completions
     }
     assert {name: spec.provider_name for name, spec in DIALECTS.items()} == {
         "responses": "openai",
         "chat": "openai",
         "messages": "anthropic",
+        "completions": "openai",
     }
 
 
@@ -43,8 +46,10 @@ def test_each_entry_reassembles_and_reads_finish_reasons_of_its_own_dialect() ->
         b'"end_turn"}}\n\nevent: message_stop\ndata: {"type":"message_stop"}\n\n',
         "responses": b'data: {"type":"response.completed","response":{"id":"r","status":"completed",'
         b'"output":[]}}\n\n',
+        "completions": b'data: {"id":"c","object":"text_completion","choices":[{"index":0,"text":"hi",'
+        b'"finish_reason":"length"}]}\n\ndata: [DONE]\n\n',
     }
-    expected = {"chat": ["stop"], "messages": ["end_turn"], "responses": ["completed"]}
+    expected = {"chat": ["stop"], "messages": ["end_turn"], "responses": ["completed"], "completions": ["length"]}
     for name, spec in DIALECTS.items():
         accumulator = spec.accumulator()
         for event in SSEDecoder().feed(streams[name]):

@@ -903,7 +903,7 @@ def test_nothing_usable_gives_none(dialect: Dialect) -> None:
 
 def test_unknown_dialect() -> None:
     with pytest.raises(ValueError, match="dialect"):
-        accumulator_for("completions")  # type: ignore[arg-type]
+        accumulator_for("embeddings")  # type: ignore[arg-type]
 
 
 # -- long streams --------------------------------------------------------------------------------------
