@@ -49,7 +49,12 @@ def test_each_entry_reassembles_and_reads_finish_reasons_of_its_own_dialect() ->
         "completions": b'data: {"id":"c","object":"text_completion","choices":[{"index":0,"text":"hi",'
         b'"finish_reason":"length"}]}\n\ndata: [DONE]\n\n',
     }
-    expected = {"chat": ["stop"], "messages": ["end_turn"], "responses": ["completed"], "completions": ["length"]}
+    expected = {
+        "chat": ["stop"],
+        "messages": ["end_turn"],
+        "responses": ["completed"],
+        "completions": ["length"],
+    }
     for name, spec in DIALECTS.items():
         accumulator = spec.accumulator()
         for event in SSEDecoder().feed(streams[name]):
