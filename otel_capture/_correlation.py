@@ -1,6 +1,8 @@
-"""Rollout correlation: the one id grammar and its three carriers, in the order the middleware reads them:
-the ``/ng-rollout/<id>/`` URL prefix, the ``x-rollout-id`` header (for gateways that forward only ``x-*``
-headers), and the W3C baggage entry ``rollout.id``. See ``docs/gateways.md``.
+"""Rollout correlation: the one id grammar and its carriers, in the order the middleware reads them: the
+``/ng-rollout/<id>/`` URL prefix, the ``x-rollout-id`` header (for gateways that forward only ``x-*``
+headers), then, each only when configured (:class:`RolloutRules`), the API key (``Authorization: Bearer``
+or ``x-api-key``, through a pattern with a group ``rollout``) and the ``x-session-id`` header, and last the
+W3C baggage entry ``rollout.id``. See ``docs/gateways.md``.
 
 Every place that accepts a rollout id (middleware, store, collector) validates it here, with the same rule.
 """
@@ -11,6 +13,7 @@ import contextlib
 import contextvars
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from ._errors import CaptureError
@@ -20,12 +23,15 @@ ROLLOUT_ID_RULE = "a rollout id is 1-200 characters of A-Z a-z 0-9 . _ -, starti
 ROLLOUT_PATH_PREFIX = "ng-rollout"
 BAGGAGE_ROLLOUT_KEY = "rollout.id"
 ROLLOUT_ID_HEADER = "x-rollout-id"
+SESSION_ID_HEADER = "x-session-id"
+API_KEY_HEADER = "x-api-key"
 # The mark the capturing layer puts on the request it passes on: a capture layer behind it (a proxy, a
 # zero-code server) that sees it records nothing, so one call is one record however the layers stack.
 CAPTURED_HEADER = "x-otel-capture"
 CAPTURED_VALUE = "captured"
 
 _ROLLOUT_ID_RE = re.compile(ROLLOUT_ID_PATTERN)
+_API_KEY_HEADER = API_KEY_HEADER.encode()
 _PREFIX = "/" + ROLLOUT_PATH_PREFIX + "/"
 
 
@@ -82,6 +88,61 @@ def rollout_id_from_header(header_values: list[bytes]) -> str | None:
     with different values join with ``,``, which the grammar refuses."""
     values = dict.fromkeys(v.decode("latin-1").strip() for v in header_values)
     return ",".join(values) if values else None
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutRules:
+    """The carriers read only when configured (``CaptureSettings``): the API key through ``api_key_pattern``
+    (its group ``rollout``; the whole key must match), ``x-session-id``, and the key that replaces a
+    matching one upstream (``None``: the key goes on as sent)."""
+
+    api_key_pattern: re.Pattern[str] | None = None
+    session_id: bool = False
+    upstream_api_key: str | None = field(default=None, repr=False)
+
+
+NO_RULES = RolloutRules()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyMatch:
+    """An API key the pattern matched: the rollout id it names (``None`` when the group breaks the
+    grammar: never shown, it is part of a credential) and the headers with the key replaced upstream."""
+
+    rollout_id: str | None
+    headers: list[tuple[bytes, bytes]] | None  # None: forwarded as sent
+
+
+def match_api_key(headers: list[tuple[bytes, bytes]], rules: RolloutRules) -> KeyMatch | None:
+    """The first of ``Authorization: Bearer <key>`` and ``x-api-key: <key>`` whose key matches
+    ``rules.api_key_pattern`` in full, or ``None``. The key itself is kept nowhere."""
+    pattern = rules.api_key_pattern
+    if pattern is None:
+        return None
+    rollout_id: str | None = None
+    matched = False
+    replaced = list(headers) if rules.upstream_api_key is not None else None
+    for position, (name, value) in enumerate(headers):
+        lowered = name.lower()
+        if lowered == b"authorization":
+            scheme, _, key = value.decode("latin-1").strip().partition(" ")
+            if scheme.lower() != "bearer":
+                continue
+        elif lowered == _API_KEY_HEADER:
+            key = value.decode("latin-1")
+        else:
+            continue
+        found = pattern.fullmatch(key.strip())
+        if found is None:
+            continue
+        if not matched:
+            matched, rollout_id = True, found.group("rollout")
+        if replaced is not None and rules.upstream_api_key is not None:  # every per-rollout key is replaced
+            upstream = rules.upstream_api_key.encode("latin-1")
+            replaced[position] = (name, b"Bearer " + upstream if lowered == b"authorization" else upstream)
+    if not matched:
+        return None
+    return KeyMatch(rollout_id if is_valid_rollout_id(rollout_id) else None, replaced)
 
 
 def rollout_path_prefix(rollout_id: str) -> str:

@@ -4,7 +4,7 @@ durable record, without delaying or changing the response.
 Per request (``docs/gateways.md`` has the whole story):
 
 1. The rollout id comes from the ``/ng-rollout/<id>/`` URL prefix, else the ``x-rollout-id`` header, else
-   the W3C ``baggage`` entry ``rollout.id``. The prefix moves into ``root_path`` (so the app's redirects
+   (when configured) the API key or ``x-session-id``, else the W3C ``baggage`` entry ``rollout.id``. The prefix moves into ``root_path`` (so the app's redirects
    and links keep it) and the header is removed; an id that breaks the grammar in either gets ``400``.
 2. Only ``POST`` to ``/v1/responses``, ``/v1/chat/completions``, ``/v1/messages``, ``/v1/completions`` (also without ``/v1``,
    a trailing slash tolerated) with a rollout id is captured; everything else goes to the app untouched.
@@ -41,12 +41,17 @@ from . import _attributes as A
 from . import _routing as R
 from ._asgi import ASGIApp, Message, Receive, Scope, Send
 from ._call import InFlightCall
-from ._correlation import BAGGAGE_ROLLOUT_KEY, ROLLOUT_ID_HEADER
+from ._correlation import BAGGAGE_ROLLOUT_KEY, ROLLOUT_ID_HEADER, RolloutRules
 from ._dialects import DIALECTS, Dialect
 from ._metrics import ServerMetrics
 from ._notices import notify
 from ._records import tokens_line
-from ._settings import JSONL_EXPORTER, CaptureSettings
+from ._settings import (
+    ENV_API_KEY_ROLLOUT_PATTERN,
+    ENV_SESSION_ID_AS_ROLLOUT,
+    JSONL_EXPORTER,
+    CaptureSettings,
+)
 from ._sink import CallSink, FinishedCall, LoopWaiter, SinkLookup, find_sink
 from ._spans import SpanGate
 from ._uncorrelated import UncorrelatedCounter, counter_for
@@ -82,6 +87,11 @@ class ModelCallCaptureMiddleware:
         self._sink_lookup = SinkLookup(tracer_provider) if self.sink is None else None
         self._no_sink_warned = False
         self.settings = settings if settings is not None else CaptureSettings.from_environ()
+        self._rules = RolloutRules(  # the carriers read only when configured: API key, x-session-id
+            self.settings.api_key_rollout_pattern,
+            self.settings.session_id_as_rollout,
+            self.settings.upstream_api_key,
+        )
         self._tracer = trace.get_tracer(__name__, __version__, tracer_provider)
         self._spans = SpanGate(tracer_provider)
         self._metrics = ServerMetrics(meter_provider)
@@ -94,20 +104,15 @@ class ModelCallCaptureMiddleware:
         if scope["type"] != "http" or scope.get(R.SCOPE_CAPTURED):
             await self.app(scope, receive, send)
             return
-        found = R.correlate(scope)  # the one decision: what this request is, or the rule it breaks
+        found = R.correlate(
+            scope, self._rules
+        )  # the one decision: what this request is, or the rule it breaks
         if isinstance(found, R.Refusal):
             await _send_json(send, found.status, found.payload())
             return
         if found.prefixed:
             R.name_server_span(found.scope, found.dialect)
-        if found.invalid_baggage_id is not None:
-            # Baggage is ambient context from any upstream system: a bad value must not fail the call.
-            notify(
-                _logger,
-                logging.WARNING,
-                "not capturing a call with invalid baggage rollout.id %r",
-                found.invalid_baggage_id[:64],
-            )
+        R.warn_ignored_carriers(found)  # a bad baggage id, API key group or session id: logged, not read
         if not found.captured:
             if found.dialect is not None and found.rollout_id is None and not found.captured_upstream:
                 self._uncorrelated(found.scope, found.dialect)
@@ -152,12 +157,16 @@ class ModelCallCaptureMiddleware:
             notify(
                 _logger,
                 logging.WARNING,
-                "a %s model call to %s has no rollout id (no /ng-rollout/<id>/ prefix, %s header or baggage "
-                "%s): it is served but not recorded; see docs/gateways.md",
+                "a %s model call to %s has no rollout id (no /ng-rollout/<id>/ prefix, %s header, API key "
+                "or session id read as one, or baggage %s): it is served but not recorded; see "
+                "docs/gateways.md, 'Per framework' (LiteLLM's forward_client_headers_to_llm_api, verifiers' "
+                "X-Session-ID with %s, inspect-ai's solver, per-rollout API keys with %s)",
                 dialect,
                 scope.get("path", ""),
                 ROLLOUT_ID_HEADER,
                 BAGGAGE_ROLLOUT_KEY,
+                ENV_SESSION_ID_AS_ROLLOUT,
+                ENV_API_KEY_ROLLOUT_PATTERN,
             )
         else:
             notify(

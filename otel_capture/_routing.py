@@ -1,10 +1,11 @@
-"""Where a request goes: :func:`correlate` (its rollout id from the URL prefix, the ``x-rollout-id`` header or
-baggage, the route the app sees, its dialect, whether this layer captures it; or the rule it breaks), and
+"""Where a request goes: :func:`correlate` (its rollout id from the URL prefix, the ``x-rollout-id`` header,
+the API key or ``x-session-id`` when configured, or baggage; the route the app sees, its dialect, whether this layer captures it; or the rule it breaks), and
 the HTTP server span's name. Pure functions of the ASGI scope, shared by the capture middleware,
 the lean server span and the proxy."""
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -18,16 +19,24 @@ from ._asgi import Scope
 from ._correlation import (
     CAPTURED_HEADER,
     CAPTURED_VALUE,
+    NO_RULES,
     ROLLOUT_ID_HEADER,
     ROLLOUT_ID_RULE,
     ROLLOUT_PATH_PREFIX,
+    SESSION_ID_HEADER,
+    RolloutRules,
     is_valid_rollout_id,
+    match_api_key,
     rollout_id_from_baggage,
     rollout_id_from_header,
     rollout_path_prefix,
     split_rollout_prefix,
 )
 from ._dialects import DIALECT_PATHS, Dialect
+from ._notices import notify
+from ._settings import ENV_API_KEY_ROLLOUT_PATTERN
+
+_logger = logging.getLogger(__name__)
 
 SCOPE_CAPTURED = "otel_capture.captured"  # set on a scope a capture middleware captures: others pass it
 SCOPE_ROLLOUT_ID = "otel_capture.rollout_id"  # from a URL prefix stripped by an outer capture middleware
@@ -62,13 +71,15 @@ class Correlation:
 
     scope: Scope
     rollout_id: str | None
-    source: str  # "url_prefix", "header" or "baggage" (meaningless without a rollout id)
+    source: str  # url_prefix, header, api_key, session_id or baggage (meaningless without a rollout id)
     prefixed: bool  # the id came from a prefix this layer read (the server span is renamed)
     dialect: Dialect | None
     headers: dict[str, list[bytes]]  # by lower-case name; read only for a model call ({} otherwise)
     captured_upstream: bool = False  # the request carries x-otel-capture: captured
     baggage_id: str | None = None  # the baggage's rollout.id, valid or not (the span notes a disagreement)
     invalid_baggage_id: str | None = None  # a baggage rollout.id that breaks the grammar: ignored, logged
+    invalid_api_key_id: bool = False  # a key matched the pattern, its group breaks the grammar (never shown)
+    invalid_session_id: str | None = None  # an x-session-id read as rollout id that breaks the grammar
 
     @property
     def captured(self) -> bool:
@@ -89,12 +100,16 @@ class Correlation:
 DOUBLE_PREFIX_RULE = "a request carries at most one /ng-rollout/<id>/ prefix"
 
 
-def correlate(scope: Scope) -> Correlation | Refusal:
+def correlate(scope: Scope, rules: RolloutRules = NO_RULES) -> Correlation | Refusal:
     """The one decision of what an HTTP request is for capture: :class:`Correlation`, or a
     :class:`Refusal` naming the rule it breaks. The carriers in order (``docs/gateways.md``): the
     ``/ng-rollout/<id>/`` URL prefix (or the id an outer capture middleware read from one), the
-    ``x-rollout-id`` header, the W3C ``baggage`` entry ``rollout.id`` (read for model calls only; a bad one
-    is ambient context from any upstream system, so it is ignored, not refused).
+    ``x-rollout-id`` header, then as ``rules`` say the API key (``Authorization: Bearer`` or ``x-api-key``
+    through a pattern) and the ``x-session-id`` header, then the W3C ``baggage`` entry ``rollout.id``. The
+    last three are read for model calls only, and a bad one is ignored (logged), not refused: they carry
+    other things for other systems (a credential, a session), and a refusal would quote a credential.
+    A key that matched the pattern is replaced by ``rules.upstream_api_key`` when one is set, on every
+    request (a ``GET /v1/models`` with a per-rollout key goes upstream too).
 
     The prefix moves into ``root_path`` (``path`` keeps the full path, as the ASGI spec and Starlette want),
     so the app routes the rest and the URLs it builds (redirects, ``url_for``) keep the prefix.
@@ -133,6 +148,9 @@ def correlate(scope: Scope) -> Correlation | Refusal:
         scope = dict(scope, **changes)
         if rollout_id is not None:  # for a capture middleware below this one (a mounted sub-app)
             scope[SCOPE_ROLLOUT_ID], scope[SCOPE_ROLLOUT_SOURCE] = rollout_id, source
+    key = match_api_key(scope.get("headers", ()), rules) if rules.api_key_pattern is not None else None
+    if key is not None and key.headers is not None:
+        scope = dict(scope, headers=key.headers)  # the per-rollout key does not go upstream
     prefixed = split is not None
     dialect = dialect_of(scope)
     if dialect is None:  # not a model call: nothing more to read
@@ -141,6 +159,18 @@ def correlate(scope: Scope) -> Correlation | Refusal:
     marks = headers.get(CAPTURED_HEADER)
     if marks and CAPTURED_VALUE in (v.decode("latin-1").strip() for v in marks):
         return Correlation(scope, rollout_id, source, prefixed, dialect, headers, captured_upstream=True)
+    invalid_key = False
+    invalid_session = None
+    if rollout_id is None and key is not None:
+        if key.rollout_id is not None:
+            rollout_id, source = key.rollout_id, "api_key"
+        else:
+            invalid_key = True
+    if rollout_id is None and rules.session_id and (session := session_id(headers)) is not None:
+        if is_valid_rollout_id(session):
+            rollout_id, source = session, "session_id"
+        else:
+            invalid_session = session
     baggage = headers.get("baggage")
     baggage_id = rollout_id_from_baggage(baggage) if baggage else None
     invalid_baggage_id = None
@@ -158,7 +188,38 @@ def correlate(scope: Scope) -> Correlation | Refusal:
         headers,
         baggage_id=baggage_id,
         invalid_baggage_id=invalid_baggage_id,
+        invalid_api_key_id=invalid_key,
+        invalid_session_id=invalid_session,
     )
+
+
+def warn_ignored_carriers(found: Correlation) -> None:
+    """Log each carrier :func:`correlate` ignored because its id breaks the grammar (never the key)."""
+    if found.invalid_baggage_id is not None:
+        # Baggage is ambient context from any upstream system: a bad value must not fail the call.
+        notify(
+            _logger,
+            logging.WARNING,
+            "not capturing a call with invalid baggage rollout.id %r",
+            found.invalid_baggage_id[:64],
+        )
+    if found.invalid_api_key_id:  # the key is a credential: neither it nor its group is shown
+        notify(
+            _logger,
+            logging.WARNING,
+            "an API key matched %s but its rollout group breaks the rollout id grammar (%s): not read",
+            ENV_API_KEY_ROLLOUT_PATTERN,
+            ROLLOUT_ID_RULE,
+        )
+    if found.invalid_session_id is not None:
+        notify(
+            _logger,
+            logging.WARNING,
+            "not reading the %s header %r as the rollout id: %s",
+            SESSION_ID_HEADER,
+            found.invalid_session_id[:64],
+            ROLLOUT_ID_RULE,
+        )
 
 
 def split_root(scope: Scope, root_path: str) -> tuple[str, str]:

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypeVar
 from urllib.parse import unquote
@@ -44,6 +45,9 @@ ENV_UPSTREAM_TIMEOUT = "OTEL_CAPTURE_UPSTREAM_TIMEOUT"
 ENV_MAX_REQUEST_BYTES = "OTEL_CAPTURE_MAX_REQUEST_BYTES"
 ENV_SHUTDOWN_TIMEOUT = "OTEL_CAPTURE_SHUTDOWN_TIMEOUT"
 ENV_LOCK_TIMEOUT = "OTEL_CAPTURE_LOCK_TIMEOUT_S"
+ENV_API_KEY_ROLLOUT_PATTERN = "OTEL_CAPTURE_API_KEY_ROLLOUT_PATTERN"
+ENV_SESSION_ID_AS_ROLLOUT = "OTEL_CAPTURE_SESSION_ID_AS_ROLLOUT"
+ENV_UPSTREAM_API_KEY = "OTEL_CAPTURE_UPSTREAM_API_KEY"
 # standard
 ENV_TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
 JSONL_EXPORTER = "model_call_jsonl"  # the records' exporter, by its entry-point name
@@ -112,6 +116,19 @@ class CaptureSettings:
     records_expected: bool = False
     """``OTEL_TRACES_EXPORTER`` names ``model_call_jsonl``: a middleware that finds no records' exporter
     on its tracer provider when a call comes says so (once) instead of recording nothing in silence."""
+    api_key_rollout_pattern: re.Pattern[str] | None = None
+    """Read the rollout id from the API key (off by default): a regular expression with a named group
+    ``rollout`` that the whole ``Authorization: Bearer`` token, else the ``x-api-key`` value, must match;
+    the group is the rollout id (only it is written anywhere, never the key). After the URL prefix and
+    ``x-rollout-id``, before the session id and baggage (``docs/gateways.md``).
+    ``OTEL_CAPTURE_API_KEY_ROLLOUT_PATTERN``."""
+    session_id_as_rollout: bool = False
+    """Read the rollout id from the ``x-session-id`` header (off by default), after the API key, before
+    baggage. ``OTEL_CAPTURE_SESSION_ID_AS_ROLLOUT``."""
+    upstream_api_key: str | None = field(default=None, repr=False)
+    """What goes on in place of a key that matched :attr:`api_key_rollout_pattern` (the same header:
+    ``Authorization: Bearer <it>`` or ``x-api-key: <it>``); ``None``: the key as sent.
+    ``OTEL_CAPTURE_UPSTREAM_API_KEY``. Never shown in a repr or a log."""
 
     @property
     def content_on_spans(self) -> bool:
@@ -128,8 +145,13 @@ class CaptureSettings:
         capture_content: ContentCapture | bool | None = None,
         content_max_length: int | None = None,
         durable_timeout_s: float | None = None,
+        api_key_rollout_pattern: str | re.Pattern[str] | None = None,
+        session_id_as_rollout: bool | None = None,
+        upstream_api_key: str | None = None,
     ) -> CaptureSettings:
         env = os.environ if environ is None else environ
+        if api_key_rollout_pattern is not None:
+            api_key_rollout_pattern = rollout_pattern(api_key_rollout_pattern)  # a bad one raises: it is code
         if isinstance(capture_content, bool):
             capture_content = "span_only" if capture_content else "no_content"
         sdk_limit = _pick(
@@ -165,7 +187,32 @@ class CaptureSettings:
             ),
             records_expected=JSONL_EXPORTER
             in (n.strip() for n in env.get(ENV_TRACES_EXPORTER, "").split(",")),
+            api_key_rollout_pattern=_pick(
+                api_key_rollout_pattern, env, (ENV_API_KEY_ROLLOUT_PATTERN,), _rollout_pattern, None
+            ),
+            session_id_as_rollout=_pick(
+                session_id_as_rollout, env, (ENV_SESSION_ID_AS_ROLLOUT,), _bool, False
+            ),
+            upstream_api_key=_pick(upstream_api_key, env, (ENV_UPSTREAM_API_KEY,), _secret, None),
         )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.api_key_rollout_pattern, str):  # CaptureSettings(api_key_rollout_pattern="...")
+            object.__setattr__(self, "api_key_rollout_pattern", rollout_pattern(self.api_key_rollout_pattern))
+        elif self.api_key_rollout_pattern is not None:
+            rollout_pattern(self.api_key_rollout_pattern)
+
+
+def rollout_pattern(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
+    """``pattern`` compiled; ``ValueError`` naming the rule when it does not compile or has no named group
+    ``rollout``."""
+    try:
+        compiled = re.compile(pattern) if isinstance(pattern, str) else pattern
+    except re.error as exc:
+        raise ValueError(f"not a regular expression: {exc}") from exc
+    if "rollout" not in compiled.groupindex:
+        raise ValueError("the pattern needs a named group (?P<rollout>...): the rollout id")
+    return compiled
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,6 +434,14 @@ def _service_name(name: str, raw: str) -> str | None:
         if sep and key.strip() == "service.name" and value.strip():
             return unquote(value.strip())
     return None
+
+
+def _rollout_pattern(_name: str, raw: str) -> re.Pattern[str]:
+    return rollout_pattern(raw.strip())
+
+
+def _secret(_name: str, raw: str) -> str:
+    return raw.strip()
 
 
 def _positive_int(_name: str, raw: str) -> int:

@@ -126,7 +126,8 @@ async def read_body(receive: Any) -> bytes:
 class ReplayModelServer:
     """An ASGI model server that answers the four dialects with recorded bodies or SSE chunks.
 
-    Tests set ``replies[dialect]`` to change what a dialect answers; ``seen`` lists (method, path, body).
+    Tests set ``replies[dialect]`` to change what a dialect answers; ``seen`` lists (method, path, body),
+    ``headers_seen`` the headers of each.
 
     Like a real server (Starlette's ``StreamingResponse``), it listens for ``http.disconnect`` while it
     streams and stops streaming when the client has gone (uvicorn does not cancel the app; it only delivers
@@ -138,6 +139,7 @@ class ReplayModelServer:
             d: Reply(chunks=[recorded_json(d)]) for d in ("responses", "chat", "messages", "completions")
         }
         self.seen: list[tuple[str, str, bytes]] = []
+        self.headers_seen: list[dict[str, str]] = []  # each request's headers, by lower-case name
         self.chunk_delay = 0.0
         self.outcomes: list[str] = []
         self.finished = threading.Event()
@@ -150,6 +152,7 @@ class ReplayModelServer:
         # the path it routes, as an ASGI app mounted at root_path does (the capture puts the prefix there)
         path = scope["path"].removeprefix(scope.get("root_path", ""))
         self.seen.append((scope["method"], path, body))
+        self.headers_seen.append({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
         dialect = {
             "/v1/responses": "responses",
             "/v1/chat/completions": "chat",

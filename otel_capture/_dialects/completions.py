@@ -18,7 +18,12 @@ commit d5dba2d7b0ab9b98096560c69db7126b54b14d79 and cc139d8ea6ff4db984778a3e77e9
   ``finish_reason``; then a usage chunk with ``choices: []`` (with ``stream_options.include_usage``) and
   ``data: [DONE]``.
 
-The reassembled object is the non-streaming body: texts and the four log-prob lists joined per choice,
+llama.cpp's server answers ``/v1/completions`` with Chat's log-probs instead (``logprobs.content[]``, each
+``{id, token, bytes, logprob, top_logprobs}``): they are joined the same way, and read as Chat's for the
+tokens line.
+
+The reassembled object is the non-streaming body: texts and the log-prob lists joined per choice (the ones
+the stream sent),
 ``token_ids`` joined, a key vLLM sent (``stop_reason``, ``token_ids``, ``prompt_token_ids``,
 ``prompt_logprobs``) kept even when it stayed null, as the non-streaming body has it.
 """
@@ -39,6 +44,8 @@ __all__ = [
 ]
 
 LEGACY_LOGPROB_LISTS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+# llama.cpp's /v1/completions sends Chat's shape instead, ``logprobs.content[]`` (``{id, token, logprob}``)
+_LOGPROB_LISTS = (*LEGACY_LOGPROB_LISTS, "content")
 _SKIPPED_TOP = frozenset({"choices", "usage", "object", "error"})
 _LATEST_TOP = frozenset({"system_fingerprint", "service_tier"})
 # vLLM's additions to a choice: the last non-null value wins (the first for the prompt's, sent once)
@@ -88,6 +95,9 @@ class CompletionsAccumulator(_Accumulator):
         usage = payload.get("usage")
         if isinstance(usage, dict):
             self._usage = usage
+        if payload.get("stop") is True and "choices" not in payload:
+            # llama.cpp's native /completions (what it serves without /v1): its last event says "stop"
+            self._finish("completed")
         carried = False
         choices = payload.get("choices")
         if isinstance(choices, list):
@@ -114,11 +124,11 @@ class CompletionsAccumulator(_Accumulator):
         logprobs = choice.get("logprobs")
         if isinstance(logprobs, dict):
             if state.logprobs is None:
-                state.logprobs = {key: [] for key in LEGACY_LOGPROB_LISTS}
-            for key in LEGACY_LOGPROB_LISTS:
+                state.logprobs = {}
+            for key in _LOGPROB_LISTS:
                 values = logprobs.get(key)
                 if isinstance(values, list):
-                    state.logprobs[key].extend(values)
+                    state.logprobs.setdefault(key, []).extend(values)
         if "token_ids" in choice:
             token_ids = choice["token_ids"]
             if isinstance(token_ids, list):

@@ -103,7 +103,7 @@ def _chat_generations(choices: Any) -> list[dict[str, Any]]:
         log_probs = None
         logprobs = choice.get("logprobs")
         if isinstance(logprobs, dict):
-            if "token_logprobs" in logprobs:  # /v1/completions' legacy lists
+            if isinstance(logprobs.get("token_logprobs"), list):  # /v1/completions' legacy lists
                 prompt = _int_list(choice.get("prompt_token_ids"))
                 ids, log_probs = legacy_log_probs(
                     logprobs, token_ids, None if prompt is None else len(prompt)

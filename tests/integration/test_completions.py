@@ -2,7 +2,7 @@
 
 A real uvicorn model server replays vLLM's answer to one completions call
 (``tests/fixtures/vllm/completions_return_token_ids.{json,sse}``, built from vLLM's protocol definitions; see
-``tests/unit/test_completions.py``), behind the capture proxy or wrapped in the capture middleware
+``tests/unit/test_completions_dialect.py``), behind the capture proxy or wrapped in the capture middleware
 in-process; the client is the official openai SDK's ``completions.create``, streamed and not, with a prompt
 of token ids, ``logprobs=1`` and vLLM's ``return_token_ids``.
 """
@@ -238,3 +238,37 @@ def test_log_probs_asked_for_and_dropped_are_said_counted_and_checked(
     assert f"dropped: call 0: tokens missing: {reason}" in check.stdout.splitlines()
     assert "full:" not in check.stdout
     assert check.stdout.splitlines()[-1].endswith("; 1 with calls missing the tokens they asked for")
+
+
+def test_chat_log_probs_dropped_from_a_stream_through_the_proxy(
+    proxied: tuple[str, CaptureStore, InMemorySpanExporter], replay_server: ReplayModelServer
+) -> None:
+    # vLLM with top_logprobs null answers no log-probs (NeMo RL#2845): the stream carries none of them
+    url, store, spans = proxied
+    events = []
+    for event in (VLLM / "chat_return_token_ids.sse").read_text().split("\n\n"):
+        if event.startswith("data: {"):
+            payload = json.loads(event.removeprefix("data: "))
+            for choice in payload["choices"]:
+                choice["logprobs"] = None
+            event = "data: " + json.dumps(payload)
+        if event:
+            events.append((event + "\n\n").encode())
+    reply = replay_server.replies["chat"]
+    reply.content_type, reply.chunks = "text/event-stream", events
+    with openai.OpenAI(base_url=f"{url}/ng-rollout/chat-dropped/v1", api_key="k", max_retries=0) as client:
+        stream = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Name two colours."}],
+            n=2,
+            max_tokens=4,
+            logprobs=True,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        assert sum(1 for _ in stream) > 0
+    (record,) = read_model_call_records(store, "chat-dropped")
+    assert (record.stream, record.error_category) == (True, None)
+    assert record.tokens_missing == "log-probs asked for (logprobs=true), none in the response"
+    (span,) = [s for s in spans.get_finished_spans() if (s.attributes or {}).get("rollout.id")]
+    assert (span.attributes or {})["otel_capture.model_call.tokens_missing"] == record.tokens_missing

@@ -316,6 +316,9 @@ def test_model_calls_without_a_rollout_id_are_logged_once_and_counted(
     warnings = [r.getMessage() for r in caplog.records if "no rollout id" in r.getMessage()]
     assert len(warnings) == 1, warnings  # the first one; the rest wait for the next minute, with a count
     assert "/v1/chat/completions" in warnings[0] and "x-rollout-id" in warnings[0]
+    # and it points to the recipes per framework
+    assert "docs/gateways.md, 'Per framework'" in warnings[0]
+    assert "forward_client_headers_to_llm_api" in warnings[0] and "X-Session-ID" in warnings[0]
     data = reader.get_metrics_data()
     assert data is not None
     (metric,) = [

@@ -175,3 +175,62 @@ def test_span_attributes_of_a_completion() -> None:
     assert json.loads(content["gen_ai.input.messages"]) == [
         {"role": "user", "parts": [{"type": "text", "content": "Hi"}]}
     ]
+
+
+def test_llama_cpp_s_chat_shaped_log_probs_are_joined_too() -> None:
+    # llama.cpp's /v1/completions sends logprobs.content[] (as its Chat does), one entry per streamed token;
+    # the shape as its server answered the tiny model (tests/e2e/test_tiny_model_completions.py checks it)
+    def entry(token_id: int, token: str, logprob: float) -> JsonDict:
+        return {
+            "id": token_id,
+            "token": token,
+            "bytes": list(token.encode()),
+            "logprob": logprob,
+            "top_logprobs": [],
+        }
+
+    steps = [entry(506, " the", -1.59), entry(5279, " capital", -0.65)]
+    chunks = [
+        {
+            "id": "c",
+            "object": "text_completion",
+            "choices": [
+                {"index": 0, "text": s["token"], "finish_reason": None, "logprobs": {"content": [s]}}
+            ],
+        }
+        for s in steps
+    ]
+    chunks.append(
+        {
+            "id": "c",
+            "object": "text_completion",
+            "choices": [{"index": 0, "text": "", "finish_reason": "length", "logprobs": None}],
+            "usage": {"prompt_tokens": 6, "completion_tokens": 2, "total_tokens": 8},
+        }
+    )
+    raw = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+    streamed, terminal = reassemble(raw)
+    assert terminal == "completed"
+    body = {
+        "id": "c",
+        "object": "text_completion",
+        "choices": [
+            {"index": 0, "text": " the capital", "finish_reason": "length", "logprobs": {"content": steps}}
+        ],
+    }
+    assert streamed["choices"][0]["logprobs"] == body["choices"][0]["logprobs"]
+    assert (
+        line(streamed)["generations"]
+        == line(body)["generations"]
+        == [{"index": 0, "token_ids": [506, 5279], "log_probs": [-1.59, -0.65]}]
+    )
+
+
+def test_llama_cpp_s_native_completions_stream_ends_at_its_stop_event() -> None:
+    # llama.cpp serves its own API on /completions (without /v1): not OpenAI's shape, but not a cut stream
+    raw = (
+        b'data: {"index":0,"content":",","tokens":[236764],"stop":false}\n\n'
+        b'data: {"index":0,"content":"","tokens":[],"stop":true,"tokens_predicted":1}\n\n'
+    )
+    _, terminal = reassemble(raw)
+    assert terminal == "completed"
