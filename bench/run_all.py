@@ -2,7 +2,7 @@
 
     python -m bench.run_all [--quick] [--only NAME[,NAME...]]
 
-Runs each ``bench/bench_*.py`` as ``python -m bench.<name>`` in its own process, one after the other
+Runs each ``bench/bench_*.py`` (``bench_vllm`` only when ``--only`` names it) as ``python -m bench.<name>`` in its own process, one after the other
 (never two at once: they would measure each other), ``bench_goals.py`` first (issue #12's goals, each
 against its baseline, met or missed), passing ``--quick`` along, streaming its output as it comes. Exits
 non-zero when a benchmark fails (its own checks included: the writers benchmark fails when a line is torn
@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
+ON_REQUEST = {"bench_vllm.py"}
 
 
 def main() -> int:
@@ -32,6 +33,8 @@ def main() -> int:
     args = parser.parse_args()
     # the goals first (issue #12's table), then every other benchmark in name order
     scripts = sorted(BENCH.glob("bench_*.py"), key=lambda s: (s.name != "bench_goals.py", s.name))
+    if not args.only:  # vLLM (6 GB, two starts, a build on first use) runs only when named
+        scripts = [s for s in scripts if s.name not in ON_REQUEST]
     if args.only:
         wanted = {
             f"bench_{name.removeprefix('bench_').removesuffix('.py')}.py" for name in args.only.split(",")

@@ -47,6 +47,7 @@ from ._call import InFlightCall
 from ._correlation import BAGGAGE_ROLLOUT_KEY, ROLLOUT_ID_HEADER, RolloutRules
 from ._dialects import DIALECTS, Dialect
 from ._metrics import ServerMetrics
+from ._notices import notify
 from ._records import tokens_line
 from ._settings import (
     ENV_API_KEY_ROLLOUT_PATTERN,
@@ -56,6 +57,7 @@ from ._settings import (
 )
 from ._sink import CallSink, FinishedCall, LoopWaiter, SinkLookup, find_sink
 from ._spans import SpanGate
+from ._uncorrelated import UncorrelatedCounter, counter_for
 from ._version import __version__
 from ._weight import caller_weight_version, span_weight_attributes, without_weight_version_header
 
@@ -101,6 +103,7 @@ class ModelCallCaptureMiddleware:
         self._metrics = ServerMetrics(meter_provider)
         self._span_kind = span_kind
         self._uncorrelated_notice = _RateLimitedNotice(_UNCORRELATED_NOTICE_INTERVAL_S)
+        self._uncorrelated_counter: UncorrelatedCounter | None = None
         self._deadlines: _Deadlines | None = None  # of the loop that last finished a call
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -135,7 +138,9 @@ class ModelCallCaptureMiddleware:
             self.sink, self._sink_lookup = sink, None
         elif self.settings.records_expected and not self._no_sink_warned:
             self._no_sink_warned = True
-            _logger.warning(
+            notify(
+                _logger,
+                logging.WARNING,
                 "OTEL_TRACES_EXPORTER names %s, but this capture middleware's tracer provider has no %s "
                 "exporter: its calls are traced, not recorded, until one is added (set the tracer provider "
                 "before the first call, or pass sink=); see docs/architecture.md",
@@ -148,11 +153,16 @@ class ModelCallCaptureMiddleware:
         """A model call without a rollout id is served but cannot be recorded: say so (the first time,
         then at most once a minute with a count) and count it, so a missing prefix shows at once."""
         self._metrics.count_uncorrelated(dialect)
+        counter = self._uncorrelated_counter or self._counter_of_sink()
+        if counter is not None:
+            counter.count(dialect)  # in memory; written to the capture directory at most once a second
         suppressed = self._uncorrelated_notice.note()
         if suppressed is None:
             return
         if suppressed == 0:
-            _logger.warning(
+            notify(
+                _logger,
+                logging.WARNING,
                 "a %s model call to %s has no rollout id (no /ng-rollout/<id>/ prefix, %s header, API key "
                 "or session id read as one, or baggage %s): it is served but not recorded; see "
                 "docs/gateways.md, 'Per framework' (LiteLLM's forward_client_headers_to_llm_api, verifiers' "
@@ -165,9 +175,21 @@ class ModelCallCaptureMiddleware:
                 ENV_API_KEY_ROLLOUT_PATTERN,
             )
         else:
-            _logger.warning(
-                "%d more model calls without a rollout id were served but not recorded", suppressed
+            notify(
+                _logger,
+                logging.WARNING,
+                "%d more model calls without a rollout id were served but not recorded",
+                suppressed,
             )
+
+    def _counter_of_sink(self) -> UncorrelatedCounter | None:
+        """The capture directory's count of uncorrelated calls, once this middleware has a sink with a
+        directory (the records' exporter)."""
+        sink = self.sink if self._sink_lookup is None else self._late_sink()
+        directory = getattr(sink, "directory", None)
+        if isinstance(directory, str):
+            self._uncorrelated_counter = counter_for(directory)
+        return self._uncorrelated_counter
 
     async def _capture(
         self,
@@ -193,7 +215,11 @@ class ModelCallCaptureMiddleware:
         call.set_request(b"".join(m.get("body", b"") for m in body_messages))
         span, attributes, parent = self._start_span(call, scope, headers, found.source, found.baggage_id)
         # in the caller's context when there is no server span (its baggage too), else in the current one
-        token = otel_context.attach(trace.set_span_in_context(span, parent))
+        span_context = trace.set_span_in_context(span, parent)
+        token = otel_context.attach(span_context)
+        if span.get_span_context().is_valid:
+            # An app that traces from the request's headers (vLLM's engine) nests its span under this call.
+            scope["headers"] = _with_trace_headers(scope.get("headers", ()), span_context)
         state = _SendState()
         cancelled = disconnected
 
@@ -365,7 +391,13 @@ class ModelCallCaptureMiddleware:
                 )
                 call.release_bodies()
         except Exception as exc:
-            _logger.exception("model-call capture failed while finishing a %s call", call.dialect)
+            notify(
+                _logger,
+                logging.ERROR,
+                "model-call capture failed while finishing a %s call",
+                call.dialect,
+                exc_info=True,
+            )
             if sink is not None:
                 sink.abandon_call(
                     call.rollout_id, call.model_call_id, f"capture_error: {type(exc).__name__}: {exc}"
@@ -388,7 +420,9 @@ class ModelCallCaptureMiddleware:
             _NotDurableInTime
         ):  # a stalled writer (a hung disk) never holds the call: answer, mark it failed
             reason = f"capture_error: record not durable within {self.settings.durable_timeout_s:g} s"
-            _logger.error("rollout %s, call %s: %s", call.rollout_id, call.model_call_id, reason)
+            notify(
+                _logger, logging.ERROR, "rollout %s, call %s: %s", call.rollout_id, call.model_call_id, reason
+            )
             sink.abandon_call(call.rollout_id, call.model_call_id, reason)
         except Exception:  # the sink counted, logged and marked it (after close too: WriterClosedError)
             pass
@@ -492,6 +526,23 @@ class _HeadersGetter(Getter[dict[str, list[bytes]]]):
 
 
 _HEADERS_GETTER = _HeadersGetter()
+
+
+def _with_trace_headers(headers: Any, context: otel_context.Context) -> list[tuple[bytes, bytes]]:
+    """The request's headers with the call span's ``traceparent`` (and the propagators' other trace
+    fields, e.g. ``tracestate``, which the span carries from its parent) in place of the caller's. The
+    caller's ``baggage`` goes on as it was sent, as the proxy passes it."""
+    fields: dict[str, str] = {}
+    propagate.inject(fields, context)
+    fields.pop("baggage", None)
+    names = {name.encode("latin-1") for name in fields}
+    kept = [(k, v) for k, v in headers if k.lower() not in names]
+    kept += [
+        (k.encode("latin-1"), v.encode("latin-1"))
+        for k, v in fields.items()
+        if "\r" not in v and "\n" not in v
+    ]
+    return kept
 
 
 class _SendState:

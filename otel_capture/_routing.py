@@ -33,6 +33,7 @@ from ._correlation import (
     split_rollout_prefix,
 )
 from ._dialects import DIALECT_PATHS, Dialect
+from ._notices import notify
 from ._settings import ENV_API_KEY_ROLLOUT_PATTERN
 
 _logger = logging.getLogger(__name__)
@@ -196,17 +197,24 @@ def warn_ignored_carriers(found: Correlation) -> None:
     """Log each carrier :func:`correlate` ignored because its id breaks the grammar (never the key)."""
     if found.invalid_baggage_id is not None:
         # Baggage is ambient context from any upstream system: a bad value must not fail the call.
-        _logger.warning(
-            "not capturing a call with invalid baggage rollout.id %r", found.invalid_baggage_id[:64]
+        notify(
+            _logger,
+            logging.WARNING,
+            "not capturing a call with invalid baggage rollout.id %r",
+            found.invalid_baggage_id[:64],
         )
     if found.invalid_api_key_id:  # the key is a credential: neither it nor its group is shown
-        _logger.warning(
+        notify(
+            _logger,
+            logging.WARNING,
             "an API key matched %s but its rollout group breaks the rollout id grammar (%s): not read",
             ENV_API_KEY_ROLLOUT_PATTERN,
             ROLLOUT_ID_RULE,
         )
     if found.invalid_session_id is not None:
-        _logger.warning(
+        notify(
+            _logger,
+            logging.WARNING,
             "not reading the %s header %r as the rollout id: %s",
             SESSION_ID_HEADER,
             found.invalid_session_id[:64],

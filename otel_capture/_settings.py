@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Literal, TypeVar
 from urllib.parse import unquote
 
+from ._notices import notify
+
 _logger = logging.getLogger(__name__)
 
 # ours
@@ -292,7 +294,9 @@ class CorrelationSettings:
             try:
                 return cls(enabled=_bool(ENV_CORRELATION, raw))
             except ValueError:
-                _logger.warning(
+                notify(
+                    _logger,
+                    logging.WARNING,
                     "ignoring %s=%r (must be true or false); deciding by %s",
                     ENV_CORRELATION,
                     raw,
@@ -423,7 +427,9 @@ def _pick(
         try:
             value = parse(name, raw)
         except ValueError as exc:
-            _logger.warning("ignoring %s=%r (%s); using the default %r", name, raw, exc, default)
+            notify(
+                _logger, logging.WARNING, "ignoring %s=%r (%s); using the default %r", name, raw, exc, default
+            )
             return default
         if value is not None:
             return value

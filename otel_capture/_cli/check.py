@@ -12,6 +12,9 @@ created with its blocks ahead of need), retrying it. The check reads every reser
 process: the reserve on disk is how it knows) and names each such loss; once the writer has written the
 mark into the marker, the entry is turned to reported and the check passes again. Losses a writer could not
 even put in its reserve (it could not make one) are in its log and ``WriterStats.unreported`` only.
+
+Model calls served without a rollout id (never recorded) are reported too: the serving processes count
+them in the directory (:mod:`otel_capture._uncorrelated`); they fail the check only with ``strict``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from .._store import (
     pending_losses,
     read_available_model_call_records,
 )
+from .._uncorrelated import read_uncorrelated
 
 
 @dataclass
@@ -144,3 +148,9 @@ def sync_report(directory: str | os.PathLike[str], environ: Mapping[str, str] | 
     env = os.environ if environ is None else environ
     allowed = env.get(ENV_SYNC, "auto").strip().lower() != "fsync" and LIBC_SYNCFS is not None
     return choose_sync(Path(directory), syncfs_allowed=allowed).describe()
+
+
+def uncorrelated_line(store: CaptureStore) -> str | None:
+    """The line that says how many model calls were served without a rollout id, or ``None``: none were."""
+    summary = read_uncorrelated(store.root)
+    return summary.describe() if summary.calls else None

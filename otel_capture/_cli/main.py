@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from .._settings import ProxySettings
@@ -108,13 +108,20 @@ def _parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser(
         "check",
-        help="verify a capture directory; exit 1 on damage",
+        help="verify a capture directory; exit 1 on damage or on a loss not yet marked",
         description="Read every file of a capture directory and say, per rollout, what is damaged: a line "
         "that is not a record, a torn last line (a crash mid-write), an entry that is not a regular file. "
-        "Exits 1 on damage; with --strict also when a rollout is marked incomplete.",
+        "It also names the calls a writer could not record nor yet mark (a full filesystem), the rollouts "
+        "whose calls lack the token ids or log-probs they asked for, the model calls served without a "
+        "rollout id, and the sync the writer uses on this filesystem. Exits 1 on damage or on such an "
+        "unmarked loss; with --strict also when a rollout is marked incomplete or a call had no rollout id.",
     )
     check.add_argument("dir", metavar="DIR", help="the capture directory")
-    check.add_argument("--strict", action="store_true", help="also fail when a rollout is marked incomplete")
+    check.add_argument(
+        "--strict",
+        action="store_true",
+        help="also fail when a rollout is marked incomplete or a call had no rollout id",
+    )
 
     freeze = commands.add_parser(
         "freeze",
@@ -321,7 +328,7 @@ def _server_class() -> type:
 
 def _check(args: argparse.Namespace) -> int:
     from .._store import CaptureStore
-    from .check import check_capture_dir, format_check, sync_report
+    from .check import check_capture_dir, format_check, sync_report, uncorrelated_line
 
     store = CaptureStore(args.dir)
     if not store.root.is_dir():
@@ -331,7 +338,11 @@ def _check(args: argparse.Namespace) -> int:
     results = check_capture_dir(store)
     for line in format_check(results):
         print(line)
-    failed = any(r.damaged for r in results) or (args.strict and any(r.incomplete for r in results))
+    uncorrelated = uncorrelated_line(store)
+    if uncorrelated is not None:
+        print(uncorrelated)
+    strict_failed = any(r.incomplete for r in results) or uncorrelated is not None
+    failed = any(r.damaged for r in results) or (args.strict and strict_failed)
     return EXIT_ERROR if failed else EXIT_OK
 
 
@@ -368,6 +379,14 @@ def _show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _print_uncorrelated(store: CaptureStore, file: TextIO | None = None) -> None:
+    from .check import uncorrelated_line
+
+    line = uncorrelated_line(store)
+    if line is not None:
+        print(line, file=file)
+
+
 def _lifecycle(args: argparse.Namespace) -> int:
     """``ls``: the rollouts table (:func:`.show.format_rollouts_table`). ``freeze``: one ``frozen <id> ...``
     line per id. ``retire``/``delete``: one ``<outcome> <id>`` line per id (``removed``, ``absent``). An id
@@ -384,6 +403,7 @@ def _lifecycle(args: argparse.Namespace) -> int:
         table = format_rollouts_table(store, state=args.state)
         if table:
             print(table)
+        _print_uncorrelated(store, file=sys.stderr)  # stdout stays the table
         return EXIT_OK
     if args.command == "freeze":
         return _freeze(store, args.rollout_ids)

@@ -17,7 +17,9 @@ Shapes read (whichever are present; nothing is invented):
   (:func:`.completions.legacy_log_probs`);
 * Responses: ``output[k].content[m].logprobs[j].logprob``; NeMo Gym's vLLM model server's
   ``prompt_token_ids`` / ``generation_token_ids`` / ``generation_log_probs`` on output items; a top-level
-  ``prompt_token_ids``.
+  ``prompt_token_ids``; vLLM's ``enable_response_messages``: top-level ``input_messages`` (the prompt's ids)
+  and ``output_messages`` (the generated ids), lists of ``{"type": "raw_message_tokens", "tokens": [...]}``
+  joined in order, the generated ids put beside the output items' log-probs.
 
 A streamed response is read from its reassembled object (:mod:`.reassembly`), which keeps what the
 non-streaming body carries: vLLM's first-chunk ``prompt_token_ids`` and per-chunk ``choices[i].token_ids``
@@ -158,6 +160,43 @@ def _responses_generations(output: Any) -> tuple[list[dict[str, Any]], list[int]
     return found, prompt
 
 
+def _raw_message_tokens(messages: Any) -> list[int] | None:
+    """vLLM's ``input_messages`` / ``output_messages`` (``enable_response_messages``): the ``tokens`` of
+    its ``raw_message_tokens`` entries joined; ``None`` when there is none or one is not a list of ids."""
+    if not isinstance(messages, list) or not messages:
+        return None
+    joined: list[int] = []
+    for message in messages:
+        if not isinstance(message, dict) or message.get("type") != "raw_message_tokens":
+            return None
+        tokens = _int_list(message.get("tokens"))
+        if tokens is None:
+            return None
+        joined += tokens
+    return joined
+
+
+def _with_output_ids(generations: list[dict[str, Any]], output: Any, ids: list[int]) -> None:
+    """Put a Responses call's generated ids (``output_messages``) beside its log-probs: into the one
+    generation without ids, or a new generation (the first message item's position) when there is none.
+    Several generations without ids cannot be told apart: left as they are."""
+    missing = [g for g in generations if g["token_ids"] is None]
+    if len(missing) == 1:
+        missing[0]["token_ids"] = ids
+    elif not generations:
+        index = 0
+        if isinstance(output, list):
+            index = next(
+                (
+                    i
+                    for i, item in enumerate(output)
+                    if isinstance(item, dict) and item.get("type") == "message"
+                ),
+                0,
+            )
+        generations.append({"index": index, "token_ids": ids, "log_probs": None})
+
+
 def extract_tokens(response: dict[str, Any] | None) -> dict[str, Any] | None:
     """``{"prompt_token_ids", "generations"}`` from a response object; ``None`` when it carries none."""
     if not isinstance(response, dict):
@@ -170,6 +209,11 @@ def extract_tokens(response: dict[str, Any] | None) -> dict[str, Any] | None:
         more, item_prompt = _responses_generations(response.get("output"))
         generations += more
         prompt = prompt if prompt is not None else item_prompt
+        if prompt is None:
+            prompt = _raw_message_tokens(response.get("input_messages"))
+        output_ids = _raw_message_tokens(response.get("output_messages"))
+        if output_ids is not None:
+            _with_output_ids(generations, response.get("output"), output_ids)
     if prompt is None and not generations:
         return None
     return {"prompt_token_ids": prompt, "generations": generations}

@@ -106,3 +106,35 @@ def test_no_token_data_no_line() -> None:
         "choices": [{"token_ids": ["a"], "logprobs": {"content": [{"logprob": "x"}]}}],
     }
     assert extract_tokens(weird) is None
+
+
+def test_vllm_responses_ids_from_input_and_output_messages() -> None:
+    # vLLM's Responses answer with enable_response_messages: the ids come as raw_message_tokens entries
+    response = {
+        "model": "gemma",
+        "output": [
+            {
+                "type": "message",
+                "content": [
+                    {
+                        "type": "output_text",
+                        "logprobs": [{"token": "a", "logprob": -0.5}, {"token": "b", "logprob": -1.0}],
+                    }
+                ],
+            }
+        ],
+        "input_messages": [{"type": "raw_message_tokens", "message": "<prompt>", "tokens": [2, 105, 7]}],
+        "output_messages": [{"type": "raw_message_tokens", "message": "ab", "tokens": [64, 65]}],
+    }
+    assert extract_tokens(response) == {
+        "prompt_token_ids": [2, 105, 7],
+        "generations": [{"index": 0, "token_ids": [64, 65], "log_probs": [-0.5, -1.0]}],
+    }
+    without_logprobs = {**response, "output": [{"type": "reasoning"}, {"type": "message", "content": []}]}
+    assert extract_tokens(without_logprobs) == {
+        "prompt_token_ids": [2, 105, 7],
+        "generations": [{"index": 1, "token_ids": [64, 65], "log_probs": None}],
+    }
+    # an entry that is not raw_message_tokens (or not ids) is not guessed at
+    odd = {**without_logprobs, "input_messages": [{"type": "other"}], "output_messages": [{"tokens": "x"}]}
+    assert extract_tokens(odd) is None

@@ -1,0 +1,257 @@
+"""Collector side: clear a rollout's captures before dispatch, attach its calls to its record after.
+
+The flow of a collector (NeMo Gym's ``rollout_collection``):
+
+1. stamp each row to dispatch (``_ng_attempt_index`` on a retry), then
+   :func:`clear_model_call_captures` for the rows' rollout ids, so a reused id starts empty;
+2. dispatch; the agent's calls are captured under the rollout id (``/ng-rollout/<id>/`` or baggage);
+3. :func:`attach_model_call_capture` on each result record: it adds
+   ``ng_model_call_capture = {"rollout_id", "metrics", "calls", "gaps"?}`` and changes nothing else;
+4. write the records durably, then retire the captures.
+
+**Several directories** (one per node) are read together. When a rollout's records come from one
+directory, ``call_index`` is exactly NeMo Gym's (the line's position in its file, damaged lines counted).
+When they come from several, each directory's append order is kept and the directories are interleaved by
+``completed_at`` (a record's line is appended when the call completes, so this is the merged append
+order), and ``call_index`` is renumbered ``0..n-1`` over the merged list; ``model_call_id`` stays the
+key to a call in the store.
+
+**Gaps** say what the attachment cannot vouch for, each ``{"code", "detail"?}``. NeMo Gym's codes:
+
+- ``model_call_capture_no_records``: no data file and no incomplete marker in any directory, or only
+  empty data files (no valid and no damaged line);
+- ``model_call_capture_records_unreadable``, ``detail: "count=<n>"``: damaged lines, the torn final
+  line included (NeMo Gym would try to parse it and count it);
+- ``model_call_capture_incomplete``: an incomplete marker exists: a call was not captured;
+- ``model_call_capture_unreadable``: reading a directory failed (``detail``: the directory and error),
+  or the rollout is retired there (``detail: "<dir>: retired (its records were removed)"``: attached
+  after its captures were retired, its calls are unknown, not zero).
+
+Ours, added where they tell more (NeMo Gym's readers ignore unknown codes):
+
+- ``model_call_capture_torn_tail``, ``detail: "<data file>:<line number>"`` (one per directory that has
+  one): the data file ends in a line without its newline, a writer died mid-append. It is reported, never parsed, and also
+  counted in ``model_call_capture_records_unreadable``, so NeMo Gym's health checks treat it as NeMo Gym
+  would.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+from collections.abc import Iterable, Iterator, MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from ._agent import maybe_rollout_id_from_run_body
+from ._correlation import validate_rollout_id
+from ._records import ModelCallRecord, aggregate_model_call_records
+from ._store import (
+    AvailableRecords,
+    CaptureStore,
+    RemovalResult,
+    empty_result,
+    read_available_model_call_records,
+    validate_rollout_ids,
+)
+
+_logger = logging.getLogger(__name__)
+
+ATTACHMENT_KEY = "ng_model_call_capture"
+PAYLOAD_FIELDS = frozenset({"request", "response", "request_raw", "response_raw"})
+
+GAP_NO_RECORDS = "model_call_capture_no_records"
+GAP_RECORDS_UNREADABLE = "model_call_capture_records_unreadable"
+GAP_INCOMPLETE = "model_call_capture_incomplete"
+GAP_UNREADABLE = "model_call_capture_unreadable"
+GAP_TORN_TAIL = "model_call_capture_torn_tail"
+
+StoreLike: TypeAlias = "CaptureStore | str | os.PathLike[str]"
+"""A capture directory: a :class:`CaptureStore` or its path."""
+Stores: TypeAlias = "StoreLike | Iterable[StoreLike]"
+"""One capture directory, or several (one per node), read together."""
+
+
+def _as_store(item: StoreLike) -> CaptureStore:
+    if isinstance(item, CaptureStore):
+        return item
+    if isinstance(item, (str, os.PathLike)):
+        return CaptureStore(item)
+    raise TypeError(f"expected a CaptureStore or a directory path, not {type(item).__name__}")
+
+
+def as_stores(stores: Stores) -> list[CaptureStore]:
+    """One store, a directory path, or an iterable of them, as a list of stores; a directory given twice
+    (the same absolute path) is read once."""
+    items: Iterable[StoreLike]
+    items = [stores] if isinstance(stores, (CaptureStore, str, os.PathLike)) else stores
+    result: list[CaptureStore] = []
+    seen: set[str] = set()
+    for item in items:
+        store = _as_store(item)
+        key = os.path.abspath(store.root)
+        if key not in seen:
+            seen.add(key)
+            result.append(store)
+    if not result:
+        raise ValueError("no capture directory given")
+    return result
+
+
+# --- clearing before dispatch ---------------------------------------------------------------------------
+
+
+def clear_model_call_captures(stores: Stores, rollout_ids: Iterable[str]) -> RemovalResult:
+    """Delete every capture of these exact rollout(-attempt) ids in every directory, before dispatch.
+
+    Call it after the retry attempt has been stamped (``-a<n>`` ids), so a previous attempt's records
+    stay where they are. Each directory's :meth:`~otel_capture.CaptureStore.delete_now` removes records,
+    markers and fences, so a retired id can be used again, and a straggling call of an earlier use of the
+    id is still dropped as late. Never creates a directory.
+
+    Returns ``{"removed", "absent", "failed"}`` over all directories: ``removed`` if any directory held a
+    capture of the id; ``failed`` (id → ``"<dir>: reason"``) if any directory could not finish it: do not
+    dispatch such an id (its old records may remain); calling again with the same ids finishes it. Raises
+    ``TypeError`` for a bare string and ``ValueError`` for a bad id, before touching anything.
+    """
+    ids = validate_rollout_ids(rollout_ids)
+    result = empty_result()
+    removed: set[str] = set()
+    for store in as_stores(stores):
+        outcome = store.delete_now(ids)
+        removed.update(outcome["removed"])
+        for rollout_id, reason in outcome["failed"].items():
+            result["failed"].setdefault(rollout_id, f"{store.root}: {reason}")
+    for rollout_id in ids:
+        if rollout_id in result["failed"]:
+            continue
+        result["removed" if rollout_id in removed else "absent"].append(rollout_id)
+    return result
+
+
+# --- attaching after the rollout ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _DirectoryRead:
+    store: CaptureStore
+    path: str  # the rollout's data file in this directory
+    available: AvailableRecords | None  # None: the read failed
+    error: str | None = None
+
+
+def _read_directory(store: CaptureStore, rollout_id: str) -> _DirectoryRead:
+    path = str(store.data_path(rollout_id))
+    try:
+        available = read_available_model_call_records(store, rollout_id)
+        # Nothing here: never written, or retired (its records removed after an earlier attachment). A
+        # retired rollout's calls are unknown, not zero.
+        nothing = not (available.records or available.damaged or available.incomplete)
+        if nothing and store.rollout_state(rollout_id) == "retired":
+            return _DirectoryRead(store, path, None, f"{store.root}: retired (its records were removed)")
+    except Exception as exc:  # an unreadable directory is a gap in the attachment, never a crash
+        _logger.warning(
+            "cannot read the captures of rollout %s in %s: %s", rollout_id, store.root, exc, exc_info=True
+        )
+        return _DirectoryRead(store, path, None, f"{store.root}: {type(exc).__name__}: {exc}")
+    return _DirectoryRead(store, path, available)
+
+
+def _merge_key_sequence(records: Sequence[ModelCallRecord]) -> Iterator[tuple[float, ModelCallRecord]]:
+    """Each record with the time its line was appended, about: its ``completed_at``, or the previous
+    record's when it has none, so a record without one keeps its place in its file."""
+    last = float("-inf")
+    for record in records:
+        if record.completed_at is not None:
+            last = record.completed_at
+        yield last, record
+
+
+def _merged_records(reads: Sequence[_DirectoryRead]) -> list[ModelCallRecord]:
+    sources = [read.available.records for read in reads if read.available and read.available.records]
+    if len(sources) <= 1:
+        return list(sources[0]) if sources else []
+    # heapq.merge compares only the heads, so each file's own order is kept, and ties go to the
+    # directory given first.
+    merged = heapq.merge(*(_merge_key_sequence(records) for records in sources), key=lambda pair: pair[0])
+    return [record.model_copy(update={"call_index": index}) for index, (_, record) in enumerate(merged)]
+
+
+def _gaps(reads: Sequence[_DirectoryRead]) -> list[dict[str, str]]:
+    readable = [read.available for read in reads if read.available is not None]
+    gaps: list[dict[str, str]] = []
+    damaged = sum(available.damaged for available in readable)
+    incomplete = any(available.incomplete for available in readable)
+    found_anything = any(available.records or available.damaged for available in readable)
+    if not found_anything and not incomplete and all(read.available is not None for read in reads):
+        gaps.append({"code": GAP_NO_RECORDS})
+    if damaged:
+        gaps.append({"code": GAP_RECORDS_UNREADABLE, "detail": f"count={damaged}"})
+    for read in reads:
+        torn = read.available.torn_tail_line if read.available is not None else None
+        if torn is not None:
+            gaps.append({"code": GAP_TORN_TAIL, "detail": f"{read.path}:{torn.line_number}"})
+    if incomplete:
+        gaps.append({"code": GAP_INCOMPLETE})
+    for read in reads:
+        if read.available is None:
+            gaps.append({"code": GAP_UNREADABLE, "detail": read.error or "read failed"})
+    return gaps
+
+
+def build_model_call_capture(
+    stores: Stores, rollout_id: str, *, include_payloads: bool = False
+) -> dict[str, Any]:
+    """The ``ng_model_call_capture`` value for one rollout, read from every directory.
+
+    ``{"rollout_id", "metrics", "calls", "gaps"?}``: ``metrics`` is
+    :func:`~otel_capture._records.aggregate.aggregate_model_call_records` (NeMo Gym's keys with its values, then
+    ours); each call is its ``ModelCallRecord`` without the payloads (``request``, ``response``,
+    ``request_raw``, ``response_raw``) unless ``include_payloads``: NeMo Gym's keys, then ours (``None``
+    on lines NeMo Gym wrote). ``gaps`` only when there is one. Raises ``ValueError`` for a bad id only.
+    """
+    validate_rollout_id(rollout_id)
+    reads = [_read_directory(store, rollout_id) for store in as_stores(stores)]
+    records = _merged_records(reads)
+    exclude = None if include_payloads else set(PAYLOAD_FIELDS)
+    attachment: dict[str, Any] = {
+        "rollout_id": rollout_id,
+        "metrics": aggregate_model_call_records(records),
+        "calls": [record.model_dump(mode="json", exclude=exclude) for record in records],
+    }
+    gaps = _gaps(reads)
+    if gaps:
+        attachment["gaps"] = gaps
+    return attachment
+
+
+def attach_model_call_capture(
+    record: MutableMapping[str, Any],
+    stores: Stores,
+    *,
+    rollout_id: str | None = None,
+    include_payloads: bool = False,
+) -> dict[str, Any]:
+    """Add ``ng_model_call_capture`` to a rollout record; return what was added.
+
+    The rollout id is ``rollout_id`` if given, else the one the record names (NeMo Gym's rules:
+    ``_ng_rollout_id``, else ``{_ng_task_index}-{_ng_rollout_index}``, ``-a{n}`` for attempts > 0),
+    whatever the agent-side gate says: the collector attaches because it captured.
+
+    Additive: no existing key of ``record`` changes. A record that already has ``ng_model_call_capture``
+    is refused with ``ValueError``, as are a bad id and a record that names no rollout. Reading problems
+    never raise: they become gaps (module docstring).
+    """
+    if ATTACHMENT_KEY in record:
+        raise ValueError(f"the record already has {ATTACHMENT_KEY!r}; attachment never replaces it")
+    if rollout_id is None:
+        rollout_id = maybe_rollout_id_from_run_body(record)
+        if rollout_id is None:
+            raise ValueError(
+                "the record names no rollout (no _ng_rollout_id, _ng_task_index or _ng_rollout_index);"
+                " pass rollout_id="
+            )
+    attachment = build_model_call_capture(stores, rollout_id, include_payloads=include_payloads)
+    record[ATTACHMENT_KEY] = attachment
+    return attachment

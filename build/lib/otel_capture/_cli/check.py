@@ -1,0 +1,116 @@
+"""``otel-capture check DIR``: verify a capture directory and say what is damaged.
+
+Damage is a line that is not a valid record, a torn tail (a final line without its newline: a writer
+died inside its ``write``), or an entry named like a rollout's file that is not a regular file of its own
+(a link, a FIFO, a hard link: skipped, never followed or waited on). An incomplete marker is not damage,
+it is a capture failure that was recorded as it should be; it is reported, and fails the check only with
+``strict``. So are model calls served without a rollout id (never recorded), which the serving processes
+count in the directory (:mod:`otel_capture._uncorrelated`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .._records import InvalidLine
+from .._store import (
+    CAPTURE_SUFFIX,
+    INCOMPLETE_SUFFIX,
+    TOKENS_SUFFIX,
+    CaptureStore,
+    read_available_model_call_records,
+)
+from .._uncorrelated import read_uncorrelated
+
+
+@dataclass
+class RolloutCheck:
+    rollout_id: str
+    records: int = 0
+    invalid: list[InvalidLine] = field(default_factory=list)
+    torn_tail: InvalidLine | None = None
+    incomplete: bool = False
+    error: str | None = None
+    entries: list[tuple[str, str]] = field(default_factory=list)
+    """``(file name, what it is)`` of this rollout's entries that are not regular files of their own."""
+    tokens_missing: list[tuple[int, str]] = field(default_factory=list)
+    """``(call_index, reason)`` of the calls answered without the token ids or log-probs they asked for:
+    not damage (the records are sound), but not trainable as asked (``docs/tokens.md``)."""
+
+    @property
+    def damaged(self) -> bool:
+        return (
+            bool(self.invalid) or self.torn_tail is not None or self.error is not None or bool(self.entries)
+        )
+
+
+def check_capture_dir(store: CaptureStore) -> list[RolloutCheck]:
+    """One report per rollout in the directory. Never raises for a damaged file: it reports it."""
+    damaged: dict[str, list[tuple[str, str]]] = {}
+    for name, what in store.damaged_entries():
+        damaged.setdefault(_rollout_of(name), []).append((name, what))
+    readable = set(store.rollout_ids())
+    results = []
+    for rollout_id in sorted(readable | set(damaged)):
+        result = RolloutCheck(rollout_id, entries=damaged.get(rollout_id, []))
+        results.append(result)
+        if rollout_id not in readable:
+            continue
+        try:
+            available = read_available_model_call_records(store, rollout_id)
+        except (OSError, ValueError) as exc:  # unreadable file, or a file name that is not a valid id
+            result.error = f"{type(exc).__name__}: {exc}"
+        else:
+            result.records = len(available.records)
+            result.invalid = list(available.invalid)
+            result.torn_tail = available.torn_tail_line
+            result.incomplete = available.incomplete
+            result.tokens_missing = [
+                (r.call_index, r.tokens_missing) for r in available.records if r.tokens_missing is not None
+            ]
+    return results
+
+
+def _rollout_of(name: str) -> str:
+    for suffix in (CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def format_check(results: list[RolloutCheck]) -> list[str]:
+    """Human-readable lines: one per problem, then a summary line."""
+    lines = []
+    for result in results:
+        for bad in result.invalid:
+            lines.append(f"{result.rollout_id}: line {bad.line_number}: damaged: {bad.reason}")
+        if result.torn_tail is not None:
+            lines.append(
+                f"{result.rollout_id}: line {result.torn_tail.line_number}: torn tail (a writer died mid-write)"
+            )
+        if result.error is not None:
+            lines.append(f"{result.rollout_id}: unreadable: {result.error}")
+        for name, what in result.entries:
+            consequence = "read, never appended to" if what.startswith("a regular file") else "skipped"
+            lines.append(f"{result.rollout_id}: {name}: {what}: {consequence}")
+        if result.incomplete:
+            lines.append(
+                f"{result.rollout_id}: incomplete: at least one call was not captured (see the .capture.incomplete marker)"
+            )
+        for call_index, reason in result.tokens_missing:
+            lines.append(f"{result.rollout_id}: call {call_index}: tokens missing: {reason}")
+    damaged = sum(r.damaged for r in results)
+    incomplete = sum(r.incomplete for r in results)
+    records = sum(r.records for r in results)
+    summary = f"{len(results)} rollout(s), {records} record(s); {damaged} damaged, {incomplete} incomplete"
+    without_tokens = sum(bool(r.tokens_missing) for r in results)
+    if without_tokens:
+        summary += f"; {without_tokens} with calls missing the tokens they asked for"
+    lines.append(summary)
+    return lines
+
+
+def uncorrelated_line(store: CaptureStore) -> str | None:
+    """The line that says how many model calls were served without a rollout id, or ``None``: none were."""
+    summary = read_uncorrelated(store.root)
+    return summary.describe() if summary.calls else None

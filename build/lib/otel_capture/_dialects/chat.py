@@ -1,0 +1,237 @@
+"""OpenAI Chat Completions stream reassembly: chunks -> a ``chat.completion``, every choice kept apart.
+
+Part of stream reassembly; see :mod:`otel_capture._dialects.reassembly` for the rules every accumulator follows.
+"""
+
+from __future__ import annotations
+
+from .sse import SSEEvent
+from .stream import JsonDict, _Accumulator, _loads, _merge
+
+__all__ = ["ChatCompletionsAccumulator"]
+
+_CHAT_TEXT_FIELDS = frozenset({"content", "refusal", "reasoning_content", "reasoning"})
+_CHAT_SKIPPED_TOP = frozenset({"choices", "usage", "object", "error", "obfuscation"})
+_CHAT_LATEST_TOP = frozenset({"system_fingerprint", "service_tier"})
+
+
+class _ChatChoice:
+    __slots__ = (
+        "extra",
+        "finish_reason",
+        "logprobs",
+        "message",
+        "token_ids",
+        "tool_ids",
+        "tool_last",
+        "tools",
+    )
+
+    def __init__(self) -> None:
+        self.message: JsonDict = {"role": None, "content": None, "refusal": None}
+        self.tools: dict[int, JsonDict] = {}
+        self.tool_ids: dict[str, int] = {}
+        self.tool_last: int | None = None
+        self.finish_reason: object = None
+        self.logprobs: JsonDict | None = None
+        self.token_ids: list[object] | None = None  # vLLM's per-chunk ``token_ids``, joined
+        # vLLM's ``stop_reason`` (its last non-null value) and ``token_ids`` (null), once a chunk sent the key
+        self.extra: JsonDict = {}
+
+
+class ChatCompletionsAccumulator(_Accumulator):
+    """``/v1/chat/completions`` chunks -> a ``chat.completion`` object, every choice kept apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._top: JsonDict = {}
+        self._choices: dict[int, _ChatChoice] = {}
+        self._usage: object = None
+        self._seen = False
+
+    def _add(self, event: SSEEvent) -> bool:
+        data = event.data
+        if len(data) < 16 and data.strip() == "[DONE]":
+            self._finish("completed")
+            return False
+        payload = _loads(data)
+        if payload is None:
+            return False
+        self._seen = True
+        error = payload.get("error")
+        if error is not None or event.event == "error":
+            self._finish("error")
+            self._record_error(error if error is not None else payload)
+        top = self._top
+        for key, value in payload.items():
+            if key in _CHAT_SKIPPED_TOP:
+                continue
+            if top.get(key) is None or (key in _CHAT_LATEST_TOP and value is not None):
+                top[key] = value
+        usage = payload.get("usage")
+        if isinstance(usage, dict):
+            self._usage = usage
+        choices = payload.get("choices")
+        carried = False
+        if isinstance(choices, list):
+            for choice in choices:
+                if isinstance(choice, dict) and self._add_choice(choice):
+                    carried = True
+        return carried
+
+    def _add_choice(self, choice: JsonDict) -> bool:
+        index = choice.get("index")
+        if not isinstance(index, int):
+            index = 0
+        state = self._choices.get(index)
+        if state is None:
+            state = self._choices[index] = _ChatChoice()
+        carried = False
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            carried = self._merge_delta(state, delta)
+        finish_reason = choice.get("finish_reason")
+        if finish_reason:
+            state.finish_reason = finish_reason
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict):
+            self._merge_logprobs(state, logprobs)
+        if "token_ids" in choice:
+            token_ids = choice["token_ids"]
+            if isinstance(token_ids, list):
+                if state.token_ids is None:
+                    state.token_ids = []
+                state.token_ids.extend(token_ids)
+            state.extra.setdefault("token_ids", None)  # sent as null only: null, as the non-streaming body
+        if "stop_reason" in choice:
+            stop_reason = choice["stop_reason"]
+            if stop_reason is not None or "stop_reason" not in state.extra:
+                state.extra["stop_reason"] = stop_reason
+        return carried
+
+    @staticmethod
+    def _merge_logprobs(state: _ChatChoice, logprobs: JsonDict) -> None:
+        if state.logprobs is None:
+            state.logprobs = {"content": None, "refusal": None}
+        for key in ("content", "refusal"):
+            tokens = logprobs.get(key)
+            if isinstance(tokens, list):
+                kept = state.logprobs.get(key)
+                if isinstance(kept, list):
+                    kept.extend(tokens)
+                else:
+                    state.logprobs[key] = list(tokens)
+
+    def _merge_delta(self, state: _ChatChoice, delta: JsonDict) -> bool:
+        message = state.message
+        carried = False
+        for key, value in delta.items():
+            if key in _CHAT_TEXT_FIELDS:
+                if isinstance(value, str):
+                    self._append(message, key, value)
+                    carried = carried or bool(value)
+            elif key == "tool_calls":
+                if isinstance(value, list):
+                    for call in value:
+                        if isinstance(call, dict) and self._merge_tool_call(state, call):
+                            carried = True
+            elif key == "role":
+                if isinstance(value, str) and value:
+                    message["role"] = value
+            elif value is not None:
+                message[key] = _merge(message.get(key), value)
+                carried = carried or key in ("function_call", "audio")
+        return carried
+
+    def _merge_tool_call(self, state: _ChatChoice, delta: JsonDict) -> bool:
+        index = delta.get("index")
+        call_id = delta.get("id")
+        if not isinstance(index, int):  # a server that omits the index: new id -> new call
+            if isinstance(call_id, str) and call_id and call_id not in state.tool_ids:
+                index = max(state.tools, default=-1) + 1
+            else:
+                index = state.tool_ids.get(call_id, state.tool_last) if isinstance(call_id, str) else None
+                index = state.tool_last if index is None else index
+                index = 0 if index is None else index
+        call = state.tools.get(index)
+        if call is None:
+            call = state.tools[index] = {}
+        state.tool_last = index
+        if isinstance(call_id, str) and call_id:
+            state.tool_ids[call_id] = index
+        carried = False
+        for key, value in delta.items():
+            if key == "function":
+                if isinstance(value, dict):
+                    carried = self._merge_function(call, value) or carried
+            elif key in ("id", "type"):
+                if isinstance(value, str) and value:
+                    call[key] = value
+                    carried = True
+            elif key != "index" and value is not None:
+                call[key] = _merge(call.get(key), value)
+        return carried
+
+    def _merge_function(self, call: JsonDict, delta: JsonDict) -> bool:
+        function = call.get("function")
+        if not isinstance(function, dict):
+            function = call["function"] = {}
+        carried = False
+        for key, value in delta.items():
+            if key == "arguments":
+                if isinstance(value, str):
+                    self._append(function, "arguments", value)
+                    carried = carried or bool(value)
+            elif key == "name":
+                if isinstance(value, str) and value:
+                    function["name"] = value
+                    carried = True
+            elif value is not None:
+                function[key] = _merge(function.get(key), value)
+        return carried
+
+    def _result(self) -> JsonDict | None:
+        if not self._seen:
+            return None
+        top = self._top
+        result: JsonDict = {
+            "id": top.get("id"),
+            "object": "chat.completion",
+            "created": top.get("created"),
+            "model": top.get("model"),
+        }
+        for key, value in top.items():
+            result.setdefault(key, value)
+        result["choices"] = [
+            self._choice_result(index, self._choices[index]) for index in sorted(self._choices)
+        ]
+        if self._usage is not None:
+            result["usage"] = self._usage
+        return result
+
+    @staticmethod
+    def _choice_result(index: int, state: _ChatChoice) -> JsonDict:
+        message = dict(state.message)
+        if message.get("role") is None:
+            message["role"] = "assistant"
+        if state.tools:
+            calls = []
+            for call_index in sorted(state.tools):
+                call = {"id": None, "type": "function", **state.tools[call_index]}
+                function = call.get("function")
+                function = dict(function) if isinstance(function, dict) else {}
+                function.setdefault("name", None)
+                function.setdefault("arguments", "")
+                call["function"] = function
+                calls.append(call)
+            message["tool_calls"] = calls
+        result: JsonDict = {
+            "index": index,
+            "message": message,
+            "finish_reason": state.finish_reason,
+            "logprobs": state.logprobs,
+        }
+        result.update(state.extra)
+        if state.token_ids is not None:
+            result["token_ids"] = state.token_ids
+        return result

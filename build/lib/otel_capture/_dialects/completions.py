@@ -1,0 +1,254 @@
+"""The legacy ``/v1/completions`` dialect (OpenAI's text completions, as vLLM and SGLang serve it for
+token-in/token-out training): stream reassembly, the semconv messages and the legacy log-probs.
+
+Shapes are vLLM's (``vllm/entrypoints/openai/completion/protocol.py`` and ``serving.py``, vLLM main at
+commit d5dba2d7b0ab9b98096560c69db7126b54b14d79 and cc139d8ea6ff4db984778a3e77e95e1d1c7f1362; see
+``docs/tokens.md``), which are OpenAI's plus a few fields:
+
+- the request: ``prompt`` as text, a list of texts, a list of token ids or a list of lists of them;
+  ``logprobs: N`` (``0`` asks for the sampled token's log-prob alone), vLLM's ``return_token_ids``,
+  ``prompt_logprobs``, ``echo``;
+- a choice: ``index``, ``text``, ``finish_reason``, ``logprobs`` (``{"tokens", "token_logprobs",
+  "top_logprobs", "text_offset"}``, four lists, one entry per token), and vLLM's ``stop_reason``,
+  ``token_ids``, ``prompt_token_ids`` and ``prompt_logprobs`` (per choice: a request with several prompts
+  has choices of different prompts);
+- a stream: one ``text_completion`` chunk per engine step and choice, whose choice carries that step's
+  ``text``, ``logprobs`` (the four lists of the step's tokens, ``text_offset`` counted from the start of
+  the text) and ``token_ids``; the choice's first chunk carries ``prompt_token_ids``, its last one the
+  ``finish_reason``; then a usage chunk with ``choices: []`` (with ``stream_options.include_usage``) and
+  ``data: [DONE]``.
+
+The reassembled object is the non-streaming body: texts and the four log-prob lists joined per choice,
+``token_ids`` joined, a key vLLM sent (``stop_reason``, ``token_ids``, ``prompt_token_ids``,
+``prompt_logprobs``) kept even when it stayed null, as the non-streaming body has it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .sse import SSEEvent
+from .stream import JsonDict, _Accumulator, _loads
+
+__all__ = [
+    "LEGACY_LOGPROB_LISTS",
+    "CompletionsAccumulator",
+    "completions_input",
+    "completions_output",
+    "legacy_log_probs",
+]
+
+LEGACY_LOGPROB_LISTS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+_SKIPPED_TOP = frozenset({"choices", "usage", "object", "error"})
+_LATEST_TOP = frozenset({"system_fingerprint", "service_tier"})
+# vLLM's additions to a choice: the last non-null value wins (the first for the prompt's, sent once)
+_CHOICE_EXTRAS = ("stop_reason", "prompt_token_ids", "prompt_logprobs")
+
+
+class _Choice:
+    __slots__ = ("extra", "finish_reason", "logprobs", "text", "token_ids")
+
+    def __init__(self) -> None:
+        self.text: JsonDict = {"text": ""}
+        self.finish_reason: object = None
+        self.logprobs: dict[str, list[Any]] | None = None
+        self.token_ids: list[object] | None = None
+        self.extra: JsonDict = {}
+
+
+class CompletionsAccumulator(_Accumulator):
+    """``/v1/completions`` chunks -> a ``text_completion`` object, every choice kept apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._top: JsonDict = {}
+        self._choices: dict[int, _Choice] = {}
+        self._usage: object = None
+        self._seen = False
+
+    def _add(self, event: SSEEvent) -> bool:
+        data = event.data
+        if len(data) < 16 and data.strip() == "[DONE]":
+            self._finish("completed")
+            return False
+        payload = _loads(data)
+        if payload is None:
+            return False
+        self._seen = True
+        error = payload.get("error")
+        if error is not None or event.event == "error":
+            self._finish("error")
+            self._record_error(error if error is not None else payload)
+        top = self._top
+        for key, value in payload.items():
+            if key in _SKIPPED_TOP:
+                continue
+            if top.get(key) is None or (key in _LATEST_TOP and value is not None):
+                top[key] = value
+        usage = payload.get("usage")
+        if isinstance(usage, dict):
+            self._usage = usage
+        carried = False
+        choices = payload.get("choices")
+        if isinstance(choices, list):
+            for choice in choices:
+                if isinstance(choice, dict) and self._add_choice(choice):
+                    carried = True
+        return carried
+
+    def _add_choice(self, choice: JsonDict) -> bool:
+        index = choice.get("index")
+        if not isinstance(index, int):
+            index = 0
+        state = self._choices.get(index)
+        if state is None:
+            state = self._choices[index] = _Choice()
+        carried = False
+        text = choice.get("text")
+        if isinstance(text, str) and text:
+            self._append(state.text, "text", text)
+            carried = True
+        finish_reason = choice.get("finish_reason")
+        if finish_reason:
+            state.finish_reason = finish_reason
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict):
+            if state.logprobs is None:
+                state.logprobs = {key: [] for key in LEGACY_LOGPROB_LISTS}
+            for key in LEGACY_LOGPROB_LISTS:
+                values = logprobs.get(key)
+                if isinstance(values, list):
+                    state.logprobs[key].extend(values)
+        if "token_ids" in choice:
+            token_ids = choice["token_ids"]
+            if isinstance(token_ids, list):
+                if state.token_ids is None:
+                    state.token_ids = []
+                state.token_ids.extend(token_ids)
+                carried = carried or bool(token_ids)
+            state.extra.setdefault("token_ids", None)
+        for key in _CHOICE_EXTRAS:
+            if key in choice:
+                value, kept = choice[key], state.extra.get(key)
+                if key not in state.extra or (value is not None and (kept is None or key == "stop_reason")):
+                    state.extra[key] = value
+        return carried
+
+    def _result(self) -> JsonDict | None:
+        if not self._seen:
+            return None
+        top = self._top
+        result: JsonDict = {
+            "id": top.get("id"),
+            "object": "text_completion",
+            "created": top.get("created"),
+            "model": top.get("model"),
+        }
+        for key, value in top.items():
+            result.setdefault(key, value)
+        result["choices"] = [_choice_result(index, self._choices[index]) for index in sorted(self._choices)]
+        if self._usage is not None:
+            result["usage"] = self._usage
+        return result
+
+
+def _choice_result(index: int, state: _Choice) -> JsonDict:
+    result: JsonDict = {
+        "index": index,
+        "text": state.text["text"],
+        "logprobs": state.logprobs,
+        "finish_reason": state.finish_reason,
+    }
+    result.update(state.extra)
+    if state.token_ids is not None:
+        result["token_ids"] = state.token_ids
+    return result
+
+
+# -- the legacy log-probs, for the tokens line ---------------------------------------------------------
+
+
+def _token_id(token: object) -> int | None:
+    if isinstance(token, str) and token.startswith("token_id:") and token[9:].isdigit():
+        return int(token[9:])
+    return None
+
+
+def legacy_log_probs(
+    logprobs: object, token_ids: list[int] | None, prompt_length: int | None
+) -> tuple[list[int] | None, list[float] | None]:
+    """``(token ids, log-probs)`` of a choice's generated tokens from its legacy ``logprobs``
+    (``token_logprobs``; ids only from vLLM's ``token_id:N`` tokens, ``return_tokens_as_token_ids``).
+
+    With ``echo`` the lists start with the prompt's tokens, the first of which has no log-prob (``null``):
+    the generated ones are then the last ``len(token_ids)`` (or all after the ``prompt_length`` first);
+    when neither is known nothing is returned rather than a list that mixes prompt and output.
+    """
+    if not isinstance(logprobs, dict):
+        return None, None
+    values = logprobs.get("token_logprobs")
+    if not isinstance(values, list) or not values:
+        return None, None
+    tokens = logprobs.get("tokens")
+    tokens = tokens if isinstance(tokens, list) and len(tokens) == len(values) else None
+    start = 0
+    if any(v is None for v in values):  # echo: the prompt's tokens come first
+        if token_ids is not None and len(token_ids) <= len(values):
+            start = len(values) - len(token_ids)
+        elif prompt_length is not None and prompt_length <= len(values):
+            start = prompt_length
+        else:
+            return None, None
+    kept = values[start:]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in kept):
+        return None, None
+    ids: list[int] | None = None
+    if tokens is not None:
+        found = [_token_id(t) for t in tokens[start:]]
+        if found and all(i is not None for i in found):
+            ids = [i for i in found if i is not None]
+    return ids, [float(v) for v in kept]
+
+
+# -- the semconv messages -------------------------------------------------------------------------------
+
+
+def _prompt_part(prompt: object) -> dict[str, Any] | None:
+    if isinstance(prompt, str):
+        return {"type": "text", "content": prompt}
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        # a prompt of token ids: no text to show; the semconv's generic part says what it was
+        return {"type": "token_ids", "content": f"{len(prompt)} token ids"}
+    return None
+
+
+def completions_input(request: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    """One user message per prompt (a request may carry several, as texts or as lists of token ids)."""
+    prompt = request.get("prompt")
+    prompts: list[Any]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        prompts = prompt  # several prompts (texts, or lists of token ids)
+    else:
+        prompts = [prompt]
+    messages = []
+    for one in prompts:
+        part = _prompt_part(one)
+        if part is not None:
+            messages.append({"role": "user", "parts": [part]})
+    return [], messages
+
+
+def completions_output(response: dict[str, Any]) -> list[Any]:
+    output: list[dict[str, Any]] = []
+    for choice in response.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        text = choice.get("text")
+        output.append(
+            {
+                "role": "assistant",
+                "parts": [{"type": "text", "content": text if isinstance(text, str) else ""}],
+                "finish_reason": choice.get("finish_reason") or "error",
+            }
+        )
+    return output

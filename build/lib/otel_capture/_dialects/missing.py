@@ -1,0 +1,116 @@
+"""Tokens expected but absent: a request that asked for token ids or log-probs, answered without them (or
+with fewer than its output tokens). A pure function of the request, the response and the dialect; the
+record's ``tokens_missing``, the span attribute and the counter say what it returns (``docs/tokens.md``).
+
+What asks for what (whatever the server; a key the server does not know is simply not honoured, which is
+exactly what this catches):
+
+- token ids: ``return_token_ids: true`` (vLLM, Chat and Completions): the generated ids of every choice
+  and the prompt's;
+- log-probs: Chat ``logprobs: true`` or ``top_logprobs: N``; Completions ``logprobs: N`` (``0`` too);
+  Responses ``include: ["message.output_text.logprobs"]`` or ``top_logprobs: N``; SGLang
+  ``return_logprob: true``;
+- prompt log-probs: ``prompt_logprobs: N`` (vLLM): a non-empty ``prompt_logprobs`` (top level for Chat, on
+  each choice for Completions).
+
+"Fewer than its output tokens" compares the ids or log-probs of all generations with the usage's output
+tokens (all choices together). For Responses the reasoning tokens are left out (output-text log-probs do
+not cover them), and a response with tool calls is not compared (nor are their tokens covered). Without
+usage (a stream without ``include_usage``) only absence is seen.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .derive import token_stats
+from .tokens import extract_tokens
+
+__all__ = ["tokens_missing"]
+
+_RESPONSES_LOGPROBS = "message.output_text.logprobs"
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _asked(request: dict[str, Any], dialect: str) -> tuple[list[str], list[str], str | None]:
+    """``(why token ids were asked for, why log-probs were, why prompt log-probs were)``."""
+    ids: list[str] = []
+    probs: list[str] = []
+    if request.get("return_token_ids") is True:
+        ids.append("return_token_ids")
+    logprobs = request.get("logprobs")
+    if dialect == "completions":
+        if _count(logprobs):
+            probs.append(f"logprobs={logprobs}")
+    elif logprobs is True:
+        probs.append("logprobs=true")
+    top = request.get("top_logprobs")
+    if isinstance(top, int) and not isinstance(top, bool) and top > 0 and not probs:
+        probs.append(f"top_logprobs={top}")
+    include = request.get("include")
+    if dialect == "responses" and isinstance(include, list) and _RESPONSES_LOGPROBS in include:
+        probs.append(f"include={_RESPONSES_LOGPROBS}")
+    if request.get("return_logprob") is True:
+        probs.append("return_logprob")
+    prompt = request.get("prompt_logprobs")
+    return ids, probs, f"prompt_logprobs={prompt}" if _count(prompt) or prompt == -1 else None
+
+
+def _expected_outputs(response: dict[str, Any], dialect: str) -> int | None:
+    """The output tokens the ids and log-probs should cover, when the usage says (``None``: not compared)."""
+    stats = token_stats(response.get("usage"))
+    out = stats["tokens_out"]
+    if out is None:
+        return None
+    if dialect == "responses":
+        output = response.get("output")
+        if isinstance(output, list) and any(
+            isinstance(item, dict) and item.get("type") not in ("message", "reasoning") for item in output
+        ):
+            return None
+        out -= stats["tokens_reasoning"] or 0
+    return out
+
+
+def _prompt_log_probs(response: dict[str, Any]) -> bool:
+    if response.get("prompt_logprobs"):
+        return True
+    choices = response.get("choices")
+    return isinstance(choices, list) and any(
+        isinstance(choice, dict) and choice.get("prompt_logprobs") for choice in choices
+    )
+
+
+def tokens_missing(request: object, response: object, dialect: str) -> str | None:
+    """Why the answer lacks tokens its request asked for, or ``None`` (nothing asked, or all there).
+    Never raises on odd bodies: an unreadable shape gives ``None``."""
+    if not isinstance(request, dict) or not isinstance(response, dict) or dialect == "messages":
+        return None
+    ids_asked, probs_asked, prompt_asked = _asked(request, dialect)
+    if not ids_asked and not probs_asked and prompt_asked is None:
+        return None
+    found = extract_tokens(response) or {"prompt_token_ids": None, "generations": []}
+    generations = found["generations"]
+    expected = _expected_outputs(response, dialect)
+    reasons: list[str] = []
+    for asked, key, what in ((ids_asked, "token_ids", "token ids"), (probs_asked, "log_probs", "log-probs")):
+        if not asked or expected == 0:  # nothing generated (echo with max_tokens=0): nothing to cover
+            continue
+        lists = [g[key] for g in generations if g.get(key) is not None]
+        why = ", ".join(asked)
+        if not lists:
+            reasons.append(f"{what} asked for ({why}), none in the response")
+        elif expected is not None and (have := sum(map(len, lists))) < expected:
+            reasons.append(f"{what} asked for ({why}), {have} in the response for {expected} output tokens")
+    if (
+        ids_asked
+        and found["prompt_token_ids"] is None
+        and not any("prompt_token_ids" in g for g in generations)
+    ):
+        reasons.append("prompt token ids asked for (return_token_ids), none in the response")
+    if prompt_asked is not None and not _prompt_log_probs(response):
+        reasons.append(f"prompt log-probs asked for ({prompt_asked}), none in the response")
+    return "; ".join(reasons) or None

@@ -1,0 +1,239 @@
+"""Incremental Server-Sent Events decoder: bytes in, :class:`SSEEvent` out.
+
+It follows the WHATWG event-stream parsing rules that matter for model APIs:
+
+- a line ends in CRLF, LF or CR; a CRLF split across two chunks is one line end, not two;
+- a blank line dispatches the event; an event with no ``data:`` field is dropped;
+- ``data:`` lines are joined with ``"\\n"``; one space after the colon is removed;
+- lines starting with ``:`` are comments (keep-alives) and are ignored, as are ``id``, ``retry`` and
+  unknown fields; a UTF-8 byte-order mark at the very start of the stream is removed;
+- bytes are decoded as UTF-8 with ``errors="replace"``, and only once a line is complete, so a
+  multi-byte character split across chunks survives.
+
+It differs from the spec in one place: when the stream ends without a final blank line, :meth:`close`
+still returns the pending event (a server that forgets the last blank line has still sent it).
+
+Memory is bounded by ``max_line_bytes``: a line longer than that (complete or not) is discarded and its
+length added to :attr:`SSEDecoder.dropped_bytes`; so is the data of an event whose ``data:`` lines add up
+to more than that. The result does not depend on how the bytes were chunked.
+
+It runs on every chunk of every captured stream, so it works per line with ``bytes.find``/``split``, never
+per byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_MAX_LINE_BYTES", "SSEDecoder", "SSEEvent"]
+
+DEFAULT_MAX_LINE_BYTES = 16 * 1024 * 1024
+
+_BOM = "\ufeff"
+
+
+@dataclass(slots=True)
+class SSEEvent:
+    """One dispatched event: its ``event:`` name (``None`` if absent) and its data lines joined by LF."""
+
+    event: str | None
+    data: str
+
+
+class SSEDecoder:
+    """Feed it chunks as they arrive; it returns the events each chunk completed.
+
+    Not thread-safe; one decoder per stream.
+    """
+
+    __slots__ = (
+        "_data",
+        "_data_size",
+        "_discarding_line",
+        "_event",
+        "_event_overflow",
+        "_max_line_bytes",
+        "_skip_lf",
+        "_started",
+        "_tail",
+        "dropped_bytes",
+    )
+
+    def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        if max_line_bytes < 1:
+            raise ValueError("max_line_bytes must be at least 1")
+        self._max_line_bytes = max_line_bytes
+        self.dropped_bytes = 0
+        self._tail = bytearray()  # the incomplete last line, never longer than max_line_bytes
+        self._skip_lf = False  # the previous chunk ended in CR: a leading LF completes that CRLF
+        self._discarding_line = False  # the current line outgrew the cap; drop bytes up to its end
+        self._started = False  # a line has been seen (for the byte-order mark)
+        self._event: str | None = None
+        self._data: list[str] = []
+        self._data_size = 0
+        self._event_overflow = False
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes held for the incomplete line and the undispatched event's data."""
+        return len(self._tail) + self._data_size
+
+    def feed(self, chunk: bytes | bytearray | memoryview) -> list[SSEEvent]:
+        """Decode one chunk; return the events it completed, in order."""
+        if not chunk:
+            return []
+        if type(chunk) is not bytes:
+            chunk = bytes(chunk)
+        if (
+            chunk[-2:] == b"\n\n"
+            and chunk[:6] == b"data: "
+            and self._started
+            and not (self._tail or self._data or self._skip_lf or self._discarding_line)
+            and self._event is None
+            and b"\r" not in chunk
+        ):
+            whole = self._whole_data_events(chunk)
+            if whole is not None:
+                return whole
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk[0] == 0x0A:
+                chunk = chunk[1:]
+                if not chunk:
+                    return []
+        if self._discarding_line:
+            chunk = self._discard_to_line_end(chunk)
+            if not chunk:
+                return []
+        end = max(chunk.rfind(b"\n"), chunk.rfind(b"\r"))
+        if end < 0:
+            self._extend_tail(chunk)
+            return []
+        if chunk[end] == 0x0D and end == len(chunk) - 1:
+            self._skip_lf = True
+        if self._tail:
+            complete = bytes(self._tail) + chunk[: end + 1]
+            self._tail.clear()
+        else:
+            complete = chunk[: end + 1]
+        events: list[SSEEvent] = []
+        self._process_lines(complete, events)
+        rest = chunk[end + 1 :]
+        if rest:
+            self._extend_tail(rest)
+        return events
+
+    def close(self) -> list[SSEEvent]:
+        """End of stream: return the pending event, if it has data, and reset the decoder."""
+        events: list[SSEEvent] = []
+        if self._tail and not self._discarding_line:
+            line = bytes(self._tail)
+            self._tail.clear()
+            self._process_line(line, events)
+        self._tail.clear()
+        self._discarding_line = False
+        self._skip_lf = False
+        self._dispatch(events)
+        return events
+
+    # -- internals ----------------------------------------------------------------------------------
+
+    def _whole_data_events(self, chunk: bytes) -> list[SSEEvent] | None:
+        """The fast path for what model servers send: a chunk of whole ``data: <one line>`` events, each
+        ending in a blank line, nothing pending before it (checked by the caller). Each event is then
+        exactly what the line-by-line rules give: no ``event:`` name, the line after ``data: `` as its data.
+        ``None`` when the chunk has any other shape (the caller takes the general path)."""
+        if len(chunk) - 2 > self._max_line_bytes:
+            return None
+        end = chunk.find(b"\n", 6)
+        if end == len(chunk) - 2:  # one event: the usual chunk
+            return [SSEEvent(None, chunk[6:end].decode("utf-8", "replace"))]
+        events = []
+        for part in chunk[:-2].split(b"\n\n"):
+            if part[:6] != b"data: " or b"\n" in part:
+                return None
+            events.append(SSEEvent(None, part[6:].decode("utf-8", "replace")))
+        return events
+
+    def _extend_tail(self, part: bytes) -> None:
+        if len(self._tail) + len(part) > self._max_line_bytes:
+            self.dropped_bytes += len(self._tail) + len(part)
+            self._tail.clear()
+            self._discarding_line = True
+        else:
+            self._tail += part
+
+    def _discard_to_line_end(self, chunk: bytes) -> bytes:
+        """Drop the rest of an over-long line; return what follows its line end."""
+        lf = chunk.find(b"\n")
+        cr = chunk.find(b"\r")
+        if lf < 0 and cr < 0:
+            self.dropped_bytes += len(chunk)
+            return b""
+        end = cr if lf < 0 or (0 <= cr < lf) else lf
+        self.dropped_bytes += end
+        self._discarding_line = False
+        if chunk[end] == 0x0D:
+            if end + 1 < len(chunk):
+                if chunk[end + 1] == 0x0A:
+                    end += 1
+            else:
+                self._skip_lf = True
+        return chunk[end + 1 :]
+
+    def _process_lines(self, complete: bytes, events: list[SSEEvent]) -> None:
+        """``complete`` ends with a line terminator; handle every line in it."""
+        if b"\r" in complete:
+            complete = complete.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = complete.split(b"\n")
+        lines.pop()  # the empty string after the final terminator
+        cap = self._max_line_bytes
+        check = len(complete) > cap
+        for line in lines:
+            if check and len(line) > cap:
+                self.dropped_bytes += len(line)
+                continue
+            self._process_line(line, events)
+
+    def _process_line(self, raw: bytes, events: list[SSEEvent]) -> None:
+        if not raw:
+            self._started = True
+            self._dispatch(events)
+            return
+        line = raw.decode("utf-8", "replace")
+        if not self._started:
+            self._started = True
+            if line.startswith(_BOM):
+                line = line[1:]
+                if not line:
+                    return
+        if line[0] == ":":
+            return
+        field, _, value = line.partition(":")
+        if value[:1] == " ":
+            value = value[1:]
+        if field == "data":
+            self._add_data(value, len(raw))
+        elif field == "event":
+            self._event = value or None
+
+    def _add_data(self, value: str, raw_size: int) -> None:
+        if self._event_overflow:
+            self.dropped_bytes += raw_size
+            return
+        self._data_size += raw_size
+        if self._data_size > self._max_line_bytes:
+            self.dropped_bytes += self._data_size
+            self._data.clear()
+            self._data_size = 0
+            self._event_overflow = True
+            return
+        self._data.append(value)
+
+    def _dispatch(self, events: list[SSEEvent]) -> None:
+        if self._data:
+            events.append(SSEEvent(self._event, "\n".join(self._data)))
+        self._event = None
+        self._data = []
+        self._data_size = 0
+        self._event_overflow = False

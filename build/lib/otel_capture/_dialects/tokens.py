@@ -1,0 +1,219 @@
+"""The token family: prompt and generated token ids and log-probs of one call, when the upstream returned
+them. A pure function: a response object in, ``{"prompt_token_ids", "generations"}`` out; the line of
+``<dir>/<rollout_id>.tokens.jsonl`` they become is the record codec's
+(:func:`otel_capture._records.codec.tokens_line`).
+
+Shapes read (whichever are present; nothing is invented):
+
+* vLLM, Chat Completions with ``return_token_ids``: top-level ``prompt_token_ids``, and
+  ``choices[i].token_ids``;
+* Chat Completions ``logprobs``: ``choices[i].logprobs.content[j].logprob`` (OpenAI, vLLM, llama.cpp); the
+  token id from ``content[j].id`` (llama.cpp) or from a ``"token_id:N"`` token (vLLM's
+  ``return_tokens_as_token_ids``) when ``token_ids`` is absent;
+* Completions (``/v1/completions``): ``choices[i].token_ids`` and each choice's ``prompt_token_ids``
+  (vLLM's, with ``return_token_ids``: one prompt for all choices, or each generation its own when the
+  request had several prompts), the legacy ``choices[i].logprobs.token_logprobs`` (ids from vLLM's
+  ``token_id:N`` tokens), without the prompt's entries that ``echo`` puts first
+  (:func:`.completions.legacy_log_probs`);
+* Responses: ``output[k].content[m].logprobs[j].logprob``; NeMo Gym's vLLM model server's
+  ``prompt_token_ids`` / ``generation_token_ids`` / ``generation_log_probs`` on output items; a top-level
+  ``prompt_token_ids``; vLLM's ``enable_response_messages``: top-level ``input_messages`` (the prompt's ids)
+  and ``output_messages`` (the generated ids), lists of ``{"type": "raw_message_tokens", "tokens": [...]}``
+  joined in order, the generated ids put beside the output items' log-probs.
+
+A streamed response is read from its reassembled object (:mod:`.reassembly`), which keeps what the
+non-streaming body carries: vLLM's first-chunk ``prompt_token_ids`` and per-chunk ``choices[i].token_ids``
+joined, the chunks' ``logprobs.content`` joined, and a Responses stream's final response (or, for a stream
+cut before it, the log-probs its ``response.output_text.delta`` events carried). So a streamed call and the
+same call not streamed give the same line. Anthropic Messages has no log-probs (nor does llama.cpp's
+``/v1/messages``): no line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .completions import legacy_log_probs
+
+
+def _int_list(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return value
+    return None
+
+
+def _float_list(value: Any) -> list[float] | None:
+    if isinstance(value, list) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+    ):
+        return [float(v) for v in value]
+    return None
+
+
+def _token_id(entry: dict[str, Any]) -> int | None:
+    value = entry.get("id")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    token = entry.get("token")
+    if isinstance(token, str) and token.startswith("token_id:") and token[9:].isdigit():
+        return int(token[9:])
+    return None
+
+
+def _from_logprob_entries(entries: Any) -> tuple[list[int] | None, list[float] | None]:
+    """Ids (only when every entry has one) and log-probs from a list of ``{token, logprob, ...}``."""
+    if not isinstance(entries, list) or not entries:
+        return None, None
+    log_probs: list[float] = []
+    ids: list[int] | None = []
+    for entry in entries:
+        if not isinstance(entry, dict):
+            return None, None
+        value = entry.get("logprob")
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return None, None
+        log_probs.append(float(value))
+        token_id = _token_id(entry)
+        if ids is not None:
+            if token_id is None:
+                ids = None
+            else:
+                ids.append(token_id)
+    return ids, log_probs
+
+
+def _generation(
+    index: int, token_ids: list[int] | None, log_probs: list[float] | None
+) -> dict[str, Any] | None:
+    if token_ids is None and log_probs is None:
+        return None
+    return {"index": index, "token_ids": token_ids, "log_probs": log_probs}
+
+
+def _chat_generations(choices: Any) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    if not isinstance(choices, list):
+        return found
+    for position, choice in enumerate(choices):
+        if not isinstance(choice, dict):
+            continue
+        raw_index = choice.get("index")
+        index = raw_index if isinstance(raw_index, int) else position
+        token_ids = _int_list(choice.get("token_ids"))
+        log_probs = None
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict):
+            if "token_logprobs" in logprobs:  # /v1/completions' legacy lists
+                prompt = _int_list(choice.get("prompt_token_ids"))
+                ids, log_probs = legacy_log_probs(
+                    logprobs, token_ids, None if prompt is None else len(prompt)
+                )
+            else:
+                ids, log_probs = _from_logprob_entries(logprobs.get("content"))
+            token_ids = token_ids if token_ids is not None else ids
+        generation = _generation(index, token_ids, log_probs)
+        if generation is not None:
+            found.append(generation)
+    return found
+
+
+def _choice_prompts(choices: Any, generations: list[dict[str, Any]]) -> list[int] | None:
+    """vLLM's ``/v1/completions`` puts ``prompt_token_ids`` on each choice: the one prompt of them all; for
+    a request of several prompts (choices of different prompts) each generation carries its own."""
+    if not isinstance(choices, list):
+        return None
+    prompts: dict[int, list[int]] = {}
+    for position, choice in enumerate(choices):
+        if isinstance(choice, dict) and (ids := _int_list(choice.get("prompt_token_ids"))) is not None:
+            raw_index = choice.get("index")
+            prompts[raw_index if isinstance(raw_index, int) else position] = ids
+    distinct = {tuple(ids) for ids in prompts.values()}
+    if len(distinct) == 1:
+        return next(iter(prompts.values()))
+    for generation in generations:
+        if generation["index"] in prompts:
+            generation["prompt_token_ids"] = prompts[generation["index"]]
+    return None
+
+
+def _responses_generations(output: Any) -> tuple[list[dict[str, Any]], list[int] | None]:
+    found: list[dict[str, Any]] = []
+    prompt: list[int] | None = None
+    if not isinstance(output, list):
+        return found, prompt
+    for position, item in enumerate(output):
+        if not isinstance(item, dict):
+            continue
+        prompt = prompt or _int_list(item.get("prompt_token_ids"))
+        token_ids = _int_list(item.get("generation_token_ids"))
+        log_probs = _float_list(item.get("generation_log_probs"))
+        contents = item.get("content")
+        if token_ids is None and log_probs is None and isinstance(contents, list):
+            for part in contents:
+                if isinstance(part, dict) and part.get("logprobs"):
+                    ids, probs = _from_logprob_entries(part.get("logprobs"))
+                    token_ids = (token_ids or []) + ids if ids is not None else token_ids
+                    log_probs = (log_probs or []) + probs if probs is not None else log_probs
+        generation = _generation(position, token_ids, log_probs)
+        if generation is not None:
+            found.append(generation)
+    return found, prompt
+
+
+def _raw_message_tokens(messages: Any) -> list[int] | None:
+    """vLLM's ``input_messages`` / ``output_messages`` (``enable_response_messages``): the ``tokens`` of
+    its ``raw_message_tokens`` entries joined; ``None`` when there is none or one is not a list of ids."""
+    if not isinstance(messages, list) or not messages:
+        return None
+    joined: list[int] = []
+    for message in messages:
+        if not isinstance(message, dict) or message.get("type") != "raw_message_tokens":
+            return None
+        tokens = _int_list(message.get("tokens"))
+        if tokens is None:
+            return None
+        joined += tokens
+    return joined
+
+
+def _with_output_ids(generations: list[dict[str, Any]], output: Any, ids: list[int]) -> None:
+    """Put a Responses call's generated ids (``output_messages``) beside its log-probs: into the one
+    generation without ids, or a new generation (the first message item's position) when there is none.
+    Several generations without ids cannot be told apart: left as they are."""
+    missing = [g for g in generations if g["token_ids"] is None]
+    if len(missing) == 1:
+        missing[0]["token_ids"] = ids
+    elif not generations:
+        index = 0
+        if isinstance(output, list):
+            index = next(
+                (
+                    i
+                    for i, item in enumerate(output)
+                    if isinstance(item, dict) and item.get("type") == "message"
+                ),
+                0,
+            )
+        generations.append({"index": index, "token_ids": ids, "log_probs": None})
+
+
+def extract_tokens(response: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``{"prompt_token_ids", "generations"}`` from a response object; ``None`` when it carries none."""
+    if not isinstance(response, dict):
+        return None
+    prompt = _int_list(response.get("prompt_token_ids"))
+    generations = _chat_generations(response.get("choices"))
+    if prompt is None:
+        prompt = _choice_prompts(response.get("choices"), generations)
+    if "output" in response:
+        more, item_prompt = _responses_generations(response.get("output"))
+        generations += more
+        prompt = prompt if prompt is not None else item_prompt
+        if prompt is None:
+            prompt = _raw_message_tokens(response.get("input_messages"))
+        output_ids = _raw_message_tokens(response.get("output_messages"))
+        if output_ids is not None:
+            _with_output_ids(generations, response.get("output"), output_ids)
+    if prompt is None and not generations:
+        return None
+    return {"prompt_token_ids": prompt, "generations": generations}

@@ -1,0 +1,553 @@
+"""``ModelCallCaptureMiddleware``: a pure ASGI middleware that turns each model call into a span and a
+durable record, without delaying or changing the response.
+
+Per request (``docs/gateways.md`` has the whole story):
+
+1. The rollout id comes from the ``/ng-rollout/<id>/`` URL prefix, else the ``x-rollout-id`` header, else
+   the W3C ``baggage`` entry ``rollout.id``. The prefix moves into ``root_path`` (so the app's redirects
+   and links keep it) and the header is removed; an id that breaks the grammar in either gets ``400``.
+2. Only ``POST`` to ``/v1/responses``, ``/v1/chat/completions``, ``/v1/messages``, ``/v1/completions`` (also without ``/v1``,
+   a trailing slash tolerated) with a rollout id is captured; everything else goes to the app untouched.
+   A model call without a rollout id is logged (the first time, then once a minute) and counted.
+3. Response chunks are forwarded as they come; only the terminal chunk (the final SSE event, or the last
+   body message of a JSON response) and what follows it wait until the record is durable. A redirect
+   (``3xx``: a trailing-slash redirect by routing, or an upstream's behind the proxy) is not the model call
+   (the call the client makes next is): no record, and a call already begun is discarded, not left in flight.
+4. The span (GenAI semconv v1.41.1, ``_semconv``) is a child of the HTTP server span when one is current,
+   else of the caller's ``traceparent``; the ``gen_ai.server.*`` metrics are recorded when it ends.
+
+A request is captured at most once: a capture middleware that captures marks the scope, and any other
+below it (a mounted sub-app instrumented too) passes through. One that only strips the URL prefix hands
+the rollout id down in the scope, so a mounted sub-app whose route is a dialect path still captures it.
+Across processes, a layer that records adds ``x-otel-capture: captured`` to the request it passes on, and
+a capture layer behind it (another proxy, a zero-code server) passes such a request through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from typing import Any
+
+import orjson
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, propagate, trace
+from opentelemetry.propagators.textmap import Getter
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from . import _attributes as A
+from . import _routing as R
+from ._asgi import ASGIApp, Message, Receive, Scope, Send
+from ._call import InFlightCall
+from ._correlation import BAGGAGE_ROLLOUT_KEY, ROLLOUT_ID_HEADER
+from ._dialects import DIALECTS, Dialect
+from ._metrics import ServerMetrics
+from ._notices import notify
+from ._records import tokens_line
+from ._settings import JSONL_EXPORTER, CaptureSettings
+from ._sink import CallSink, FinishedCall, LoopWaiter, SinkLookup, find_sink
+from ._spans import SpanGate
+from ._uncorrelated import UncorrelatedCounter, counter_for
+from ._version import __version__
+
+_logger = logging.getLogger(__name__)
+
+_UNCORRELATED_NOTICE_INTERVAL_S = 60.0
+# Set in the app's scope once a captured stream's last event has gone to `send`: an app still relaying
+# (the proxy) may stop reading its source and end the body, so the client's end of stream never waits for
+# an upstream that holds its response open.
+SCOPE_RESPONSE_COMPLETE = "otel_capture.response_complete"
+
+
+class ModelCallCaptureMiddleware:
+    """Wraps any ASGI model-server app. Spans go to ``tracer_provider`` and metrics to ``meter_provider``
+    (the global ones by default); records go to ``sink``, by default the ``model_call_jsonl`` exporter that
+    ``tracer_provider`` has when the middleware is built (none: spans only)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+        settings: CaptureSettings | None = None,
+        span_kind: SpanKind = SpanKind.INTERNAL,
+        sink: CallSink | None = None,
+    ) -> None:
+        self.app = app
+        self.sink = sink if sink is not None else find_sink(tracer_provider)
+        # none yet: the provider may be set (or its exporter added) later; looked for on each call until found
+        self._sink_lookup = SinkLookup(tracer_provider) if self.sink is None else None
+        self._no_sink_warned = False
+        self.settings = settings if settings is not None else CaptureSettings.from_environ()
+        self._tracer = trace.get_tracer(__name__, __version__, tracer_provider)
+        self._spans = SpanGate(tracer_provider)
+        self._metrics = ServerMetrics(meter_provider)
+        self._span_kind = span_kind
+        self._uncorrelated_notice = _RateLimitedNotice(_UNCORRELATED_NOTICE_INTERVAL_S)
+        self._uncorrelated_counter: UncorrelatedCounter | None = None
+        self._deadlines: _Deadlines | None = None  # of the loop that last finished a call
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get(R.SCOPE_CAPTURED):
+            await self.app(scope, receive, send)
+            return
+        found = R.correlate(scope)  # the one decision: what this request is, or the rule it breaks
+        if isinstance(found, R.Refusal):
+            await _send_json(send, found.status, found.payload())
+            return
+        if found.prefixed:
+            R.name_server_span(found.scope, found.dialect)
+        if found.invalid_baggage_id is not None:
+            # Baggage is ambient context from any upstream system: a bad value must not fail the call.
+            notify(
+                _logger,
+                logging.WARNING,
+                "not capturing a call with invalid baggage rollout.id %r",
+                found.invalid_baggage_id[:64],
+            )
+        if not found.captured:
+            if found.dialect is not None and found.rollout_id is None and not found.captured_upstream:
+                self._uncorrelated(found.scope, found.dialect)
+            # not a model call, or one a capture layer in front of this one records (one call, one record)
+            await self.app(found.scope, receive, send)
+            return
+        sink = self.sink if self._sink_lookup is None else self._late_sink()
+        await self._capture(found.scope_for_capture(mark=sink is not None), receive, send, found, sink)
+
+    def _late_sink(self) -> CallSink | None:
+        """The sink of a tracer provider set after this middleware was built, once there is one; until
+        then ``None``, with one warning when the records' exporter is configured (its calls would be
+        traced and not recorded, silently)."""
+        assert self._sink_lookup is not None
+        sink = self._sink_lookup.find()
+        if sink is not None:
+            self.sink, self._sink_lookup = sink, None
+        elif self.settings.records_expected and not self._no_sink_warned:
+            self._no_sink_warned = True
+            notify(
+                _logger,
+                logging.WARNING,
+                "OTEL_TRACES_EXPORTER names %s, but this capture middleware's tracer provider has no %s "
+                "exporter: its calls are traced, not recorded, until one is added (set the tracer provider "
+                "before the first call, or pass sink=); see docs/architecture.md",
+                JSONL_EXPORTER,
+                JSONL_EXPORTER,
+            )
+        return sink
+
+    def _uncorrelated(self, scope: Scope, dialect: Dialect) -> None:
+        """A model call without a rollout id is served but cannot be recorded: say so (the first time,
+        then at most once a minute with a count) and count it, so a missing prefix shows at once."""
+        self._metrics.count_uncorrelated(dialect)
+        counter = self._uncorrelated_counter or self._counter_of_sink()
+        if counter is not None:
+            counter.count(dialect)  # in memory; written to the capture directory at most once a second
+        suppressed = self._uncorrelated_notice.note()
+        if suppressed is None:
+            return
+        if suppressed == 0:
+            notify(
+                _logger,
+                logging.WARNING,
+                "a %s model call to %s has no rollout id (no /ng-rollout/<id>/ prefix, %s header or baggage "
+                "%s): it is served but not recorded; see docs/gateways.md",
+                dialect,
+                scope.get("path", ""),
+                ROLLOUT_ID_HEADER,
+                BAGGAGE_ROLLOUT_KEY,
+            )
+        else:
+            notify(
+                _logger,
+                logging.WARNING,
+                "%d more model calls without a rollout id were served but not recorded",
+                suppressed,
+            )
+
+    def _counter_of_sink(self) -> UncorrelatedCounter | None:
+        """The capture directory's count of uncorrelated calls, once this middleware has a sink with a
+        directory (the records' exporter)."""
+        sink = self.sink if self._sink_lookup is None else self._late_sink()
+        directory = getattr(sink, "directory", None)
+        if isinstance(directory, str):
+            self._uncorrelated_counter = counter_for(directory)
+        return self._uncorrelated_counter
+
+    async def _capture(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        found: R.Correlation,
+        sink: CallSink | None,
+    ) -> None:
+        assert found.dialect is not None and found.rollout_id is not None  # found.captured
+        rollout_id, headers = found.rollout_id, found.headers
+        call = InFlightCall(found.dialect, rollout_id, self.settings, session_id=R.session_id(headers))
+        start = _CallStart(sink, rollout_id, call.model_call_id)
+        body_messages, disconnected = await _read_request(receive)
+        call.set_request(b"".join(m.get("body", b"") for m in body_messages))
+        span, attributes, parent = self._start_span(call, scope, headers, found.source, found.baggage_id)
+        # in the caller's context when there is no server span (its baggage too), else in the current one
+        span_context = trace.set_span_in_context(span, parent)
+        token = otel_context.attach(span_context)
+        if span.get_span_context().is_valid:
+            # An app that traces from the request's headers (vLLM's engine) nests its span under this call.
+            scope["headers"] = _with_trace_headers(scope.get("headers", ()), span_context)
+        state = _SendState()
+        cancelled = disconnected
+
+        async def replay_receive() -> Message:
+            nonlocal cancelled
+            start.now()
+            if body_messages:
+                return body_messages.pop(0)
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                cancelled = True
+            return message
+
+        async def capture_send(message: Message) -> None:
+            if state.holding:
+                if message["type"] == "http.response.body":
+                    call.on_body(message.get("body", b""))  # what follows the terminal chunk is captured too
+                state.held.append(message)
+                return
+            kind = message["type"]
+            if kind == "http.response.start":
+                # 3xx: routing redirected it (a trailing slash; then the call never began), or the app or
+                # the upstream did after reading it; the call the client makes next is the model call
+                state.redirected = 300 <= message["status"] < 400
+                if not state.redirected:
+                    start.now()
+                content_type, content_encoding, state.content_length = R.response_headers(
+                    message.get("headers", ())
+                )
+                call.on_response_start(message["status"], content_type, content_encoding)
+            elif kind == "http.response.body":
+                body = message.get("body", b"")
+                state.sent += len(body)
+                terminal = call.on_body(body)
+                # The end of a response is whichever comes first: the dialect's terminal event, the byte
+                # that completes Content-Length (a client may stop reading there, before any final empty
+                # message), or the last body message.
+                if (
+                    terminal
+                    or not message.get("more_body", False)
+                    or (state.content_length is not None and state.sent >= state.content_length)
+                ):
+                    state.holding = True
+                    state.held.append(message)
+                    if call.stream_complete:
+                        scope[SCOPE_RESPONSE_COMPLETE] = True
+                    return
+            await send(message)
+
+        exception: BaseException | None = None
+        try:
+            await self.app(scope, replay_receive, capture_send)
+        except BaseException as exc:  # recorded, then re-raised unchanged
+            exception = exc
+            if isinstance(exc, asyncio.CancelledError):
+                cancelled = True
+        finally:
+            otel_context.detach(token)
+            if state.redirected:
+                # traced (with its status), not recorded and not counted as a model call
+                if call.status_code is not None:
+                    span.set_attribute(A.HTTP_RESPONSE_STATUS_CODE, call.status_code)
+                span.end()
+                if start.begun and sink is not None:
+                    sink.discard_call(rollout_id, call.model_call_id)
+            else:
+                start.now()
+                # A disconnect after the app produced the whole response is not a cancelled call.
+                await self._finish(call, span, attributes, exception, cancelled and not state.holding, sink)
+            # Capture never changes the response: what was held goes out now, durable or not.
+            for message in state.held:
+                await send(message)
+        if exception is not None:
+            raise exception
+
+    def _start_span(
+        self,
+        call: InFlightCall,
+        scope: Scope,
+        headers: dict[str, list[bytes]],
+        source: str,
+        baggage_id: str | None,
+    ) -> tuple[trace.Span, dict[str, Any] | None, otel_context.Context | None]:
+        """The model-call span, its start attributes (kept for the metrics) and the caller's context read
+        from the headers when no span is current (``None`` otherwise). When no processor would see the
+        span, only its context is made (``_spans``), and the attributes only if the metrics need them."""
+        parent = None
+        if not trace.get_current_span().get_span_context().is_valid:
+            # No HTTP server span around us: continue the caller's trace from its traceparent header.
+            parent = propagate.extract(headers, getter=_HEADERS_GETTER)
+        model = call.request_model
+        operation = DIALECTS[call.dialect].operation_name  # chat, or text_completion for /v1/completions
+        name = f"{operation} {model}" if model else operation
+        if self._spans.unseen():
+            span: trace.Span = self._spans.context_only(name, parent, self._span_kind)
+            if not self._metrics.recording:
+                return span, None, parent
+            return span, self._start_attributes(call, scope, headers, source, baggage_id), parent
+        attributes = self._start_attributes(call, scope, headers, source, baggage_id)
+        span = self._tracer.start_span(
+            name, context=parent, kind=self._span_kind, attributes=attributes, start_time=call.start_time_ns
+        )
+        return span, attributes, parent
+
+    @staticmethod
+    def _start_attributes(
+        call: InFlightCall,
+        scope: Scope,
+        headers: dict[str, list[bytes]],
+        source: str,
+        baggage_id: str | None,
+    ) -> dict[str, Any]:
+        attributes = call.start_attributes()
+        attributes[A.MODEL_CALL_ROLLOUT_SOURCE] = source
+        if baggage_id is not None and baggage_id != call.rollout_id:
+            attributes[A.ROLLOUT_ID_BAGGAGE] = baggage_id
+        attributes.update(R.server_attributes(scope, headers))
+        return attributes
+
+    async def _finish(
+        self,
+        call: InFlightCall,
+        span: trace.Span,
+        attributes: dict[str, Any] | None,
+        exception: BaseException | None,
+        cancelled: bool,
+        sink: CallSink | None,
+    ) -> None:
+        """End the span exactly once, record the metrics, and wait until the record is durable (or
+        failed). Never raises."""
+        finished: FinishedCall | None = None
+        try:
+            call.finish(exception=exception, cancelled=cancelled)
+            if call.tokens_missing is not None:
+                self._metrics.count_tokens_missing(call.dialect)
+            recording = span.is_recording()
+            if recording or attributes is not None:
+                end_attributes = call.end_attributes()
+                if recording:
+                    span.set_attributes(end_attributes)  # the start attributes are on the span already
+                if attributes is not None:
+                    attributes.update(end_attributes)
+                    self._metrics.record(
+                        attributes, *call.server_timings(attributes.get(A.GEN_AI_USAGE_OUTPUT_TOKENS))
+                    )
+            if recording:
+                if self.settings.content_on_spans:
+                    span.set_attributes(call.content_attributes(self.settings.content_max_length))
+                if call.error_category is not None:
+                    span.set_status(Status(StatusCode.ERROR, call.error_category))
+                if exception is not None and not isinstance(exception, asyncio.CancelledError):
+                    span.record_exception(exception)
+            if sink is not None:
+                context = span.get_span_context()
+                loop = asyncio.get_running_loop()
+                finished = FinishedCall(
+                    call.rollout_id,
+                    call.model_call_id,
+                    call.line(context.trace_id, context.span_id),
+                    tokens_line(
+                        call.response_obj, rollout_id=call.rollout_id, model_call_id=call.model_call_id
+                    ),
+                    LoopWaiter(loop, loop.create_future()),
+                )
+        except Exception as exc:
+            notify(
+                _logger,
+                logging.ERROR,
+                "model-call capture failed while finishing a %s call",
+                call.dialect,
+                exc_info=True,
+            )
+            if sink is not None:
+                sink.abandon_call(
+                    call.rollout_id, call.model_call_id, f"capture_error: {type(exc).__name__}: {exc}"
+                )
+        finally:
+            span.end(end_time=call.end_time_ns)  # None (the finish failed): now
+        if finished is None or sink is None:
+            return
+        sink.write_call(finished)
+        future = finished.waiter.future
+        deadlines = self._deadlines
+        if deadlines is None or deadlines.loop is not finished.waiter.loop:
+            deadlines = self._deadlines = _Deadlines(finished.waiter.loop, self.settings.durable_timeout_s)
+        deadlines.add(future)
+        try:
+            await future  # resolved with the rest of its batch: one wake-up per batch
+        except asyncio.CancelledError:
+            raise
+        except (
+            _NotDurableInTime
+        ):  # a stalled writer (a hung disk) never holds the call: answer, mark it failed
+            reason = f"capture_error: record not durable within {self.settings.durable_timeout_s:g} s"
+            notify(
+                _logger, logging.ERROR, "rollout %s, call %s: %s", call.rollout_id, call.model_call_id, reason
+            )
+            sink.abandon_call(call.rollout_id, call.model_call_id, reason)
+        except Exception:  # the writer logged it, counted it and marked the rollout incomplete
+            pass
+
+
+class _CallStart:
+    """Tells the sink, once, that a call has begun (a freeze from then on reports it in flight): when the
+    app takes the request, by reading it or answering it. A redirect answered by routing alone never begins;
+    one answered after the app read the request is discarded (``CallSink.discard_call``)."""
+
+    __slots__ = ("_model_call_id", "_rollout_id", "_sink", "begun")
+
+    def __init__(self, sink: CallSink | None, rollout_id: str, model_call_id: str) -> None:
+        self._sink = sink
+        self._rollout_id = rollout_id
+        self._model_call_id = model_call_id
+        self.begun = False
+
+    def now(self) -> None:
+        if not self.begun:
+            self.begun = True
+            if self._sink is not None:
+                self._sink.begin_call(self._rollout_id, self._model_call_id)
+
+
+class _RateLimitedNotice:
+    """When to log a recurring condition: the first time, then at most once per interval, with the number
+    of occurrences since the last line."""
+
+    def __init__(self, interval_s: float) -> None:
+        self._interval_s = interval_s
+        self._next_at: float | None = None
+        self._held = 0
+
+    def note(self) -> int | None:
+        """``0`` the first time, ``None`` while held back, else the occurrences since the last line."""
+        now = time.monotonic()
+        if self._next_at is None:
+            self._next_at = now + self._interval_s
+            return 0
+        self._held += 1
+        if now < self._next_at:
+            return None
+        held, self._held = self._held, 0
+        self._next_at = now + self._interval_s
+        return held
+
+
+class _NotDurableInTime(Exception):
+    """The durability wait's deadline (``CaptureSettings.durable_timeout_s``) passed."""
+
+
+class _Deadlines:
+    """The durability waits' deadlines on one event loop, behind one timer instead of a timer per call
+    (``call_later`` and its ``cancel`` were about 5 % of a captured call's own CPU). Every wait has the same
+    length, so deadlines come in the order the waits began: a queue, looked at from its head. A wait that
+    ended (durable, failed or cancelled) is dropped when it reaches the head."""
+
+    __slots__ = ("_queue", "_timeout_s", "_timer", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, timeout_s: float) -> None:
+        self.loop = loop
+        self._timeout_s = timeout_s
+        self._queue: deque[tuple[float, asyncio.Future[None]]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, future: asyncio.Future[None]) -> None:
+        """From ``loop``'s thread only."""
+        queue = self._queue
+        while queue and queue[0][1].done():
+            queue.popleft()
+        queue.append((self.loop.time() + self._timeout_s, future))
+        if self._timer is None:
+            self._timer = self.loop.call_at(queue[0][0], self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        queue = self._queue
+        now = self.loop.time()
+        while queue:
+            deadline, future = queue[0]
+            if not future.done():
+                if deadline > now:
+                    self._timer = self.loop.call_at(deadline, self._expire)
+                    return
+                # the writer resolves it later into the void (it skips done futures)
+                future.set_exception(_NotDurableInTime())
+            queue.popleft()
+
+
+class _HeadersGetter(Getter[dict[str, list[bytes]]]):
+    """The propagators read the request's headers where they are (``headers_by_name``), not from a copy of
+    every header decoded per call."""
+
+    def get(self, carrier: dict[str, list[bytes]], key: str) -> list[str] | None:
+        values = carrier.get(key)
+        return None if values is None else [b",".join(values).decode("latin-1")]
+
+    def keys(self, carrier: dict[str, list[bytes]]) -> list[str]:
+        return list(carrier)
+
+
+_HEADERS_GETTER = _HeadersGetter()
+
+
+def _with_trace_headers(headers: Any, context: otel_context.Context) -> list[tuple[bytes, bytes]]:
+    """The request's headers with the call span's ``traceparent`` (and the propagators' other trace
+    fields, e.g. ``tracestate``, which the span carries from its parent) in place of the caller's. The
+    caller's ``baggage`` goes on as it was sent, as the proxy passes it."""
+    fields: dict[str, str] = {}
+    propagate.inject(fields, context)
+    fields.pop("baggage", None)
+    names = {name.encode("latin-1") for name in fields}
+    kept = [(k, v) for k, v in headers if k.lower() not in names]
+    kept += [
+        (k.encode("latin-1"), v.encode("latin-1"))
+        for k, v in fields.items()
+        if "\r" not in v and "\n" not in v
+    ]
+    return kept
+
+
+class _SendState:
+    __slots__ = ("content_length", "held", "holding", "redirected", "sent")
+
+    def __init__(self) -> None:
+        self.redirected = False
+        self.holding = False
+        self.held: list[Message] = []
+        self.sent = 0
+        self.content_length: int | None = None
+
+
+async def _read_request(receive: Receive) -> tuple[list[Message], bool]:
+    """Every request body message, read before the app runs (it reads the whole JSON body anyway), so the
+    span starts with the request's model and parameters."""
+    messages: list[Message] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            messages.append(message)
+            return messages, True
+        messages.append(message)
+        if not message.get("more_body", False):
+            return messages, False
+
+
+async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
+    body = orjson.dumps(payload)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

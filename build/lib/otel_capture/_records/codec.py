@@ -1,0 +1,192 @@
+"""The line codec, both ways: a call's values to its ``<id>.capture.jsonl`` line, a response's token data
+to its ``<id>.tokens.jsonl`` line, a file's bytes to its lines, and one line back to a record (or to the
+reason it is damaged, worded one way everywhere).
+
+Nothing here opens a file or knows the store: the store and its readers (:mod:`otel_capture._store`) hand
+bytes in and take records out. The fields themselves are declared once, in :mod:`.schema`; adding an
+added field (ours, after Gym's) touches :mod:`.schema` only: the encoder writes whatever keys it is given
+in the order :data:`.schema.LINE_KEYS` names, and the decoder reads every added field by its annotation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import orjson
+from pydantic import ValidationError
+
+from .._dialects.tokens import extract_tokens
+from .._errors import CaptureError
+from .build import build_model_call_record
+from .schema import LINE_KEYS, SCHEMA_VERSION, TOKENS_SCHEMA_VERSION, ModelCallRecord
+
+__all__ = [
+    "CaptureReadError",
+    "DamagedLine",
+    "InvalidLine",
+    "damaged_line",
+    "decode_record_line",
+    "encode_record_line",
+    "line_spans",
+    "parse_record_line",
+    "preview",
+    "split_lines",
+    "tokens_line",
+]
+
+_logger = logging.getLogger(__name__)
+
+_PREVIEW_BYTES = 300
+TORN_REASON = "torn final line (no trailing newline): an append was cut short; not parsed"
+
+# -- encoding -----------------------------------------------------------------------------------------
+
+
+def encode_record_line(values: dict[str, Any]) -> bytes:
+    """One record line (ending in ``\\n``): NeMo Gym 0.7.0's keys first in its order, then ours, then
+    :data:`.schema.SCHEMA_VERSION`'s ``schema_version`` among ours. ``values`` holds the keys the call has
+    (absent keys are not written; a ``None`` value is written as ``null``); bodies may be
+    ``orjson.Fragment``s, embedded as sent. A key the schema does not name is refused (``KeyError``): a
+    line carries only what its readers know."""
+    if not _LINE_KEY_SET.issuperset(values):
+        raise KeyError(f"not a record line key: {sorted(values.keys() - _LINE_KEY_SET)}")
+    line = {
+        key: SCHEMA_VERSION if key == "schema_version" else values[key]
+        for key in LINE_KEYS
+        if key in values or key == "schema_version"
+    }
+    return orjson.dumps(line, default=str, option=orjson.OPT_APPEND_NEWLINE)
+
+
+_LINE_KEY_SET = frozenset(LINE_KEYS) - {"schema_version"}
+
+
+def tokens_line(response: dict[str, Any] | None, *, rollout_id: str, model_call_id: str) -> bytes | None:
+    """The ``<id>.tokens.jsonl`` line (ending in ``\\n``) of one call, or ``None`` without token data.
+
+    The line::
+
+        {"schema_version": 1, "rollout_id": ..., "model_call_id": ..., "model": ...,
+         "prompt_token_ids": [...] | null,
+         "generations": [{"index": 0, "token_ids": [...] | null, "log_probs": [...] | null}, ...]}
+
+    What is read from which response shape is the dialects' (:func:`otel_capture._dialects.tokens.
+    extract_tokens`)."""
+    found = extract_tokens(response)
+    if found is None or response is None:
+        return None
+    model = response.get("model")
+    record = {
+        "schema_version": TOKENS_SCHEMA_VERSION,
+        "rollout_id": rollout_id,
+        "model_call_id": model_call_id,
+        "model": model if isinstance(model, str) else None,
+        **found,
+    }
+    return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+
+
+# -- splitting ----------------------------------------------------------------------------------------
+
+
+def split_lines(data: bytes) -> tuple[list[bytes], bytes]:
+    """A file's bytes split at ``\\n``: its complete lines (newline removed, blank ones kept, so a line's
+    position is its physical line number minus one) and what follows the last newline (a non-blank one
+    is a torn final line: a writer died, or the disk filled, mid-append)."""
+    lines = data.split(b"\n")
+    tail = lines.pop()
+    return lines, tail
+
+
+def line_spans(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """``(physical line number, start, end)`` of each non-blank complete line of ``data`` (the newline
+    excluded), one at a time and without copying most lines: the splitter of a file held as one buffer
+    (a freeze's snapshot, the in-flight markers). Agrees with :func:`split_lines` on what a line is."""
+    start = 0
+    number = 0
+    while (end := data.find(b"\n", start)) != -1:
+        number += 1
+        first = data[start : start + 1]
+        if first and (not first.isspace() or data[start:end].strip()):
+            yield number, start, end
+        start = end + 1
+
+
+def damaged_line(number: int, reason: str | None = None) -> str:
+    """The one wording of a damaged line, for every reader, the freeze and ``check``:
+    ``damaged line N: why`` (N the physical line number, 1-based)."""
+    return f"damaged line {number}: {reason}" if reason else f"damaged line {number}"
+
+
+def preview(line: bytes) -> str:
+    """The start of a damaged line, decoded, for a report."""
+    if len(line) <= _PREVIEW_BYTES:
+        return line.decode("utf-8", "replace")
+    return line[:_PREVIEW_BYTES].decode("utf-8", "replace") + f"... ({len(line)} bytes)"
+
+
+# -- decoding -----------------------------------------------------------------------------------------
+
+
+class CaptureReadError(CaptureError, ValueError):
+    """A damaged line in a capture file, found by the strict reader: ``<path>: damaged line N: why``."""
+
+    def __init__(self, path: Path, line_number: int, reason: str) -> None:
+        super().__init__(f"{path}: {damaged_line(line_number, reason)}")
+        self.path = path
+        self.line_number = line_number
+        self.reason = reason
+
+
+class InvalidLine(NamedTuple):
+    """A damaged line: 1-based physical line number, why it was refused, and its start (decoded)."""
+
+    line_number: int
+    reason: str
+    raw: str
+
+
+class DamagedLine(Exception):
+    """Why one line is not a record (what :func:`decode_record_line` raises)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _validation_reason(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors(include_url=False):
+        loc = ".".join(str(part) for part in error["loc"])
+        if loc == "latency_total_ms":
+            loc = "latency_ms"  # name the key as it is on disk
+        parts.append(f"{loc}: {error['msg']}")
+    return "invalid record: " + "; ".join(parts)
+
+
+def decode_record_line(stripped: bytes, call_index: int) -> ModelCallRecord:
+    """One stripped non-blank line to its record, as NeMo Gym reads it; :class:`DamagedLine` with the
+    reason when it is not one (not JSON, not an object, or a record Gym would refuse)."""
+    try:
+        obj = orjson.loads(stripped)
+    except orjson.JSONDecodeError as exc:
+        raise DamagedLine(f"invalid JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise DamagedLine(f"not a JSON object but {type(obj).__name__}")
+    try:
+        return build_model_call_record(obj, call_index=call_index)
+    except ValidationError as exc:
+        raise DamagedLine(_validation_reason(exc)) from exc
+    except Exception as exc:  # Gym counts any failure to build a record as a damaged line
+        raise DamagedLine(f"cannot derive record: {type(exc).__name__}: {exc}") from exc
+
+
+def parse_record_line(line: bytes, call_index: int) -> ModelCallRecord | None:
+    """One non-blank line as the readers read it; ``None`` when it is damaged (what a freeze reports)."""
+    try:
+        return decode_record_line(line.strip(), call_index)
+    except DamagedLine:
+        return None

@@ -1,0 +1,319 @@
+"""Where a request goes: :func:`correlate` (its rollout id from the URL prefix, the ``x-rollout-id`` header or
+baggage, the route the app sees, its dialect, whether this layer captures it; or the rule it breaks), and
+the HTTP server span's name. Pure functions of the ASGI scope, shared by the capture middleware,
+the lean server span and the proxy."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+
+from . import _attributes as A
+from ._asgi import Scope
+from ._correlation import (
+    CAPTURED_HEADER,
+    CAPTURED_VALUE,
+    ROLLOUT_ID_HEADER,
+    ROLLOUT_ID_RULE,
+    ROLLOUT_PATH_PREFIX,
+    is_valid_rollout_id,
+    rollout_id_from_baggage,
+    rollout_id_from_header,
+    rollout_path_prefix,
+    split_rollout_prefix,
+)
+from ._dialects import DIALECT_PATHS, Dialect
+
+SCOPE_CAPTURED = "otel_capture.captured"  # set on a scope a capture middleware captures: others pass it
+SCOPE_ROLLOUT_ID = "otel_capture.rollout_id"  # from a URL prefix stripped by an outer capture middleware
+SCOPE_ROLLOUT_SOURCE = "otel_capture.rollout_source"  # where that id came from: "url_prefix" or "header"
+# The raw path without the /ng-rollout/<id> part (the path and raw_path keep it, as the ASGI spec wants with
+# the prefix in root_path): what a forwarding app (the proxy) sends on.
+SCOPE_UNPREFIXED_RAW_PATH = "otel_capture.unprefixed_raw_path"
+_ROLLOUT_ID_HEADER = ROLLOUT_ID_HEADER.encode()
+_CAPTURED_MARK = (CAPTURED_HEADER.encode(), CAPTURED_VALUE.encode())
+_PREFIX_IN_TEXT = re.compile("/" + ROLLOUT_PATH_PREFIX + "/[^/\\s]*")  # in a span name or a decoded path
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A request refused before the app sees it (``400``), naming the rule it breaks: a rollout id that
+    breaks the grammar (in the prefix or the header), or more than one ``/ng-rollout/<id>/`` prefix."""
+
+    message: str
+    rule: str
+    type: str = "invalid_rollout_id"
+    status: int = 400
+
+    def payload(self) -> dict[str, Any]:
+        return {"error": {"type": self.type, "message": self.message, "rule": self.rule}}
+
+
+@dataclass(frozen=True, slots=True)
+class Correlation:
+    """What a request is, for capture: the scope the app sees (the prefix moved into ``root_path``, the
+    header removed), its rollout id and where it came from, its dialect, and whether a capture layer in
+    front of this one records it already. :attr:`captured` says whether this layer records it."""
+
+    scope: Scope
+    rollout_id: str | None
+    source: str  # "url_prefix", "header" or "baggage" (meaningless without a rollout id)
+    prefixed: bool  # the id came from a prefix this layer read (the server span is renamed)
+    dialect: Dialect | None
+    headers: dict[str, list[bytes]]  # by lower-case name; read only for a model call ({} otherwise)
+    captured_upstream: bool = False  # the request carries x-otel-capture: captured
+    baggage_id: str | None = None  # the baggage's rollout.id, valid or not (the span notes a disagreement)
+    invalid_baggage_id: str | None = None  # a baggage rollout.id that breaks the grammar: ignored, logged
+
+    @property
+    def captured(self) -> bool:
+        """A model call with a rollout id that no layer in front records: this layer records it."""
+        return self.dialect is not None and self.rollout_id is not None and not self.captured_upstream
+
+    def scope_for_capture(self, *, mark: bool) -> Scope:
+        """The scope handed to the app for a captured call: a copy marked captured (a capture middleware
+        below passes it through), with ``x-otel-capture: captured`` added when ``mark`` (this layer records
+        to a sink, so a capture layer behind it, in another process, records nothing)."""
+        scope = dict(self.scope)
+        scope[SCOPE_CAPTURED] = True
+        if mark:
+            scope["headers"] = [*scope.get("headers", ()), _CAPTURED_MARK]
+        return scope
+
+
+DOUBLE_PREFIX_RULE = "a request carries at most one /ng-rollout/<id>/ prefix"
+
+
+def correlate(scope: Scope) -> Correlation | Refusal:
+    """The one decision of what an HTTP request is for capture: :class:`Correlation`, or a
+    :class:`Refusal` naming the rule it breaks. The carriers in order (``docs/gateways.md``): the
+    ``/ng-rollout/<id>/`` URL prefix (or the id an outer capture middleware read from one), the
+    ``x-rollout-id`` header, the W3C ``baggage`` entry ``rollout.id`` (read for model calls only; a bad one
+    is ambient context from any upstream system, so it is ignored, not refused).
+
+    The prefix moves into ``root_path`` (``path`` keeps the full path, as the ASGI spec and Starlette want),
+    so the app routes the rest and the URLs it builds (redirects, ``url_for``) keep the prefix.
+    """
+    rollout_id: str | None = scope.get(SCOPE_ROLLOUT_ID)
+    source: str = scope.get(SCOPE_ROLLOUT_SOURCE, "url_prefix")
+    changes: dict[str, Any] = {}
+    root_path: str = scope.get("root_path", "")
+    # Split on the raw path: in the decoded one, /ng-rollout/a%2Fb/... would look like id "a".
+    raw_root, raw_route = split_root(scope, root_path)
+    split = split_rollout_prefix(raw_route)
+    if split is not None:
+        prefix_id, raw_rest = split
+        if not is_valid_rollout_id(prefix_id):
+            return _invalid_id(prefix_id, "/ng-rollout/<id>/")
+        if split_rollout_prefix(unquote(raw_rest) if "%" in raw_rest else raw_rest) is not None:
+            # /ng-rollout/a/ng-rollout/b/...: which id is meant is anyone's guess, and the app would route
+            # /ng-rollout/b/... (no dialect path): refused rather than answered and not recorded
+            return Refusal(
+                f"more than one /ng-rollout/<id>/ prefix in {raw_route[:256]!r}: {DOUBLE_PREFIX_RULE}",
+                DOUBLE_PREFIX_RULE,
+                type="invalid_rollout_prefix",
+            )
+        changes["root_path"] = root_path + rollout_path_prefix(prefix_id)
+        changes[SCOPE_UNPREFIXED_RAW_PATH] = (raw_root + raw_rest).encode("latin-1")
+        rollout_id, source = prefix_id, "url_prefix"
+    header_values = [v for k, v in scope.get("headers", ()) if k.lower() == _ROLLOUT_ID_HEADER]
+    header_id = rollout_id_from_header(header_values)
+    if header_id is not None:
+        if not is_valid_rollout_id(header_id):
+            return _invalid_id(header_id, f"the {ROLLOUT_ID_HEADER} header")
+        changes["headers"] = [(k, v) for k, v in scope["headers"] if k.lower() != _ROLLOUT_ID_HEADER]
+        if rollout_id is None:
+            rollout_id, source = header_id, "header"
+    if changes:
+        scope = dict(scope, **changes)
+        if rollout_id is not None:  # for a capture middleware below this one (a mounted sub-app)
+            scope[SCOPE_ROLLOUT_ID], scope[SCOPE_ROLLOUT_SOURCE] = rollout_id, source
+    prefixed = split is not None
+    dialect = dialect_of(scope)
+    if dialect is None:  # not a model call: nothing more to read
+        return Correlation(scope, rollout_id, source, prefixed, None, {})
+    headers = headers_by_name(scope)
+    marks = headers.get(CAPTURED_HEADER)
+    if marks and CAPTURED_VALUE in (v.decode("latin-1").strip() for v in marks):
+        return Correlation(scope, rollout_id, source, prefixed, dialect, headers, captured_upstream=True)
+    baggage = headers.get("baggage")
+    baggage_id = rollout_id_from_baggage(baggage) if baggage else None
+    invalid_baggage_id = None
+    if rollout_id is None and baggage_id is not None:
+        if is_valid_rollout_id(baggage_id):
+            rollout_id, source = baggage_id, "baggage"
+        else:
+            invalid_baggage_id = baggage_id
+    return Correlation(
+        scope,
+        rollout_id,
+        source,
+        prefixed,
+        dialect,
+        headers,
+        baggage_id=baggage_id,
+        invalid_baggage_id=invalid_baggage_id,
+    )
+
+
+def split_root(scope: Scope, root_path: str) -> tuple[str, str]:
+    """The raw path cut into the part ``root_path`` stands for and the rest (the raw route path)."""
+    raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+    path: str = scope["path"]
+    if (
+        not root_path
+        or not path.startswith(root_path)
+        or path[len(root_path) : len(root_path) + 1] not in ("", "/")
+    ):
+        return "", raw_path
+    cut = 0
+    for _ in range(root_path.rstrip("/").count("/")):  # one raw segment per decoded one
+        cut = raw_path.find("/", cut + 1)
+        if cut < 0:
+            return raw_path, ""
+    return raw_path[:cut], raw_path[cut:]
+
+
+def unprefixed_raw_path(scope: Scope) -> bytes:
+    """The raw path to forward: without the ``/ng-rollout/<id>`` part the capture middleware read."""
+    raw: bytes = scope.get(SCOPE_UNPREFIXED_RAW_PATH) or scope.get("raw_path") or scope["path"].encode()
+    return raw
+
+
+def route_path(scope: Scope) -> str:
+    """The path the app routes: ``path`` without ``root_path`` (Starlette's ``get_route_path``)."""
+    path: str = scope["path"]
+    root_path: str = scope.get("root_path", "")
+    if root_path and path.startswith(root_path + "/"):
+        path = path[len(root_path) :]  # a mounted app's route path, as Starlette routes it
+    return path
+
+
+def dialect_of(scope: Scope) -> Dialect | None:
+    return _dialect_of_route(scope.get("method"), route_path(scope))
+
+
+def _dialect_of_route(method: object, path: str) -> Dialect | None:
+    if method != "POST":
+        return None
+    if len(path) > 1 and path.endswith("/"):
+        path = path[:-1]
+    if not path.startswith("/v1/"):
+        path = "/v1" + path  # servers (llama.cpp) and gateways serve /chat/completions etc. without /v1 too
+    return DIALECT_PATHS.get(path)
+
+
+def server_span_details(scope: Scope) -> tuple[str, dict[str, Any]]:
+    """The HTTP server span's name and attributes for ``OpenTelemetryMiddleware(default_span_details=...)``:
+    ``METHOD path`` without the ``/ng-rollout/<id>`` part (one name per route, not one per rollout), and
+    ``http.route`` for a model call's path (``url.path`` keeps the real path)."""
+    method = str(scope.get("method", "")).strip() or "HTTP"
+    path: str = scope.get("path", "")
+    if scope.get("type") != "http":
+        return path or method, {}
+    route = _PREFIX_IN_TEXT.sub("", path, count=1) or "/"
+    attributes: dict[str, Any] = {}
+    if _dialect_of_route(scope.get("method"), route) is not None:
+        attributes[A.HTTP_ROUTE] = route
+    return f"{method} {route}", attributes
+
+
+def name_server_span(scope: Scope, dialect: Dialect | None) -> None:
+    """Take the rollout id out of the current HTTP server span's name (an outer instrumentation named it by
+    the prefixed path, or only by its method because no route matched it)."""
+    span = trace.get_current_span()
+    name = getattr(span, "name", None)
+    if not span.is_recording() or getattr(span, "kind", None) != SpanKind.SERVER or not isinstance(name, str):
+        return
+    method = str(scope.get("method", ""))
+    route = route_path(scope)
+    if _PREFIX_IN_TEXT.search(name):
+        span.update_name(_PREFIX_IN_TEXT.sub("", name, count=1))
+    elif dialect is not None and name == method:
+        span.update_name(f"{method} {route}")
+        span.set_attribute(A.HTTP_ROUTE, route)
+
+
+def headers_by_name(scope: Scope) -> dict[str, list[bytes]]:
+    headers: dict[str, list[bytes]] = {}
+    for key, value in scope.get("headers", ()):
+        headers.setdefault(key.decode("latin-1").lower(), []).append(value)
+    return headers
+
+
+def server_attributes(scope: Scope, headers: dict[str, list[bytes]]) -> dict[str, Any]:
+    """``server.address``/``server.port`` as the client addressed the server (its ``Host`` header, as the
+    HTTP semconv does), else the socket the server listens on."""
+    host = headers.get("host")
+    if host:
+        name, sep, port = host[0].decode("latin-1").strip().rpartition(":")
+        if not sep or "]" in port:  # no port, or a bare IPv6 literal
+            name, port = host[0].decode("latin-1").strip(), ""
+        name = name.strip("[]")
+        if name:
+            attributes: dict[str, Any] = {A.SERVER_ADDRESS: name}
+            if port.isdigit():
+                attributes[A.SERVER_PORT] = int(port)
+            elif scope.get("scheme") in ("http", "https"):
+                attributes[A.SERVER_PORT] = 443 if scope["scheme"] == "https" else 80
+            return attributes
+    server = scope.get("server")
+    if server and server[0]:
+        attributes = {A.SERVER_ADDRESS: server[0]}
+        if server[1] is not None:
+            attributes[A.SERVER_PORT] = server[1]
+        return attributes
+    return {}
+
+
+def session_id(headers: dict[str, list[bytes]]) -> str | None:
+    raw = headers.get("x-session-id")
+    if not raw:
+        return None
+    values = {v.decode("latin-1").strip() for v in raw} - {""}
+    return values.pop() if len(values) == 1 else None
+
+
+def first_header(headers: Any, name: bytes) -> str:
+    for key, value in headers:
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return ""
+
+
+def response_headers(headers: Any) -> tuple[str, str, int | None]:
+    """``(content type, content encoding, content length)`` of a response's headers in one pass: the
+    first of each (``""``, ``""``, ``None`` when absent), as :func:`first_header` and
+    :func:`content_length` read them."""
+    content_type = content_encoding = length = None
+    for key, value in headers:
+        name = key.lower()
+        if name == b"content-type":
+            if content_type is None:
+                content_type = bytes(value).decode("latin-1")
+        elif name == b"content-encoding":
+            if content_encoding is None:
+                content_encoding = bytes(value).decode("latin-1")
+        elif name == b"content-length" and length is None:
+            length = bytes(value).decode("latin-1")
+    if length is not None:
+        length = length.strip()
+    return (
+        content_type or "",
+        content_encoding or "",
+        int(length) if length is not None and length.isdigit() else None,
+    )
+
+
+def content_length(headers: Any) -> int | None:
+    value = first_header(headers, b"content-length").strip()
+    return int(value) if value.isdigit() else None
+
+
+def _invalid_id(rollout_id: str, where: str) -> Refusal:
+    return Refusal(f"invalid rollout id {rollout_id[:256]!r} in {where}: {ROLLOUT_ID_RULE}", ROLLOUT_ID_RULE)

@@ -1,0 +1,442 @@
+"""Every ``OTEL_*`` and ``OTEL_CAPTURE_*`` variable the package reads is read here, once, when a settings
+object is built (never at import time); everything else takes the plain objects.
+
+- :class:`CaptureSettings`: what the middleware captures and puts on spans;
+- :class:`WriterSettings`: where and how the ``model_call_jsonl`` exporter writes records;
+- :class:`CorrelationSettings`: whether the agent-side helpers correlate;
+- :class:`ProxySettings`: the capture proxy's upstream timeout, request-size limit, shutdown bound and the
+  headers it never puts on spans;
+- :func:`upstream_from_environ`, :func:`cache_dir`: the proxy's upstream (for ``--workers``) and the cache.
+
+Precedence: constructor argument, then our variable, then the standard ``OTEL_*`` variable, then the
+default. An empty variable counts as unset (as the OpenTelemetry SDK treats it). A bad value is logged with
+its name and replaced by the default (it does not fall through to the next variable: a typo should not
+silently pick up some other setting). Tests pass ``environ=`` instead of patching ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, TypeVar
+from urllib.parse import unquote
+
+from ._notices import notify
+
+_logger = logging.getLogger(__name__)
+
+# ours
+ENV_CAPTURE_DIR = "OTEL_EXPORTER_MODEL_CALL_JSONL_DIR"
+ENV_MAX_BODY_BYTES = "OTEL_CAPTURE_MAX_BODY_BYTES"
+ENV_KEEP_RAW_STREAM = "OTEL_CAPTURE_KEEP_RAW_STREAM"
+ENV_SYNC = "OTEL_CAPTURE_SYNC"
+ENV_CAPTURE_CONTENT = "OTEL_CAPTURE_MESSAGE_CONTENT"
+ENV_CONTENT_MAX_LENGTH = "OTEL_CAPTURE_CONTENT_MAX_LENGTH"
+ENV_CORRELATION = "OTEL_CAPTURE_CORRELATION"
+ENV_UPSTREAM = "OTEL_CAPTURE_UPSTREAM"
+ENV_CACHE = "OTEL_CAPTURE_CACHE"
+ENV_DURABLE_TIMEOUT = "OTEL_CAPTURE_DURABLE_TIMEOUT_S"
+ENV_ALLOW_SHARED_DIR = "OTEL_CAPTURE_ALLOW_SHARED_DIR"
+ENV_UPSTREAM_TIMEOUT = "OTEL_CAPTURE_UPSTREAM_TIMEOUT"
+ENV_MAX_REQUEST_BYTES = "OTEL_CAPTURE_MAX_REQUEST_BYTES"
+ENV_SHUTDOWN_TIMEOUT = "OTEL_CAPTURE_SHUTDOWN_TIMEOUT"
+ENV_LOCK_TIMEOUT = "OTEL_CAPTURE_LOCK_TIMEOUT_S"
+# standard
+ENV_TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
+JSONL_EXPORTER = "model_call_jsonl"  # the records' exporter, by its entry-point name
+ENV_SERVICE_NAME = "OTEL_SERVICE_NAME"
+ENV_RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
+ENV_GENAI_CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+ENV_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT = "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT"
+ENV_ATTRIBUTE_VALUE_LENGTH_LIMIT = "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"
+ENV_SANITIZE_HEADERS = "OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SANITIZE_FIELDS"
+ENV_CAPTURE_REQUEST_HEADERS = "OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST"
+ENV_CAPTURE_RESPONSE_HEADERS = "OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_RESPONSE"
+
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_CONTENT_MAX_LENGTH = 16 * 1024
+DEFAULT_DURABLE_TIMEOUT_S = 120.0  # a sync that takes longer is a hung disk: answer the call, mark it failed
+DEFAULT_UPSTREAM_TIMEOUT = 600.0  # seconds without a byte from the upstream: model calls are long
+DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024  # long contexts with several images fit
+DEFAULT_SHUTDOWN_TIMEOUT = 25  # inside the 30 s an orchestrator (Kubernetes) waits before SIGKILL
+DEFAULT_LOCK_TIMEOUT_S = 30.0  # a data file's flock is held for one append: longer is a stuck process
+# Headers that carry credentials: the proxy never puts their values on spans, whatever
+# OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST/_RESPONSE ask for (patterns, matched anywhere
+# in the name, case-insensitively, as the instrumentation matches its sanitize list).
+SECRET_HEADERS: tuple[str, ...] = (
+    "authorization",
+    "proxy-authorization",
+    "x-api-key",
+    "api-key",
+    "x-goog-api-key",
+    "cookie",
+    "set-cookie",
+)
+
+ContentCapture = Literal["no_content", "span_only", "event_only", "span_and_event"]
+CONTENT_CAPTURE_MODES: tuple[ContentCapture, ...] = (
+    "no_content",
+    "span_only",
+    "event_only",
+    "span_and_event",
+)
+
+_T = TypeVar("_T")
+SyncMode = Literal["auto", "fsync"]
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureSettings:
+    """What the capture middleware keeps of each call and puts on its span."""
+
+    service_name: str | None = None
+    """The model server's name, written as the record's ``model_ref.name``."""
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    """Cap on each raw body kept in memory and on disk; longer bodies are cut and flagged ``truncated``."""
+    keep_raw_stream: bool = False
+    """Keep the raw SSE text (``response_raw``) for clean streams too, not only for partial ones."""
+    capture_content: ContentCapture = "no_content"
+    """Message content on spans (the GenAI semconv opt-in attributes): ``span_only`` and
+    ``span_and_event`` put it on spans; ``no_content`` and ``event_only`` do not (no events are emitted)."""
+    content_max_length: int = DEFAULT_CONTENT_MAX_LENGTH
+    """Longest JSON text of one content attribute, in characters; longer ones are cut string by string,
+    so the JSON stays valid. Never above the SDK's attribute length limit, which would cut the JSON."""
+    durable_timeout_s: float = DEFAULT_DURABLE_TIMEOUT_S
+    """Longest wait for a call's record to be durable before its terminal chunk is released anyway and its
+    capture marked failed (a disk or network filesystem that stopped answering never holds a call)."""
+    records_expected: bool = False
+    """``OTEL_TRACES_EXPORTER`` names ``model_call_jsonl``: a middleware that finds no records' exporter
+    on its tracer provider when a call comes says so (once) instead of recording nothing in silence."""
+
+    @property
+    def content_on_spans(self) -> bool:
+        return self.capture_content in ("span_only", "span_and_event")
+
+    @classmethod
+    def from_environ(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        service_name: str | None = None,
+        max_body_bytes: int | None = None,
+        keep_raw_stream: bool | None = None,
+        capture_content: ContentCapture | bool | None = None,
+        content_max_length: int | None = None,
+        durable_timeout_s: float | None = None,
+    ) -> CaptureSettings:
+        env = os.environ if environ is None else environ
+        if isinstance(capture_content, bool):
+            capture_content = "span_only" if capture_content else "no_content"
+        sdk_limit = _pick(
+            None,
+            env,
+            (ENV_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT, ENV_ATTRIBUTE_VALUE_LENGTH_LIMIT),
+            _positive_int,
+            None,
+        )
+        content_length = _pick(
+            content_max_length, env, (ENV_CONTENT_MAX_LENGTH,), _positive_int, DEFAULT_CONTENT_MAX_LENGTH
+        )
+        if sdk_limit is not None and content_length > sdk_limit:
+            content_length = sdk_limit  # the SDK would cut the JSON text in the middle
+        return cls(
+            service_name=_pick(
+                service_name, env, (ENV_SERVICE_NAME, ENV_RESOURCE_ATTRIBUTES), _service_name, None
+            ),
+            max_body_bytes=_pick(
+                max_body_bytes, env, (ENV_MAX_BODY_BYTES,), _positive_int, DEFAULT_MAX_BODY_BYTES
+            ),
+            keep_raw_stream=_pick(keep_raw_stream, env, (ENV_KEEP_RAW_STREAM,), _bool, False),
+            capture_content=_pick(
+                capture_content,
+                env,
+                (ENV_CAPTURE_CONTENT, ENV_GENAI_CAPTURE_CONTENT),
+                _content_mode,
+                "no_content",
+            ),
+            content_max_length=content_length,
+            durable_timeout_s=_pick(
+                durable_timeout_s, env, (ENV_DURABLE_TIMEOUT,), _seconds, DEFAULT_DURABLE_TIMEOUT_S
+            ),
+            records_expected=JSONL_EXPORTER
+            in (n.strip() for n in env.get(ENV_TRACES_EXPORTER, "").split(",")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WriterSettings:
+    """Where and how the ``model_call_jsonl`` exporter makes records durable."""
+
+    directory: Path | None = None
+    """Where records go; ``None`` means no records (the exporter logs it once)."""
+    sync: SyncMode = "auto"
+    """How a batch of lines is made durable: ``auto`` (one ``syncfs`` for a batch that touched several
+    files, where Linux has it; else one ``fsync`` per file) or ``fsync`` (always one per file: for a
+    filesystem shared with heavy unrelated writers, which ``syncfs`` would also flush)."""
+    allow_shared_directory: bool = False
+    """Write into a world-writable directory, or one owned by another user (refused by default: others
+    could plant links or FIFOs in it). ``OTEL_CAPTURE_ALLOW_SHARED_DIR``."""
+    lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
+    """Longest wait for a file lock (a data file's ``flock``, which NeMo Gym's writers also take, or a
+    rollout's stripe lock): a process that holds one longer fails that rollout's batch (marked incomplete
+    with the reason), never the writer. ``OTEL_CAPTURE_LOCK_TIMEOUT_S``."""
+
+    @classmethod
+    def from_environ(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        directory: str | os.PathLike[str] | None = None,
+        sync: SyncMode | None = None,
+        allow_shared_directory: bool | None = None,
+        lock_timeout_s: float | None = None,
+    ) -> WriterSettings:
+        env = os.environ if environ is None else environ
+        given = _to_path(os.fspath(directory)) if directory is not None else None
+        return cls(
+            directory=_pick(given, env, (ENV_CAPTURE_DIR,), _path, None),
+            sync=_pick(sync, env, (ENV_SYNC,), _sync_mode, "auto"),
+            allow_shared_directory=_pick(allow_shared_directory, env, (ENV_ALLOW_SHARED_DIR,), _bool, False),
+            lock_timeout_s=_pick(
+                lock_timeout_s, env, (ENV_LOCK_TIMEOUT,), _positive_float, DEFAULT_LOCK_TIMEOUT_S
+            ),
+        )
+
+
+def allow_shared_dir_from_environ(environ: Mapping[str, str] | None = None) -> bool:
+    """``OTEL_CAPTURE_ALLOW_SHARED_DIR``: the default of ``CaptureStore(allow_shared_directory=)``."""
+    return _pick(None, os.environ if environ is None else environ, (ENV_ALLOW_SHARED_DIR,), _bool, False)
+
+
+def lock_timeout_from_environ(environ: Mapping[str, str] | None = None) -> float:
+    """``OTEL_CAPTURE_LOCK_TIMEOUT_S``: the default of ``CaptureStore(lock_timeout_s=)``."""
+    env = os.environ if environ is None else environ
+    return _pick(None, env, (ENV_LOCK_TIMEOUT,), _positive_float, DEFAULT_LOCK_TIMEOUT_S)
+
+
+@dataclass(frozen=True, slots=True)
+class CorrelationSettings:
+    """Whether agent-side correlation is on (the gate of the gated helpers in ``_agent``)."""
+
+    enabled: bool = False
+
+    @classmethod
+    def from_environ(
+        cls, environ: Mapping[str, str] | None = None, *, enabled: bool | None = None
+    ) -> CorrelationSettings:
+        """``enabled`` if given; else ``OTEL_CAPTURE_CORRELATION`` if set to a boolean; else whether
+        ``OTEL_EXPORTER_MODEL_CALL_JSONL_DIR`` is set (non-empty). A value that is not a boolean is logged
+        with its name and ignored."""
+        if enabled is not None:
+            return cls(enabled=enabled)
+        env = os.environ if environ is None else environ
+        raw = env.get(ENV_CORRELATION)
+        if raw is not None and raw.strip():
+            try:
+                return cls(enabled=_bool(ENV_CORRELATION, raw))
+            except ValueError:
+                notify(
+                    _logger,
+                    logging.WARNING,
+                    "ignoring %s=%r (must be true or false); deciding by %s",
+                    ENV_CORRELATION,
+                    raw,
+                    ENV_CAPTURE_DIR,
+                )
+        return cls(enabled=bool(env.get(ENV_CAPTURE_DIR, "").strip()))
+
+
+@dataclass(frozen=True, slots=True)
+class ProxySettings:
+    """How the capture proxy treats its upstream and its clients."""
+
+    upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT
+    """Seconds the proxy waits for the upstream's next byte (its headers, or the next chunk of a body),
+    and to send it a request, before it gives up: ``504`` before the headers, a cut stream after."""
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    """Largest request body the proxy accepts; a larger one is answered ``413`` while it is read, so it
+    never sits in memory. The captured copy has its own cap, :attr:`CaptureSettings.max_body_bytes`."""
+    shutdown_timeout: int = DEFAULT_SHUTDOWN_TIMEOUT
+    """Seconds SIGTERM/SIGINT wait for in-flight calls; then they are cancelled (recorded ``cancelled``)."""
+    sanitize_headers: tuple[str, ...] = SECRET_HEADERS
+    """Header name patterns whose values the HTTP server span shows as ``[REDACTED]``: always
+    :data:`SECRET_HEADERS`, plus ``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SANITIZE_FIELDS``."""
+    capture_request_headers: tuple[str, ...] = ()
+    """Request header name patterns (full match, any case) put on the HTTP server span:
+    ``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST``."""
+    capture_response_headers: tuple[str, ...] = ()
+    """Response header name patterns put on the HTTP server span:
+    ``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_RESPONSE``."""
+
+    @classmethod
+    def from_environ(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        upstream_timeout: float | None = None,
+        max_request_bytes: int | None = None,
+        shutdown_timeout: int | None = None,
+    ) -> ProxySettings:
+        env = os.environ if environ is None else environ
+        headers = HeaderCaptureSettings.from_environ(env)
+        return cls(
+            upstream_timeout=_pick(
+                upstream_timeout, env, (ENV_UPSTREAM_TIMEOUT,), _positive_float, DEFAULT_UPSTREAM_TIMEOUT
+            ),
+            max_request_bytes=_pick(
+                max_request_bytes, env, (ENV_MAX_REQUEST_BYTES,), _positive_int, DEFAULT_MAX_REQUEST_BYTES
+            ),
+            shutdown_timeout=_pick(
+                shutdown_timeout, env, (ENV_SHUTDOWN_TIMEOUT,), _positive_int, DEFAULT_SHUTDOWN_TIMEOUT
+            ),
+            sanitize_headers=headers.sanitize_headers,
+            capture_request_headers=headers.capture_request_headers,
+            capture_response_headers=headers.capture_response_headers,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderCaptureSettings:
+    """The headers an HTTP server span shows (zero-code's; the proxy's come in :class:`ProxySettings`), as
+    the instrumentation's ``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_*`` variables ask; credential
+    headers (:data:`SECRET_HEADERS`) always read ``[REDACTED]``."""
+
+    capture_request_headers: tuple[str, ...] = ()
+    capture_response_headers: tuple[str, ...] = ()
+    sanitize_headers: tuple[str, ...] = SECRET_HEADERS
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> HeaderCaptureSettings:
+        env = os.environ if environ is None else environ
+        extra = _names(env.get(ENV_SANITIZE_HEADERS, ""))
+        return cls(
+            capture_request_headers=_names(env.get(ENV_CAPTURE_REQUEST_HEADERS, "")),
+            capture_response_headers=_names(env.get(ENV_CAPTURE_RESPONSE_HEADERS, "")),
+            sanitize_headers=SECRET_HEADERS + tuple(f for f in extra if f.lower() not in SECRET_HEADERS),
+        )
+
+
+def _names(value: str) -> tuple[str, ...]:
+    """A comma-separated list of header names or patterns, blanks dropped."""
+    return tuple(f.strip() for f in value.split(",") if f.strip())
+
+
+def upstream_from_environ(environ: Mapping[str, str] | None = None) -> str:
+    """The proxy's upstream for ``uvicorn --factory`` workers: ``OTEL_CAPTURE_UPSTREAM``."""
+    env = os.environ if environ is None else environ
+    upstream = env.get(ENV_UPSTREAM, "").strip()
+    if not upstream:
+        raise RuntimeError(f"{ENV_UPSTREAM} is not set: it names the model server to forward to")
+    return upstream
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the demo's assembled model and the test backends live: ``$OTEL_CAPTURE_CACHE``, else
+    ``~/.cache/otel-capture``."""
+    env = os.environ if environ is None else environ
+    configured = env.get(ENV_CACHE, "").strip()
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "otel-capture"
+
+
+def _pick(
+    given: _T | None,
+    env: Mapping[str, str],
+    names: tuple[str, ...],
+    parse: Callable[[str, str], _T | None],
+    default: _T,
+) -> _T:
+    """The constructor value, else the first variable in ``names`` that is set and yields a value (the
+    parser gets the variable's name too: ``OTEL_RESOURCE_ATTRIBUTES`` may simply not carry a service
+    name, which is no error), else ``default``."""
+    if given is not None:
+        return given
+    for name in names:
+        raw = env.get(name)
+        if raw is None or not raw.strip():
+            continue
+        try:
+            value = parse(name, raw)
+        except ValueError as exc:
+            notify(
+                _logger, logging.WARNING, "ignoring %s=%r (%s); using the default %r", name, raw, exc, default
+            )
+            return default
+        if value is not None:
+            return value
+    return default
+
+
+def _to_path(raw: str) -> Path:
+    return Path(raw.strip()).expanduser().absolute()
+
+
+def _path(_name: str, raw: str) -> Path:
+    return _to_path(raw)
+
+
+def _service_name(name: str, raw: str) -> str | None:
+    if name != ENV_RESOURCE_ATTRIBUTES:
+        return raw.strip()
+    for member in raw.split(","):
+        key, sep, value = member.partition("=")
+        if sep and key.strip() == "service.name" and value.strip():
+            return unquote(value.strip())
+    return None
+
+
+def _positive_int(_name: str, raw: str) -> int:
+    value = int(raw.strip())
+    if value <= 0:
+        raise ValueError("must be a positive integer")
+    return value
+
+
+def _positive_float(_name: str, raw: str) -> float:
+    value = float(raw.strip())
+    if not value > 0 or value == float("inf"):
+        raise ValueError("must be a positive number of seconds")
+    return value
+
+
+def _seconds(_name: str, raw: str) -> float:
+    value = float(raw.strip())
+    if not 0 < value < float("inf"):
+        raise ValueError("must be a positive number of seconds")
+    return value
+
+
+def _bool(_name: str, raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError("must be true or false")
+
+
+def _sync_mode(_name: str, raw: str) -> SyncMode:
+    lowered = raw.strip().lower()
+    if lowered == "auto":
+        return "auto"
+    if lowered == "fsync":
+        return "fsync"
+    raise ValueError("must be auto or fsync")
+
+
+def _content_mode(_name: str, raw: str) -> ContentCapture:
+    """The values opentelemetry-util-genai takes (case-insensitive), plus ``true``/``false``: the legacy
+    switch of the older GenAI instrumentations, which meant "record content"."""
+    lowered = raw.strip().lower()
+    for mode in CONTENT_CAPTURE_MODES:
+        if lowered == mode:
+            return mode
+    if lowered in _TRUE:
+        return "span_only"
+    if lowered in _FALSE:
+        return "no_content"
+    raise ValueError("must be one of " + ", ".join(CONTENT_CAPTURE_MODES) + ", true or false")

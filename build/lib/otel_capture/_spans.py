@@ -1,0 +1,99 @@
+"""A span no processor would see is not built: only its context is.
+
+An SDK span costs about a third of a captured call's own CPU (the object, every attribute validated, the
+processors called at its start and end). With the records' exporter alone on the tracer provider
+(``OTEL_TRACES_EXPORTER=model_call_jsonl``, the usual set-up for a training run), that work goes nowhere:
+the exporter takes its records from the middleware, not from spans. :class:`SpanGate` tells when every
+processor of the provider ignores spans, and :meth:`SpanGate.context_only` then makes what the SDK makes
+for a span its sampler drops, a ``NonRecordingSpan``: the trace id continued from the parent (or a new
+one), a new span id, and the sampler's flags. That context is current for the app (its outgoing calls
+carry it in ``traceparent``) and names the call in its record (``trace_id``, ``span_id``).
+
+A processor ignores spans when it is the proxy's ``SinkOnlyProcessor``, or the SDK's own ``SimpleSpanProcessor``
+or ``BatchSpanProcessor`` (those exact classes, not subclasses) around an exporter that says so with
+``ignores_spans = True`` (``ModelCallJsonlExporter``). Any other processor (OTLP, an in-memory exporter, a
+vendor's) brings the spans back from the next call on: the provider's processors are looked at per call,
+by identity, so one added later counts at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+
+from ._sdk_private import processor_exporter, provider_disabled, span_processors
+from ._telemetry import SinkOnlyProcessor
+
+IGNORES_SPANS = "ignores_spans"  # an exporter's class attribute: True when its export() does nothing
+
+
+class SpanGate:
+    """Whether a tracer provider's spans are seen by anyone, and the span context to use when they are
+    not. ``tracer_provider`` ``None`` means the global one, read per call (it may be set later)."""
+
+    __slots__ = ("_processors", "_provider", "_unseen")
+
+    def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
+        self._provider = tracer_provider
+        self._processors: object = None
+        self._unseen = False
+
+    def _sdk_provider(self) -> Any:
+        return self._provider if self._provider is not None else trace.get_tracer_provider()
+
+    def unseen(self) -> bool:
+        """True when the provider is the SDK's and every one of its processors ignores spans (or it has
+        none). Any other provider (the API's proxy before one is set, a vendor's) decides for itself."""
+        provider = self._sdk_provider()
+        processors = span_processors(provider)
+        if processors is None or provider_disabled(provider):
+            return False
+        if processors is not self._processors:  # a processor was added: look again
+            unseen = all(ignores_spans(p) for p in processors)
+            self._unseen, self._processors = unseen, processors
+        return self._unseen
+
+    def context_only(
+        self, name: str, context: otel_context.Context | None, kind: SpanKind
+    ) -> NonRecordingSpan:
+        """What the SDK's tracer returns for a span its sampler does not record: a ``NonRecordingSpan``
+        with the parent's trace id (from ``context``, else the current one) or a new one, a new span id,
+        and the flags and trace state of the provider's sampler. The sampler is asked without attributes:
+        nothing records them, it only decides the flags the app's outgoing calls carry."""
+        provider = self._sdk_provider()
+        ids = provider.id_generator
+        parent = trace.get_current_span(context).get_span_context()
+        if parent.is_valid:
+            trace_id = parent.trace_id
+            random_id = getattr(parent.trace_flags, "random_trace_id", False)
+        else:
+            trace_id = ids.generate_trace_id()
+            random_id = getattr(ids, "is_trace_id_random", lambda: False)()
+        result = provider.sampler.should_sample(context, trace_id, name, kind, None, ())
+        flags = TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT
+        if random_id:
+            flags |= getattr(TraceFlags, "RANDOM_TRACE_ID", 0)
+        return NonRecordingSpan(
+            SpanContext(
+                trace_id,
+                ids.generate_span_id(),
+                is_remote=False,
+                trace_flags=TraceFlags(flags),
+                trace_state=result.trace_state,
+            )
+        )
+
+
+def ignores_spans(processor: object) -> bool:
+    """Whether a span processor does nothing with the spans it is given (see the module's docstring)."""
+    kind = type(processor)
+    if kind is SinkOnlyProcessor:
+        return True
+    if kind is not SimpleSpanProcessor and kind is not BatchSpanProcessor:
+        return False
+    # where the SDK keeps the exporter, as the sink lookup reads it (._sdk_private); not found: built
+    return getattr(processor_exporter(processor), IGNORES_SPANS, False) is True

@@ -1,0 +1,417 @@
+"""The store's only way to touch the filesystem: no path is followed through a link, no open can block,
+and every file is checked to be what the store made before it is read or written.
+
+* The capture directory's own path is the user's choice and is followed (``/data/calls`` may be a link to
+  a bigger disk). Every path inside it is opened relative to a directory descriptor with ``O_NOFOLLOW``:
+  ``.otel-capture`` and its subdirectories one component at a time (:class:`DirFds`), files by name.
+* Every file is opened ``O_NONBLOCK`` (a FIFO never blocks the open) and ``fstat``-ed: anything but a
+  regular file, or a data file with more than one link (a hard link to a file outside), is a
+  :class:`DamagedEntryError` naming the entry and what it is.
+* Opens that race a creator retry a bounded number of times, and every ``flock`` wait ends: it is polled
+  with ``LOCK_NB`` up to a deadline (:func:`flock_within`), then a :class:`LockTimeoutError`.
+
+``docs/durability.md`` ("A hostile directory") lists each guarantee with its test.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import io
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+
+from .._settings import DEFAULT_LOCK_TIMEOUT_S
+from .types import DamagedEntryError, LockTimeoutError, UnsafeDirectoryError
+
+_logger = logging.getLogger(__name__)
+
+STATE_DIR = ".otel-capture"
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+OPEN_TRIES = 3
+LOCK_POLL_MAX_S = 0.05  # the longest sleep between two tries of a busy flock
+
+Fsync = Callable[[int], None]
+
+_NOFOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_SUBDIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# What open() says when the entry is not a file it can open as asked: a link under O_NOFOLLOW, a FIFO or
+# socket opened write-only without a reader, a directory opened for writing.
+_NOT_A_FILE = {errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.ENOTDIR, errno.EOPNOTSUPP}
+
+
+def kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return "a device"
+
+
+def problem(st: os.stat_result, *, single_link: bool) -> str | None:
+    """Why an entry is not a file the store may use (``None`` when it is)."""
+    if not stat.S_ISREG(st.st_mode):
+        return f"{kind(st.st_mode)}, not a regular file"
+    if single_link and st.st_nlink != 1:
+        return f"a regular file with {st.st_nlink} hard links, not 1 (another may be outside the directory)"
+    return None
+
+
+def damaged(label: str, what: str) -> DamagedEntryError:
+    return DamagedEntryError(label, what)
+
+
+def _describe_failed_open(dir_fd: int | None, name: str | Path, label: str, exc: OSError) -> OSError:
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return exc
+    what = problem(st, single_link=False)
+    return damaged(label, what) if what is not None else exc
+
+
+def open_file(
+    dir_fd: int | None,
+    name: str | Path,
+    flags: int,
+    label: str,
+    *,
+    single_link: bool = True,
+    mode: int = FILE_MODE,
+) -> tuple[int, os.stat_result]:
+    """Open ``name`` in ``dir_fd`` (a path when ``None``) without following a link or blocking: a regular
+    file (with one link when ``single_link``) or :class:`DamagedEntryError`. Returns the descriptor and its
+    ``fstat``."""
+    try:
+        fd = os.open(name, flags | _NOFOLLOW, mode, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in _NOT_A_FILE:
+            raise _describe_failed_open(dir_fd, name, label, exc) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        what = problem(st, single_link=single_link)
+        if what is not None:
+            raise damaged(label, what)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def open_append(dir_fd: int, name: str, label: str, mode: int = FILE_MODE) -> tuple[int, bool]:
+    """Open a data file for appending; True when this call created it (its directory entry needs a sync).
+
+    Read-write so that an append can look at the file's last byte. The file usually exists: that is tried
+    first (one syscall); else it is created exclusively. A racing creator or remover sends us round again,
+    at most :data:`OPEN_TRIES` times. A file that existed with a wider mode is narrowed to ``mode``.
+    """
+    for _ in range(OPEN_TRIES):
+        try:
+            fd, st = open_file(dir_fd, name, os.O_RDWR | os.O_APPEND, label)
+            created = False
+        except FileNotFoundError:
+            try:
+                fd, st = open_file(
+                    dir_fd, name, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, label, mode=mode
+                )
+            except FileExistsError:
+                continue
+            created = True
+        try:
+            if stat.S_IMODE(st.st_mode) & ~mode:
+                os.fchmod(fd, mode)  # records are training data: an old 0644 file becomes 0600
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, created
+    raise OSError(errno.EAGAIN, f"{label}: created and removed under us {OPEN_TRIES} times in a row")
+
+
+def still_named(dir_fd: int, name: str, dev: int, ino: int) -> os.stat_result | None:
+    """The ``lstat`` of ``name`` in ``dir_fd`` when it still leads to the file a kept descriptor holds (same
+    device and inode, no link followed), else ``None``: how a descriptor kept between batches is checked
+    before it is used again (the inode cannot be reused while the descriptor holds it)."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return st if st.st_ino == ino and st.st_dev == dev else None
+
+
+class AppendFiles:
+    """The writer thread's data files, kept open from one batch to the next instead of opened, checked and
+    closed per rollout per batch (an ``openat``, an ``fstat`` and a ``close`` each time).
+
+    A kept descriptor is used again only if the name still leads to it: one ``lstat`` of the name (relative
+    to this batch's directory descriptor, no link followed) must find a regular file with one link, the
+    same device and inode, and no mode wider than ``mode``. Anything else (a retire or delete renamed the
+    file away, a link or another file planted in its place, a hard link made to it, the directory replaced)
+    closes it and opens the name afresh through :func:`open_append`, with every check of a first open. The
+    inode cannot be reused while the descriptor holds it, so the same inode is the same file.
+
+    At most ``limit`` files stay open (the least recently used is closed first); :meth:`close_all` closes
+    the rest when the writer goes idle or stops, so a retired rollout's file is not held open for long.
+    Used by one thread only.
+    """
+
+    def __init__(self, limit: int = 64) -> None:
+        self._limit = limit
+        self._files: dict[str, tuple[int, int, int]] = {}  # name -> (fd, st_dev, st_ino), oldest use first
+        self._ends: dict[int, int] = {}  # fd -> size after our last append (its last byte is our "\n")
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def open(self, dir_fd: int, name: str, label: str, mode: int = FILE_MODE) -> tuple[int, bool]:
+        """Like :func:`open_append` (the descriptor stays owned by this object: never close it yourself;
+        :meth:`discard` it after a failure)."""
+        kept = self._files.pop(name, None)
+        if kept is not None:
+            fd, dev, ino = kept
+            st = still_named(dir_fd, name, dev, ino)
+            if (
+                st is not None
+                and problem(st, single_link=True) is None
+                and not stat.S_IMODE(st.st_mode) & ~mode
+            ):
+                self._files[name] = kept  # most recently used last
+                return fd, False
+            self._close(fd)
+        fd, created = open_append(dir_fd, name, label, mode)
+        try:
+            st = os.fstat(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._files[name] = (fd, st.st_dev, st.st_ino)
+        while len(self._files) > self._limit:
+            self._close(self._files.pop(next(iter(self._files)))[0])
+        return fd, created
+
+    def clean_end(self, fd: int) -> int:
+        """The size the file had after our last append to it through ``fd`` (-1 when unknown)."""
+        return self._ends.get(fd, -1)
+
+    def appended(self, fd: int, end: int) -> None:
+        self._ends[fd] = end
+
+    def discard(self, fd: int) -> None:
+        """Close a descriptor after a failure on it (it is opened afresh next time)."""
+        for name, kept in self._files.items():
+            if kept[0] == fd:
+                del self._files[name]
+                self._close(fd)
+                return
+
+    def close_all(self) -> None:
+        files, self._files = self._files, {}
+        for fd, _, _ in files.values():
+            self._close(fd)
+
+    def _close(self, fd: int) -> None:
+        self._ends.pop(fd, None)
+        try:
+            os.close(fd)
+        except OSError as exc:  # nothing was written through it since its last sync
+            _logger.warning("closing a capture file failed: %s", exc)
+
+
+def flock_within(fd: int, operation: int, timeout: float, label: str) -> None:
+    """``flock(fd, operation)``, waiting at most ``timeout`` seconds: tried with ``LOCK_NB``, then again
+    after a sleep that doubles from 1 ms to 50 ms. A blocking ``flock`` would wait as long as its holder
+    likes, and the holder may be any process of the same user (NeMo Gym's writers lock the data files
+    too). Raises :class:`LockTimeoutError` naming ``label`` when the lock is still held at the deadline."""
+    try:
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(pause, left))
+        pause = min(2 * pause, LOCK_POLL_MAX_S)
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            continue
+    raise LockTimeoutError(label, timeout)
+
+
+def read_locked(
+    dir_fd: int,
+    name: str,
+    label: str,
+    fsync: Fsync | None = None,
+    timeout: float = DEFAULT_LOCK_TIMEOUT_S,
+) -> bytes | None:
+    """A file's bytes, read whole under ``flock(LOCK_SH)`` (the lock NeMo Gym's readers take: appenders hold
+    ``LOCK_EX`` for a whole line); ``None`` when absent. ``fsync`` (the freeze) makes what was read durable.
+    A lock held longer than ``timeout`` raises :class:`LockTimeoutError`."""
+    try:
+        fd, _ = open_file(dir_fd, name, os.O_RDONLY, label, single_link=False)
+    except FileNotFoundError:
+        return None
+    try:
+        flock_within(fd, fcntl.LOCK_SH, timeout, label)
+        try:
+            data = read_all(fd)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        if fsync is not None:
+            fsync(fd)
+        return data
+    finally:
+        os.close(fd)
+
+
+def read_all(fd: int) -> bytes:
+    """The rest of the file, in one buffer sized from ``fstat`` (no second copy of a large file)."""
+    with io.FileIO(fd, "rb", closefd=False) as handle:
+        return handle.readall()
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def fsync_dir(path: str | os.PathLike[str], fsync: Fsync) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_root(root: Path, fsync: Fsync, mode: int = DIR_MODE) -> None:
+    """Create the capture directory (``0700``: records are training data) and sync its parent, so the
+    directory survives a crash; nothing when it exists."""
+    if root.is_dir():
+        return
+    root.mkdir(mode=mode, parents=True, exist_ok=True)
+    fsync_dir(root.parent, fsync)
+
+
+def check_directory(root: Path, *, allow_shared: bool) -> bool:
+    """Refuse a capture directory that other users can write: they could plant the links, FIFOs and hard
+    links the store refuses, and make every capture fail. A missing directory passes (it is created 0700).
+
+    True when ``root`` was checked and is an existing directory (the caller need not ``stat`` it again to
+    create it)."""
+    if allow_shared:
+        return False
+    try:
+        st = os.stat(root)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    reasons = []
+    if st.st_mode & stat.S_IWOTH:
+        reasons.append(f"world-writable (mode {stat.S_IMODE(st.st_mode):04o})")
+    if st.st_uid != os.geteuid():
+        reasons.append(f"owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})")
+    if reasons:
+        raise UnsafeDirectoryError(
+            f"refusing capture directory {root}: it is {' and '.join(reasons)}, so another user could plant "
+            "links or files in it; use a directory only you can write, or opt in with "
+            "allow_shared_directory=True (OTEL_CAPTURE_ALLOW_SHARED_DIR=1)"
+        )
+    return True
+
+
+class DirFds:
+    """Directory descriptors for one operation: the capture directory, then ``.otel-capture`` and its
+    subdirectories, each opened relative to its parent without following a link (a link there is a
+    :class:`DamagedEntryError`). With ``create``, missing ones are made ``0700`` and their parent synced.
+
+    Opened lazily, closed together (a context manager). Held for one operation or one writer batch only:
+    a directory removed and recreated under a running process is simply opened afresh next time.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        fsync: Fsync = os.fsync,
+        *,
+        create: bool = True,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
+    ) -> None:
+        self.root = root
+        self.lock_timeout = lock_timeout
+        """The longest wait for any file lock of this operation (:func:`flock_within`)."""
+        self._fsync = fsync
+        self._create = create
+        self._fds: dict[str, int] = {}
+
+    def __enter__(self) -> DirFds:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+    def root_fd(self) -> int:
+        fd = self._fds.get("")
+        if fd is None:
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+            try:
+                fd = os.open(self.root, flags)  # no stat first: the directory is there nearly always
+            except FileNotFoundError:
+                if not self._create:
+                    raise
+                make_root(self.root, self._fsync)
+                fd = os.open(self.root, flags)
+            self._fds[""] = fd
+        return fd
+
+    def state_fd(self, sub: str | None = None) -> int:
+        """``.otel-capture`` (``sub`` None) or ``.otel-capture/<sub>``."""
+        label = STATE_DIR if sub is None else f"{STATE_DIR}/{sub}"
+        fd = self._fds.get(label)
+        if fd is None:
+            parent = self.root_fd() if sub is None else self.state_fd()
+            fd = self._fds[label] = self._subdir(parent, STATE_DIR if sub is None else sub, label)
+        return fd
+
+    def _subdir(self, parent: int, name: str, label: str) -> int:
+        for _ in range(OPEN_TRIES):
+            try:
+                return os.open(name, _SUBDIR, dir_fd=parent)
+            except FileNotFoundError:
+                if not self._create:
+                    raise
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                    raise DamagedEntryError(label, f"{kind(st.st_mode)}, not a directory") from None
+                raise
+            try:
+                os.mkdir(name, DIR_MODE, dir_fd=parent)
+                self._fsync(parent)  # the new directory's entry survives a crash
+            except FileExistsError:
+                pass
+        raise OSError(errno.EAGAIN, f"{label}: created and removed under us {OPEN_TRIES} times in a row")

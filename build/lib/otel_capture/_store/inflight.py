@@ -1,0 +1,158 @@
+"""Calls in flight: begun, not yet recorded. Two views of one thing.
+
+* :class:`InflightCalls`: this process's calls, in memory, with the epoch each was admitted at.
+* :class:`InflightMarkers`: every process's calls, in ``.otel-capture/inflight/<id>.calls``: ``+<call>``
+  when a call begins, ``-<call>`` when it is recorded or marked incomplete, written under the rollout's
+  stripe without ``fsync`` (a marker matters while its process lives), so that a freeze in *another*
+  process sees calls in flight. A file whose calls have all ended is removed: one file per rollout with a
+  call in flight, not one per rollout ever seen. See ``docs/lifecycle.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+from .._records.codec import split_lines
+from .fs import STATE_DIR, DirFds, open_file, read_all, write_all
+
+_logger = logging.getLogger(__name__)
+
+MARKER_SUFFIX = ".calls"
+
+
+class InflightCalls:
+    """Calls begun in this process and not yet recorded: ``{rollout_id: {model_call_id: epoch}}``.
+
+    ``epoch`` is the rollout's last journal seq when the writer thread admitted the call (``None`` until
+    then); a line whose rollout has a newer event was admitted before a freeze, retire or delete, and is late.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: dict[str, dict[str, int | None]] = {}
+
+    def begin(self, rollout_id: str, model_call_id: str, epoch: int | None = None) -> None:
+        with self._lock:
+            self._calls.setdefault(rollout_id, {})[model_call_id] = epoch
+
+    def admit(self, rollout_id: str, model_call_id: str, epoch: int) -> None:
+        with self._lock:
+            calls = self._calls.get(rollout_id)
+            if calls is not None and model_call_id in calls and calls[model_call_id] is None:
+                calls[model_call_id] = epoch
+
+    def epoch(self, rollout_id: str, model_call_id: str) -> int | None:
+        with self._lock:
+            return self._calls.get(rollout_id, {}).get(model_call_id)
+
+    def end(self, rollout_id: str, model_call_ids: Iterable[str]) -> None:
+        with self._lock:
+            calls = self._calls.get(rollout_id)
+            if calls is None:
+                return
+            for mcid in model_call_ids:
+                calls.pop(mcid, None)
+            if not calls:
+                del self._calls[rollout_id]
+
+    def pending(self, rollout_id: str) -> dict[str, int | None]:
+        with self._lock:
+            return dict(self._calls.get(rollout_id, {}))
+
+    def rollouts(self) -> list[str]:
+        with self._lock:
+            return list(self._calls)
+
+
+def marker_label(rollout_id: str) -> str:
+    return f"{STATE_DIR}/inflight/{rollout_id}{MARKER_SUFFIX}"
+
+
+def _apply(data: bytes, begun: set[str]) -> set[str]:
+    lines, tail = split_lines(data)
+    for line in (*lines, tail):  # a torn last entry counts, as it always has
+        if line[:1] == b"+":
+            begun.add(line[1:].decode("utf-8", "replace"))
+        elif line[:1] == b"-":
+            begun.discard(line[1:].decode("utf-8", "replace"))
+    return begun
+
+
+class InflightMarkers:
+    """The marker files. Writers hold the rollout's stripe; readers (a freeze, ``list_rollouts``) need not."""
+
+    @staticmethod
+    def open(dirs: DirFds, rollout_id: str, *, create: bool) -> int | None:
+        """The rollout's marker, opened to append (``None`` when absent and not ``create``). A marker that
+        is a link, a FIFO or a hard link is a ``DamagedEntryError``: never written through."""
+        flags = os.O_RDWR | os.O_APPEND | (os.O_CREAT if create else 0)
+        try:
+            fd, _ = open_file(
+                dirs.state_fd("inflight"), rollout_id + MARKER_SUFFIX, flags, marker_label(rollout_id)
+            )
+        except FileNotFoundError:
+            if create:
+                raise
+            return None
+        return fd
+
+    @staticmethod
+    def write_to(dirs: DirFds, fd: int, rollout_id: str, begun: list[str], ended: list[str]) -> None:
+        """Append ``+`` lines for ``begun`` and ``-`` lines for ``ended``; when that would leave no call in
+        flight the file is removed instead (under the stripe, nobody else has it open)."""
+        if ended and not (_apply(read_all_from(fd), set()) | set(begun)) - set(ended):
+            os.unlink(rollout_id + MARKER_SUFFIX, dir_fd=dirs.state_fd("inflight"))
+            return
+        data = b"".join(b"+" + m.encode() + b"\n" for m in begun) + b"".join(
+            b"-" + m.encode() + b"\n" for m in ended
+        )
+        if data:
+            write_all(fd, data)
+
+    def write(self, dirs: DirFds, rollout_id: str, begun: list[str], ended: list[str]) -> None:
+        if not begun and not ended:
+            return
+        fd = self.open(dirs, rollout_id, create=bool(begun))
+        if fd is None:
+            return  # only ends, and no marker: those calls were never marked as begun
+        try:
+            self.write_to(dirs, fd, rollout_id, begun, ended)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def pending(root: Path, rollout_id: str) -> set[str]:
+        """Calls whose ``+`` has no ``-`` (begun in any process, never recorded). A damaged marker raises
+        ``DamagedEntryError``; it is never followed or waited on."""
+        path = root / STATE_DIR / "inflight" / (rollout_id + MARKER_SUFFIX)
+        try:
+            fd, _ = open_file(None, path, os.O_RDONLY, marker_label(rollout_id), single_link=False)
+        except FileNotFoundError:
+            return set()
+        try:
+            return _apply(read_all(fd), set())
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def rollouts(dirs: DirFds) -> list[str]:
+        """Rollouts with a marker file (``dirs`` made with ``create=False``)."""
+        try:
+            names = os.listdir(dirs.state_fd("inflight"))
+        except FileNotFoundError:
+            return []
+        return [name[: -len(MARKER_SUFFIX)] for name in names if name.endswith(MARKER_SUFFIX)]
+
+
+def read_all_from(fd: int) -> bytes:
+    """The whole file behind an ``O_APPEND`` descriptor, from its start."""
+    chunks = []
+    offset = 0
+    while chunk := os.pread(fd, 1 << 16, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,428 @@
+"""Fenced appends and reading a rollout's files: the I/O under a rollout's stripe lock, shared by the
+writer thread (:mod:`.writer`) and the lifecycle operations (:mod:`.lifecycle`). Every file is opened
+through :mod:`.fs`: no link followed, nothing but a regular file written or read."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import gc
+import logging
+import os
+import time
+from array import array
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from .._records import ModelCallRecord, damaged_line, parse_record_line
+from .._records.codec import line_spans
+from .dirstate import DirState
+from .fs import FILE_MODE, AppendFiles, DirFds, Fsync, flock_within, open_append, read_locked, write_all
+from .journal import Fence
+from .lazy import LazyLines, LineParser, empty_lines
+from .locks import LockFiles
+from .types import CaptureFrozenError, CaptureRetiredError, DamagedEntryError, IncompleteCall
+
+_logger = logging.getLogger(__name__)
+
+CAPTURE_SUFFIX = ".capture.jsonl"
+INCOMPLETE_SUFFIX = ".capture.incomplete"
+TOKENS_SUFFIX = ".tokens.jsonl"
+RECORD_SUFFIXES = (CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX)
+INFLIGHT_REASON = "in flight when frozen: the call began and was never recorded"
+
+
+def fence_error(rollout_id: str, fence: Fence) -> CaptureFrozenError:
+    if fence.kind == "retired":
+        return CaptureRetiredError(f"rollout {rollout_id} is retired: its captures take no more writes")
+    return CaptureFrozenError(f"rollout {rollout_id} is frozen: its captures take no more records")
+
+
+# --- appending (the writer's path and append_now) -----------------------------------------------------
+
+
+@dataclass
+class AppendOutcome:
+    """What one rollout's fenced append did. The caller ``fsync``s ``fds`` and then closes them (unless
+    they came from an :class:`AppendFiles`, which keeps them)."""
+
+    accepted: list[int] = field(default_factory=list)
+    dropped: list[tuple[int, CaptureFrozenError]] = field(default_factory=list)
+    fds: list[int] = field(default_factory=list)
+    created: bool = False
+
+
+def _append_locked(fd: int, data: bytes, label: str, timeout: float, clean_end: int = -1) -> int:
+    """Append under the data file's own ``flock``, as NeMo Gym's writers and readers expect; a lock held
+    by another process for more than ``timeout`` seconds raises :class:`LockTimeoutError`, nothing written.
+    Returns the file's size after the append.
+
+    A file that does not end in ``\n`` ends in a line torn by a writer that died mid-``write``: it is
+    terminated first, so it stays one damaged line for readers to report instead of swallowing our line.
+    ``clean_end``: the size the file had after our own last append through ``fd``; a file still that size
+    ends in our ``\n``, and its last byte is not read again.
+    """
+    flock_within(fd, fcntl.LOCK_EX, timeout, label)
+    try:
+        start = os.fstat(fd).st_size
+        if start and start != clean_end and os.pread(fd, 1, start - 1) != b"\n":
+            data = b"\n" + data
+        try:
+            write_all(fd, data)
+        except OSError:
+            # Half a batch would leave a torn line that every later append follows: cut it back.
+            try:
+                os.ftruncate(fd, start)
+            except OSError as exc:
+                _logger.error("could not cut a partly written batch back to %d bytes: %s", start, exc)
+            raise
+        return start + len(data)
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _append_file(
+    dirs: DirFds,
+    name: str,
+    data: bytes,
+    mode: int,
+    outcome: AppendOutcome,
+    lock_timeout: float,
+    files: AppendFiles | None,
+) -> None:
+    if files is None:
+        fd, created = open_append(dirs.root_fd(), name, name, mode)
+        outcome.fds.append(fd)
+        outcome.created |= created
+        _append_locked(fd, data, name, lock_timeout)
+        return
+    fd, created = files.open(dirs.root_fd(), name, name, mode)
+    outcome.fds.append(fd)
+    outcome.created |= created
+    clean_end = files.clean_end(fd)
+    files.appended(fd, -1)  # unknown until this append has succeeded
+    files.appended(fd, _append_locked(fd, data, name, lock_timeout, clean_end))
+
+
+def fenced_append(
+    state: DirState,
+    dirs: DirFds,
+    rollout_id: str,
+    calls: list[tuple[str, bytes, bytes | None]],
+    begins: Iterable[str] = (),
+    *,
+    file_mode: int = FILE_MODE,
+    data_lock_timeout: float | None = None,
+    files: AppendFiles | None = None,
+    lock_files: LockFiles | None = None,
+) -> AppendOutcome:
+    """Append one rollout's ``(model_call_id, capture line, tokens line)`` entries, unless fenced.
+
+    Under the rollout's stripe: a frozen or retired rollout drops every entry (each with its typed
+    error); a call admitted before the rollout's latest lifecycle event is dropped as late; the rest is
+    written in one ``write`` per file. ``begins`` are calls that started since the last batch: their
+    ``+`` markers are written here (when their line is not in the same batch). Raises ``OSError`` when a
+    file cannot be written, ``DamagedEntryError`` when one is not a regular file of its own, and
+    ``LockTimeoutError`` when a lock stays held (a data file's past ``data_lock_timeout``, default the
+    ``dirs``' lock timeout); the caller marks the rollout incomplete. No descriptor is leaked. With
+    ``files`` (the writer thread's), the data files are opened through it and stay open after the batch;
+    with ``lock_files``, so does the stripe's lock file.
+    """
+    outcome = AppendOutcome()
+    begins = list(begins)
+    mcids = [mcid for mcid, _, _ in calls]
+    stripe = state.locks.stripe(rollout_id)
+    lock_fd = state.locks.acquire(dirs, stripe, lock_files)  # hold_ids, without a context manager
+    try:
+        state.journal.refresh()
+        fence = state.journal.fence(rollout_id)
+        if fence is not None:
+            error = fence_error(rollout_id, fence)
+            outcome.dropped = [(i, error) for i in range(len(calls))]
+            last = state.journal.last_seq(rollout_id)
+            for mcid in begins:  # admitted at this epoch: still late after a delete reuses the id
+                state.calls.admit(rollout_id, mcid, last)
+            return outcome
+        kept, ended = _admit(state, rollout_id, calls, begins, outcome)
+        in_batch = set(mcids)
+        begun = [m for m in begins if m not in in_batch]
+        lock_timeout = dirs.lock_timeout if data_lock_timeout is None else data_lock_timeout
+        _write_admitted(state, dirs, rollout_id, kept, begun, ended, outcome, file_mode, lock_timeout, files)
+    finally:
+        try:
+            state.calls.end(rollout_id, mcids)
+        finally:
+            state.locks.release(stripe, lock_fd, lock_files)
+    return outcome
+
+
+def _admit(
+    state: DirState,
+    rollout_id: str,
+    calls: list[tuple[str, bytes, bytes | None]],
+    begins: list[str],
+    outcome: AppendOutcome,
+) -> tuple[list[tuple[str, bytes, bytes | None]], list[str]]:
+    """The entries to write (late ones dropped into ``outcome``) and the calls whose ``-`` marker is due."""
+    epoch = state.journal.last_seq(rollout_id)
+    for mcid in begins:
+        state.calls.admit(rollout_id, mcid, epoch)
+    kept: list[tuple[str, bytes, bytes | None]] = []
+    ended: list[str] = []
+    begun_here = set(begins)
+    for index, (mcid, line, tokens) in enumerate(calls):
+        admitted = state.calls.epoch(rollout_id, mcid)
+        if admitted is not None and epoch > admitted:
+            late = CaptureRetiredError(
+                f"rollout {rollout_id} was retired or deleted while call {mcid} was in flight"
+            )
+            outcome.dropped.append((index, late))
+            continue
+        if admitted is not None and mcid not in begun_here:
+            ended.append(mcid)
+        outcome.accepted.append(index)
+        kept.append((mcid, line, tokens))
+    return kept, ended
+
+
+def _write_admitted(
+    state: DirState,
+    dirs: DirFds,
+    rollout_id: str,
+    kept: list[tuple[str, bytes, bytes | None]],
+    begun: list[str],
+    ended: list[str],
+    outcome: AppendOutcome,
+    file_mode: int,
+    lock_timeout: float,
+    files: AppendFiles | None,
+) -> None:
+    # The marker is opened first: a damaged one fails the batch before any line is written.
+    marker = state.markers.open(dirs, rollout_id, create=bool(begun)) if begun or ended else None
+    try:
+        if kept:
+            lines = b"".join(line for _, line, _ in kept)
+            _append_file(dirs, rollout_id + CAPTURE_SUFFIX, lines, file_mode, outcome, lock_timeout, files)
+            token_data = b"".join(tokens for _, _, tokens in kept if tokens)
+            if token_data:
+                name = rollout_id + TOKENS_SUFFIX
+                _append_file(dirs, name, token_data, file_mode, outcome, lock_timeout, files)
+        if marker is not None:
+            state.markers.write_to(dirs, marker, rollout_id, begun, ended)
+    except BaseException:
+        for fd in outcome.fds:
+            if files is None:
+                os.close(fd)
+            else:
+                files.discard(fd)
+        outcome.fds.clear()
+        raise
+    finally:
+        if marker is not None:
+            os.close(marker)
+
+
+def fenced_mark_incomplete(
+    state: DirState,
+    dirs: DirFds,
+    rollout_id: str,
+    calls: list[tuple[str, str]],
+    *,
+    fsync: Fsync,
+    check: Callable[[str], Fence | None],
+    file_mode: int = FILE_MODE,
+) -> Fence | None:
+    """Durably mark ``(model_call_id, reason)`` calls as not captured: one JSON line each in
+    ``<id>.capture.incomplete`` (NeMo Gym only checks that the file exists), and the calls end (their
+    ``-`` markers, so no other process takes them for calls still in flight).
+
+    Under the rollout's stripe, after ``check`` (which refreshes the journal and returns the fence): a
+    retired rollout's marker would outlive its removed records, so nothing is written and the fence is
+    returned for the caller to refuse or ignore. A frozen rollout is marked: its snapshot may list a line
+    whose sync failed, and the changed version makes a stale ``drop`` fail. The one path shared by the
+    writer thread (a failed batch, an unbuildable record) and ``CaptureStore.mark_incomplete``.
+
+    When the lifecycle state itself is damaged (a planted lock file or journal), the marker is still
+    written, without the lock or the fence: the loss is visible, which matters more than a marker that
+    might outlive a retire.
+    """
+    now = time.time()
+    data = b"".join(
+        orjson.dumps({"model_call_id": mcid, "reason": reason, "at": now}, option=orjson.OPT_APPEND_NEWLINE)
+        for mcid, reason in calls
+    )
+    mcids = [mcid for mcid, _ in calls]
+    with state.locks.hold_ids(dirs, [rollout_id], or_unlocked=True):
+        try:
+            try:
+                fence = check(rollout_id)
+            except DamagedEntryError as exc:
+                _logger.error("rollout %s: %s; marking it incomplete whatever its fence", rollout_id, exc)
+                fence = None
+            if fence is not None and fence.kind == "retired":
+                return fence
+            name = rollout_id + INCOMPLETE_SUFFIX
+            fd, created = open_append(dirs.root_fd(), name, name, file_mode)
+            try:
+                _append_locked(fd, data, name, dirs.lock_timeout)
+                fsync(fd)
+            finally:
+                os.close(fd)
+            if created:
+                fsync(dirs.root_fd())
+            if fence is None:
+                _end_markers(state, dirs, rollout_id, mcids)
+            return fence
+        finally:
+            state.calls.end(rollout_id, mcids)
+
+
+def _end_markers(state: DirState, dirs: DirFds, rollout_id: str, mcids: list[str]) -> None:
+    try:
+        state.markers.write(dirs, rollout_id, [], mcids)
+    except OSError as exc:  # the incomplete marker, written, is what matters
+        _logger.error("could not end the in-flight markers of rollout %s: %s", rollout_id, exc)
+
+
+# --- reading a rollout --------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic collector while a rollout's lines are parsed: 100,000 parsed lines are millions
+    of containers, none of them garbage, and each collection on the way would walk them all again (it was
+    two thirds of a large freeze). Reference counting still frees everything."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+@dataclass
+class Contents:
+    """A rollout's files as a freeze reads them: records and token lines are kept as the files' bytes and
+    parsed on access (:class:`.lazy.LazyLines`), so a snapshot costs about the files' size."""
+
+    records: LazyLines[ModelCallRecord] = field(default_factory=lambda: empty_lines(parse_record_line))
+    tokens: LazyLines[dict[str, Any]] = field(default_factory=lambda: empty_lines(_json_object))
+    incomplete: list[IncompleteCall] = field(default_factory=list)
+    marker_exists: bool = False
+    version: int = 0
+    record_ids: set[str] = field(default_factory=set)
+
+    def call_ids(self) -> set[str]:
+        ids = self.record_ids | {c.model_call_id for c in self.incomplete}
+        return {i for i in ids if isinstance(i, str)}
+
+
+def _lines(data: bytes) -> Iterator[bytes]:
+    """The non-blank complete lines, one at a time (no list of the whole file)."""
+    for _, start, end in line_spans(data):
+        yield data[start:end]
+
+
+def _read(dirs: DirFds, name: str, contents: Contents, fsync: Fsync | None) -> bytes | None:
+    try:
+        return read_locked(dirs.root_fd(), name, name, fsync, dirs.lock_timeout)
+    except DamagedEntryError as exc:
+        contents.incomplete.append(IncompleteCall("", f"{exc.label}: {exc.what}: not read"))
+        return None
+
+
+def _json_object(line: bytes, _index: int) -> dict[str, Any] | None:
+    try:
+        value = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _parse_lines(
+    dirs: DirFds,
+    name: str,
+    contents: Contents,
+    fsync: Fsync | None,
+    parse: LineParser = _json_object,
+    seen: Callable[[Any], None] | None = None,
+) -> LazyLines[Any] | None:
+    """The file's non-blank lines that ``parse(line, index)`` accepts, kept as bytes (``None`` from
+    ``parse`` is damage, reported in ``contents``); each parsed value is handed to ``seen`` and dropped."""
+    data = _read(dirs, name, contents, fsync)
+    if data is None:
+        return None
+    spans = array("q")
+    for index, (number, start, end) in enumerate(line_spans(data)):
+        contents.version += 1
+        value = parse(data[start:end], index)
+        if value is not None:
+            spans.extend((start, end, index))
+            if seen is not None:
+                seen(value)
+        else:
+            contents.incomplete.append(IncompleteCall("", f"{name}: {damaged_line(number)}"))
+    if data[data.rfind(b"\n") + 1 :].strip():
+        contents.incomplete.append(IncompleteCall("", f"{name}: torn final line (a write was cut short)"))
+    return LazyLines(data, spans, parse)
+
+
+def _record_id(contents: Contents) -> Callable[[ModelCallRecord], None]:
+    def seen(record: ModelCallRecord) -> None:
+        if isinstance(record.model_call_id, str):
+            contents.record_ids.add(record.model_call_id)
+
+    return seen
+
+
+def read_contents(dirs: DirFds, rollout_id: str, *, fsync: Fsync | None = None) -> Contents:
+    """A rollout's files, parsed (under its stripe; each file under ``flock(LOCK_SH)``, as the readers do,
+    so a NeMo Gym writer's line is never read half-written). ``fsync`` (the freeze) makes every file read
+    durable, so a snapshot never hands out a record that a crash could still take back. An entry that is
+    not a regular file is not read: it makes the rollout incomplete, with the reason."""
+    contents = Contents()
+    with gc_paused():
+        # validated as the readers parse it (the same records, call_index counting damaged lines too),
+        # then kept as bytes: each record is parsed again when the snapshot's user asks for it
+        name = rollout_id + CAPTURE_SUFFIX
+        records = _parse_lines(dirs, name, contents, fsync, parse_record_line, _record_id(contents))
+        if records is not None:
+            contents.records = records
+        tokens = _parse_lines(dirs, rollout_id + TOKENS_SUFFIX, contents, fsync)
+        if tokens is not None:
+            contents.tokens = tokens
+        data = _read(dirs, rollout_id + INCOMPLETE_SUFFIX, contents, fsync)
+    if data is None:
+        return contents
+    contents.marker_exists = True
+    marked = 0
+    for line in _lines(data):
+        marked += 1
+        try:
+            value = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            value = None
+        mcid, reason = (
+            (value.get("model_call_id"), value.get("reason")) if isinstance(value, dict) else ("", None)
+        )
+        contents.incomplete.append(
+            IncompleteCall(mcid if isinstance(mcid, str) else "", str(reason or "marked incomplete"))
+        )
+    contents.version += marked
+    if not marked:
+        contents.incomplete.append(IncompleteCall("", "marked incomplete"))  # NeMo Gym's empty marker
+    return contents
+
+
+def count_version(dirs: DirFds, rollout_id: str) -> int:
+    """The rollout's ``version`` (its durable lines) without parsing them: what retire and drop need."""
+    total = 0
+    for suffix in (CAPTURE_SUFFIX, TOKENS_SUFFIX, INCOMPLETE_SUFFIX):
+        data = _read(dirs, rollout_id + suffix, Contents(), None)
+        if data is not None:
+            total += sum(1 for _ in _lines(data))
+    return total

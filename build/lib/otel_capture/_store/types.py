@@ -1,0 +1,147 @@
+"""The capture lifecycle's vocabulary, shared by every backend (docs/lifecycle.md).
+
+Exceptions::
+
+    RuntimeError
+    └── CaptureFrozenError       a write or begin_call on a frozen rollout
+        └── CaptureRetiredError  a write, begin_call, mark_incomplete or freeze on a retired rollout
+    ValueError
+    ├── InvalidRolloutIdError    a rollout id that breaks the grammar (the whole batch is refused)
+    └── CaptureStateError        a rollout whose lifecycle state cannot be read (that rollout only)
+    OSError
+    ├── DamagedEntryError        a path of the store that is a link, a FIFO, a hard link...: never used
+    ├── LockTimeoutError         a file's flock still held by another process after the lock timeout
+    └── PermissionError
+        └── UnsafeDirectoryError a capture directory other users can write (unless opted in)
+
+``CaptureRetiredError`` subclasses ``CaptureFrozenError`` so that ``except CaptureFrozenError`` catches
+every "this rollout takes no more writes" refusal, and both subclass ``RuntimeError`` for old callers.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypedDict
+
+from .._correlation import validate_rollout_id
+from .._errors import CaptureError
+from .._records import ModelCallRecord
+
+RolloutState = Literal["absent", "live", "frozen", "retired"]
+ROLLOUT_STATES: tuple[RolloutState, ...] = ("absent", "live", "frozen", "retired")
+
+
+class CaptureFrozenError(CaptureError, RuntimeError):
+    """The rollout is frozen: it takes no more records (``mark_incomplete`` is still accepted)."""
+
+
+class CaptureRetiredError(CaptureFrozenError):
+    """The rollout is retired: its records are gone and its fence refuses everything but ``delete``."""
+
+
+class CaptureStateError(CaptureError, ValueError):
+    """A rollout's lifecycle state is damaged (for example a damaged fence journal line naming it).
+
+    Only that rollout is affected; ``retire`` or ``delete`` of it writes a fresh event that supersedes
+    the damage."""
+
+
+class DamagedEntryError(CaptureError, OSError):
+    """A path of the store is not what the store made: a symbolic link, a FIFO, a directory, or a data file
+    with several hard links. It is never followed, written through or waited on (``docs/durability.md``,
+    "A hostile directory"); the rollout's capture fails with this reason, and the response is untouched.
+
+    ``label`` is the path inside the capture directory, ``what`` what was found there."""
+
+    def __init__(self, label: str, what: str, consequence: str = "never followed or written through") -> None:
+        super().__init__(f"{label}: {what}: {consequence}")
+        self.label = label
+        self.what = what
+
+
+class LockTimeoutError(CaptureError, OSError):
+    """A ``flock`` the store waited for stayed held for the whole lock timeout (``lock_timeout_s``,
+    ``OTEL_CAPTURE_LOCK_TIMEOUT_S``): another process holds the file's lock and does not let go. The
+    writer fails that rollout's batch with this reason; a freeze, retire or delete raises it.
+
+    ``label`` is the path inside the capture directory, ``waited`` the seconds waited in all. An
+    ``OSError`` with ``errno.ETIMEDOUT``, deliberately not a ``TimeoutError``: a writer's future fails with
+    it, and ``except TimeoutError`` around ``future.result(timeout)`` must keep meaning "not resolved yet"
+    (``concurrent.futures.TimeoutError`` is ``TimeoutError``)."""
+
+    def __init__(self, label: str, waited: float, holder: str = "another process") -> None:
+        super().__init__(errno.ETIMEDOUT, f"{label} locked by {holder} for more than {waited:g} s")
+        self.label = label
+        self.waited = waited
+
+
+class UnsafeDirectoryError(CaptureError, PermissionError):
+    """The capture directory is world-writable or owned by another user, so others could plant links in it.
+
+    Refused unless opted in: ``allow_shared_directory=True`` (``OTEL_CAPTURE_ALLOW_SHARED_DIR=1``)."""
+
+
+class RemovalResult(TypedDict):
+    """What ``retire``/``delete`` did, per rollout id, in first-occurrence order.
+
+    ``removed``: ids that had something to remove (records; for ``delete`` also a fence).
+    ``absent``: every other id (already retired, never seen, frozen-and-empty).
+    ``failed``: ids this batch could not finish, with the reason; every other id is done. Retrying the
+    same batch is safe and finishes them.
+    """
+
+    removed: list[str]
+    absent: list[str]
+    failed: dict[str, str]
+
+
+@dataclass(frozen=True)
+class IncompleteCall:
+    """Why a snapshot is incomplete: one call (``model_call_id`` may be ``""``) and the reason."""
+
+    model_call_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CaptureSnapshot:
+    """A frozen rollout, as the consumer sees it.
+
+    ``records`` are the model-call lines (``<id>.capture.jsonl``) read as the readers read them, and
+    ``tokens`` the token lines (``<id>.tokens.jsonl``), parsed, in append order. A file store's snapshot
+    keeps them as the files' bytes and parses each one when it is asked for: read-only sequences that
+    compare equal to a tuple of the values, costing about the files' size (``docs/lifecycle.md``,
+    "Memory"). ``version`` counts every
+    durable line of the rollout (records, token lines, incomplete marks); ``drop`` succeeds only with this
+    exact ``snapshot_id`` and ``version``, so a mark after the freeze (which changes ``version``) makes a
+    stale drop fail.
+    """
+
+    rollout_id: str
+    records: Sequence[ModelCallRecord]
+    tokens: Sequence[dict[str, Any]]
+    incomplete: bool
+    snapshot_id: str
+    version: int
+    incomplete_calls: tuple[IncompleteCall, ...] = field(default=())
+
+
+def validate_rollout_ids(rollout_ids: Iterable[str]) -> list[str]:
+    """The batch, validated whole and de-duplicated (first occurrence kept), before anything changes.
+
+    A bare ``str`` (or ``bytes``) is a ``TypeError``, not a batch of one-character ids; so is anything
+    that is not iterable. An invalid id is an :class:`~otel_capture.InvalidRolloutIdError` (``ValueError``).
+    """
+    if isinstance(rollout_ids, (str, bytes)):
+        raise TypeError(f"expected an iterable of rollout ids, got the string {rollout_ids!r}; pass a list")
+    try:
+        items = list(rollout_ids)
+    except TypeError:
+        raise TypeError(f"expected an iterable of rollout ids, got {type(rollout_ids).__name__}") from None
+    return list(dict.fromkeys(validate_rollout_id(rid) for rid in items))
+
+
+def empty_result() -> RemovalResult:
+    return {"removed": [], "absent": [], "failed": {}}

@@ -1,0 +1,487 @@
+"""The durable JSONL writer: one background thread, group commit, one ``fsync`` per file per batch.
+
+Durability contract, written before the code (``docs/durability.md`` names the test of each clause):
+
+* ``submit(rollout_id, line)`` returns a future (or, given a ``LoopWaiter``, resolves that alone). It resolves with ``None`` only once the line is in
+  ``<dir>/<rollout_id>.capture.jsonl`` *and* ``fsync``-ed, and, when this batch created the file, once the
+  directory entry is ``fsync``-ed too (a crash after the file's fsync but before the directory's could
+  otherwise lose the whole file). It resolves with an exception when the line could not be made durable;
+  the writer then appends the reason to ``<rollout_id>.capture.incomplete`` (best effort) so the rollout
+  is visibly incomplete.
+* Fences first (:mod:`.lifecycle`): a rollout's lines are appended under its stripe lock, after
+  reading its fence there. A frozen or retired rollout's lines are dropped quietly: each future resolves
+  with :class:`CaptureFrozenError` / :class:`CaptureRetiredError`, ``late_write_dropped`` counts them, and
+  nothing is logged or marked incomplete (a late call is not a capture failure). The fence check costs one
+  ``stat`` of the fence journal per rollout per batch.
+* Each append also takes ``flock(LOCK_EX)`` on the data file itself, exactly as NeMo Gym 0.7.0 does, so
+  its writers and readers interleave with ours on the same files. The locks cover only the ``write``; the
+  ``fsync`` runs after unlocking because fsync makes durable whatever is in the file, whoever wrote it,
+  and holding a lock through a disk flush would stall every other writer.
+* No lock is waited for longer than ``lock_timeout_s`` (30 s): a process that holds a data file's
+  ``flock`` past it fails that rollout's batch (:class:`LockTimeoutError`, marked incomplete with the
+  reason) and the thread goes on with the other rollouts. While that file stays locked, later batches of
+  the rollout wait :data:`LOCKED_OUT_WAIT` at most, so one stuck process costs the thread one timeout, not
+  one per batch.
+* A call's token line (``<id>.tokens.jsonl``) is written in the same batch as its record line and synced
+  with it: the future covers both.
+* Every line of a batch for one file goes out in a single ``write`` of whole lines, so a reader never sees
+  half of one of our lines unless the process dies inside that ``write`` (a torn tail, which the reader
+  reports and never parses).
+* Nothing outside the capture directory is written: every file is opened without following a link, and
+  must be a regular file with one link (a planted link, hard link or FIFO fails that rollout's capture,
+  marked incomplete with the reason; no open loops or blocks). A data file stays open from one batch to
+  the next only while an ``lstat`` of its name finds that same file, still regular with one link
+  (:class:`.fs.AppendFiles`). The stripe lock files stay open too, each used again only while an ``lstat``
+  taken under its ``flock`` finds the same regular file (:class:`.locks.LockFiles`). All are closed after
+  ``IDLE_CLOSE`` without a batch and when the writer stops. A capture directory
+  other users can write is refused (:class:`UnsafeDirectoryError`) unless ``allow_shared_directory``.
+* A call begun with ``begin`` is in this process's view of calls in flight at once. Its ``+`` marker file
+  (what a freeze in *another* process reads) is written once the call has been in flight ``marker_delay``
+  (20 ms), or at a ``flush``/``close``, whichever comes first; a call whose line is queued sooner is
+  admitted in its line's batch and costs no marker I/O. A freeze elsewhere within those 20 ms of a call's
+  start does not see it; its line is then dropped by the freeze's fence like any late line.
+* A call ended with ``discard`` (a redirect: not a model call) leaves no line and no incomplete mark: its
+  ``-`` marker is written if its ``+`` was, and nothing at all if its ``+`` was not written yet.
+* The event loop never touches the disk: callers await the future, or pass a ``LoopWaiter`` that the
+  thread resolves with one ``call_soon_threadsafe`` per event loop per batch (one wake-up for the whole
+  batch, instead of one per call as ``asyncio.wrap_future`` costs).
+
+Concurrent calls that finish together share a batch: the thread takes everything queued, writes it file
+by file, and syncs each file once.
+
+What the queue carries is in :mod:`.writer_items`; how calls whose line did not reach the disk are
+failed, marked incomplete or ended, in :mod:`.writer_failures`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._correlation import validate_rollout_id
+from .._settings import DEFAULT_LOCK_TIMEOUT_S
+from .._sink import LoopWaiter
+from .dirstate import DirState, dir_state
+from .fs import DIR_MODE, FILE_MODE, AppendFiles, check_directory, make_root
+from .lifecycle_io import fenced_append
+from .locks import LockFiles
+from .types import CaptureFrozenError, LockTimeoutError
+from .writer_failures import WriterFailures
+from .writer_items import _Abandon, _Barrier, _Begin, _Discard, _Item
+
+_logger = logging.getLogger(__name__)
+
+
+def _libc_syncfs() -> Callable[[int], None] | None:
+    """Linux ``syncfs(2)`` through ctypes (the standard library has no binding), or None elsewhere."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        function = libc.syncfs
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int]
+
+    def syncfs(fd: int) -> None:
+        if function(fd) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
+
+    return syncfs
+
+
+LIBC_SYNCFS = _libc_syncfs()
+
+
+@dataclass(slots=True)
+class WriterStats:
+    """Counters a user can read to see what the writer did (and what it failed to do)."""
+
+    records_written: int = 0
+    batches: int = 0
+    fsyncs: int = 0
+    failures: int = 0
+    last_failure: str | None = None
+    late_write_dropped: int = 0
+    """Lines of frozen or retired rollouts (or of calls admitted before a retire or delete), dropped."""
+
+
+_STOP = object()
+_TICK = object()  # wakes an idle thread so that it starts timing a begin's marker delay
+
+MARKER_DELAY = 0.02
+"""Seconds a begun call may go without its ``+`` marker file (see :meth:`JsonlWriter.begin`)."""
+LOCKED_OUT_WAIT = 0.1
+"""Seconds a batch waits for a data file whose lock outlasted the lock timeout and was not seen free since."""
+IDLE_CLOSE = 1.0
+"""Seconds without a batch after which the thread closes the data files it keeps open between batches."""
+
+
+class JsonlWriter(WriterFailures):
+    """Appends record lines to per-rollout files from one background thread, with group commit.
+
+    Raises :class:`UnsafeDirectoryError` for a directory other users can write, unless
+    ``allow_shared_directory``. ``fsync`` is a seam for tests that inject failures (a failing disk), not a
+    tuning knob.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        allow_shared_directory: bool = False,
+        fsync: Callable[[int], None] = os.fsync,
+        syncfs: Callable[[int], None] | None = LIBC_SYNCFS,
+        file_mode: int = FILE_MODE,
+        dir_mode: int = DIR_MODE,
+        marker_delay: float = MARKER_DELAY,
+        lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+    ) -> None:
+        self.root = Path(root)
+        self._allow_shared = allow_shared_directory
+        self._lock_timeout = lock_timeout_s
+        self._locked_out: dict[
+            str, float
+        ] = {}  # rollout -> when its data file's lock timed out (thread only)
+        check_directory(self.root, allow_shared=allow_shared_directory)
+        self._state: DirState = dir_state(self.root)
+        self.stats = WriterStats()
+        self._fsync = fsync
+        self._wakeups: dict[
+            asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None], BaseException | None]]
+        ] = {}
+        self._syncfs = syncfs
+        self._file_mode = file_mode
+        self._dir_mode = dir_mode
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._marker_delay = marker_delay
+        self._begins: deque[_Begin] = deque()  # begun, not yet seen by the thread (no wake-up each)
+        self._deferred: dict[tuple[str, str], _Begin] = {}  # seen by the thread, no marker yet (thread only)
+        self._idle = False  # the thread is blocked with nothing to time: a begin must wake it
+        self._files = AppendFiles()  # data files kept open between batches (thread only)
+        self._lock_files = LockFiles()  # stripe lock files kept open between batches (thread only)
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="otel-capture-writer", daemon=True)
+        self._thread.start()
+
+    # -- API used by the exporter --------------------------------------------------------------------
+
+    def begin(self, rollout_id: str, model_call_id: str) -> None:
+        """A call of ``rollout_id`` has started. Costs a dict insert and a deque append: the in-process view
+        of calls in flight is updated at once; the ``+`` marker other processes read is written by the
+        thread, and only for a call still in flight ``marker_delay`` after it began (or at a ``flush``):
+        a call whose line comes sooner is admitted in its line's batch with no marker file I/O at all, and
+        a begin wakes the thread only when it is idle with nothing else to time."""
+        rid = validate_rollout_id(rollout_id)
+        if self._closed:
+            return
+        self._state.calls.begin(rid, model_call_id)
+        self._begins.append(_Begin(rid, model_call_id, time.monotonic()))
+        if self._idle:
+            self._queue.put(_TICK)
+
+    def abandon(self, rollout_id: str, model_call_id: str, reason: str) -> None:
+        """A begun call whose record could not even be built: count it, log it, and mark the rollout
+        incomplete with the reason, so neither the loss nor a phantom in-flight call goes unseen."""
+        if not self._closed:
+            self._queue.put(_Abandon(validate_rollout_id(rollout_id), model_call_id, reason))
+
+    def discard(self, rollout_id: str, model_call_id: str) -> None:
+        """A begun call that turned out not to be a model call (the upstream redirected it): it ends
+        without a line or an incomplete mark; its ``-`` marker is written only if its ``+`` was."""
+        if not self._closed:
+            self._queue.put(_Discard(validate_rollout_id(rollout_id), model_call_id))
+
+    def submit(
+        self,
+        rollout_id: str,
+        line: bytes,
+        model_call_id: str,
+        tokens_line: bytes | None = None,
+        waiter: LoopWaiter | None = None,
+    ) -> concurrent.futures.Future[None] | None:
+        """Queue one line (ending in ``\\n``), and its token line if any; the future resolves when both
+        are durable, or with the error that kept them off disk. With a ``waiter`` the thread resolves the
+        waiter alone and ``None`` is returned (no ``concurrent.futures.Future`` is made for it)."""
+        item = _Item(validate_rollout_id(rollout_id), line, model_call_id, tokens_line, waiter=waiter)
+        if waiter is None:
+            item.future = concurrent.futures.Future()
+        if self._closed:
+            self._resolve(item, RuntimeError("capture writer is closed"))
+            self._flush_wakeups()
+            return item.future
+        self._queue.put(item)
+        return item.future
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Block until every line submitted before this call is durable or failed. False on timeout."""
+        if self._closed and not self._thread.is_alive():
+            return True
+        barrier = _Barrier()
+        self._queue.put(barrier)
+        try:
+            barrier.future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            return False
+        return True
+
+    def close(self, timeout: float | None = None) -> None:
+        """Write out what is queued, then stop the thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+
+    # -- the writer thread ---------------------------------------------------------------------------
+
+    def _next(self) -> object:
+        """The next queued object; ``_TICK`` when the oldest deferred begin's marker falls due first."""
+        self._idle = True  # set before looking: a begin either is seen here or sees the flag and wakes us
+        try:
+            if self._deferred or self._begins:
+                oldest = next(iter(self._deferred.values()), None) or self._begins[0]
+                timeout = oldest.at + self._marker_delay - time.monotonic()
+                if timeout <= 0:
+                    return _TICK
+                try:
+                    return self._queue.get(timeout=timeout)
+                except queue.Empty:
+                    return _TICK
+            if self._files or self._lock_files:
+                try:
+                    return self._queue.get(timeout=IDLE_CLOSE)
+                except queue.Empty:
+                    self._files.close_all()  # idle: a retired rollout's file is not held open for long
+                    self._lock_files.close_all()
+            return self._queue.get()
+        finally:
+            self._idle = False
+
+    def _due_begins(
+        self, batch: list[_Item], abandons: list[_Abandon], discards: list[_Discard], force: bool
+    ) -> list[_Begin]:
+        """The begins this batch handles: those whose line is in it (admitted with it, no marker) and those
+        in flight ``marker_delay`` or longer, or all at a flush or stop (their ``+`` marker is written).
+        The rest wait for their line; an abandoned or discarded call's begin is forgotten (it never got a
+        marker)."""
+        deferred = self._deferred
+        while self._begins:
+            begin = self._begins.popleft()
+            deferred[(begin.rollout_id, begin.model_call_id)] = begin
+        for abandoned in abandons:
+            deferred.pop((abandoned.rollout_id, abandoned.model_call_id), None)
+        for discarded in discards:  # one still deferred never got its marker: nothing to end on disk
+            discarded.marked = deferred.pop((discarded.rollout_id, discarded.model_call_id), None) is None
+        due: list[_Begin] = []
+        for item in batch:
+            paired = deferred.pop((item.rollout_id, item.model_call_id), None)
+            if paired is not None:
+                due.append(paired)
+        if force:
+            due.extend(deferred.values())
+            deferred.clear()
+            return due
+        cutoff = time.monotonic() - self._marker_delay
+        while deferred:
+            key, begin = next(iter(deferred.items()))  # begins are kept in the order they began
+            if begin.at > cutoff:
+                break
+            del deferred[key]
+            due.append(begin)
+        return due
+
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            batch: list[_Item] = []
+            abandons: list[_Abandon] = []
+            discards: list[_Discard] = []
+            barriers: list[_Barrier] = []
+            obj = self._next()
+            while True:
+                if obj is _STOP:
+                    stop = True
+                elif isinstance(obj, _Barrier):
+                    barriers.append(obj)
+                elif isinstance(obj, _Abandon):
+                    abandons.append(obj)
+                elif isinstance(obj, _Discard):
+                    discards.append(obj)
+                elif obj is not _TICK:
+                    batch.append(obj)  # type: ignore[arg-type]  # only _Item, _Abandon, _Discard, _Barrier, _TICK, _STOP are queued
+                try:
+                    obj = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            begins = self._due_begins(batch, abandons, discards, force=stop or bool(barriers))
+            if batch or begins:
+                try:
+                    self._write_batch(batch, begins)
+                except Exception as exc:  # a bug here must fail the calls, never leave them waiting forever
+                    _logger.exception("capture writer failed on a batch of %d call(s)", len(batch))
+                    for item in batch:
+                        if not item.resolved:
+                            self._resolve(item, exc)
+            for abandoned in abandons:
+                self._abandon(abandoned)
+            for discarded in discards:
+                self._discard(discarded)
+            self._flush_wakeups()
+            for barrier in barriers:
+                barrier.future.set_result(None)
+        self._files.close_all()
+        self._lock_files.close_all()
+
+    def _write_batch(self, batch: list[_Item], begins: list[_Begin]) -> None:
+        if batch:
+            self.stats.batches += 1
+        by_rollout: dict[str, list[_Item]] = {}
+        for item in batch:
+            by_rollout.setdefault(item.rollout_id, []).append(item)
+        begun: dict[str, list[str]] = {}
+        for begin in begins:
+            begun.setdefault(begin.rollout_id, []).append(begin.model_call_id)
+            by_rollout.setdefault(begin.rollout_id, [])
+        try:
+            self._ensure_dir()
+        except OSError as exc:
+            self._fail_all(batch, exc)
+            return
+        # Phase 1: every rollout's lines are written (each under its lock, fenced); nothing synced yet.
+        written: list[tuple[str, list[_Item]]] = []
+        fds: list[int] = []
+        created_any = False
+        with self._state.dirs(lock_timeout=self._lock_timeout) as dirs:
+            for rollout_id, items in by_rollout.items():
+                try:
+                    outcome = fenced_append(
+                        self._state,
+                        dirs,
+                        rollout_id,
+                        [(i.model_call_id, i.line, i.tokens_line) for i in items],
+                        begun.get(rollout_id, []),
+                        file_mode=self._file_mode,
+                        data_lock_timeout=self._data_lock_wait(rollout_id),
+                        files=self._files,
+                        lock_files=self._lock_files,
+                    )
+                except OSError as exc:
+                    exc = self._locked_out_error(rollout_id, exc)
+                    self._fail_append(rollout_id, items, begun.get(rollout_id, []), exc)
+                    dirs.close()  # reopened afresh: the failure may have been a directory removed under us
+                    continue
+                self._locked_out.pop(rollout_id, None)
+                for index, error in outcome.dropped:
+                    self._drop_late(items[index], error)
+                written.append((rollout_id, [items[index] for index in outcome.accepted]))
+                fds.extend(outcome.fds)
+                created_any |= outcome.created
+        # Phase 2: one sync covers the whole batch (see _sync); only then is any call acknowledged. The
+        # files stay open for the next batch (AppendFiles), unless the sync failed.
+        try:
+            self._sync(fds, created_any)
+        except OSError as exc:
+            self._files.close_all()  # after a failed fsync, nothing is assumed of those descriptors
+            for rollout_id, items in written:
+                if items:
+                    self._fail(rollout_id, items, exc)
+            return
+        for _, items in written:
+            self.stats.records_written += len(items)
+            for item in items:
+                self._resolve(item)
+
+    def _data_lock_wait(self, rollout_id: str) -> float:
+        """The lock timeout, or :data:`LOCKED_OUT_WAIT` for a data file whose lock already timed out and
+        has not been seen free since (the thread serves every rollout: it pays one timeout per episode)."""
+        if rollout_id in self._locked_out:
+            return min(self._lock_timeout, LOCKED_OUT_WAIT)
+        return self._lock_timeout
+
+    def _locked_out_error(self, rollout_id: str, exc: OSError) -> OSError:
+        """Remember a data file whose lock timed out; the error says how long it has been locked in all."""
+        if not isinstance(exc, LockTimeoutError) or not exc.label.startswith(rollout_id + "."):
+            return exc
+        now = time.monotonic()
+        since = self._locked_out.setdefault(rollout_id, now - exc.waited)
+        return LockTimeoutError(exc.label, max(round(now - since, 1), exc.waited))
+
+    def _sync(self, fds: list[int], created: bool) -> None:
+        """Make every file of the batch durable, and the directory when the batch created a file.
+
+        With two or more files, one ``syncfs`` of the capture directory's filesystem replaces one ``fsync``
+        per file plus the directory's: the batch pays one flush instead of one per rollout (at 64
+        concurrent calls over 32 rollouts that is the difference between about 0.9 and 0.1 flushes per
+        record). ``syncfs`` also writes out other files of that filesystem, so it is used only where it
+        exists (Linux) and where it is not disabled; a single file keeps its own ``fsync``.
+        """
+        if not fds:
+            return
+        if len(fds) >= 2 and self._syncfs is not None:
+            self._syncfs(fds[0])
+            self.stats.fsyncs += 1
+            return
+        for fd in fds:
+            self._fsync(fd)
+            self.stats.fsyncs += 1
+        if created:
+            self._sync_dir()
+
+    def _resolve(self, item: _Item, error: BaseException | None = None) -> None:
+        item.resolved = True
+        if item.future is None:
+            pass
+        elif error is None:
+            item.future.set_result(None)
+        else:
+            item.future.set_exception(error)
+        if item.waiter is not None:
+            self._wakeups.setdefault(item.waiter.loop, []).append((item.waiter.future, error))
+
+    def _flush_wakeups(self) -> None:
+        wakeups, self._wakeups = self._wakeups, {}
+        for loop, entries in wakeups.items():
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody is waiting any more
+                loop.call_soon_threadsafe(_wake, entries)
+
+    def _ensure_dir(self) -> None:
+        """Checked each batch (one ``stat``): a directory made world-writable under a running writer stops
+        capture. Created 0700 (records are training data); its parent is synced so it survives a crash."""
+        if not check_directory(self.root, allow_shared=self._allow_shared):
+            make_root(self.root, self._fsync, self._dir_mode)
+
+    def _drop_late(self, item: _Item, error: CaptureFrozenError) -> None:
+        # Quietly: a late call of a frozen or retired rollout is the lifecycle working, not a failure.
+        self.stats.late_write_dropped += 1
+        self._resolve(item, error)
+
+    def _sync_dir(self) -> None:
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            self._fsync(fd)
+        finally:
+            os.close(fd)
+        self.stats.fsyncs += 1
+
+
+def _wake(entries: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:
+    """On the waiters' loop: resolve a whole batch's waiters in one callback."""
+    for future, error in entries:
+        if future.done():  # the waiting task was cancelled
+            continue
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
