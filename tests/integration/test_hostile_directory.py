@@ -451,6 +451,7 @@ def test_a_directory_made_world_writable_under_a_running_writer_stops_capture_th
     writer = JsonlWriter(root)
     try:
         submit(writer, "r", b'{"model_call_id":"c1"}\n', "c1").result(BOUND)
+        assert writer.flush(BOUND)  # the state made ahead of need, after that first batch, is in place
         before = _tree(root)
         root.chmod(0o777)
         with pytest.raises(UnsafeDirectoryError, match="world-writable"):
