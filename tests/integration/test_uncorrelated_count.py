@@ -65,10 +65,13 @@ def test_uncorrelated_calls_are_counted_and_reported_by_check_show_and_ls(teleme
     assert line in check.stdout
     assert check.stdout.splitlines()[-2].startswith("1 rollout(s), 1 record(s)")  # the rollouts as before
     assert _cli("check", str(root), "--strict").returncode == 1  # a lost call fails the strict check
-    show = _cli("show", str(root))
-    assert show.returncode == 0 and line in show.stdout
     ls = _cli("ls", str(root))
-    assert ls.stdout == "r-1\tlive\n" and line in ls.stderr  # stdout stays one rollout a line
+    rows = ls.stdout.splitlines()
+    assert ls.returncode == 0 and rows[0].split()[:2] == ["rollout", "state"]
+    assert [row.split()[:3] for row in rows[1:]] == [["r-1", "live", "1"]]  # stdout stays the table
+    assert line in ls.stderr
+    show = _cli("show", str(root))  # `show DIR` is `ls DIR`
+    assert (show.returncode, show.stdout) == (0, ls.stdout) and line in show.stderr
 
 
 def test_a_burst_after_the_first_write_is_counted_by_the_deferred_write(telemetry: Telemetry) -> None:
