@@ -8,6 +8,7 @@ import errno
 import logging
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,6 +60,7 @@ def test_a_full_disk_keeps_responses_exact_and_capture_resumes_when_space_return
     with caplog.at_level(logging.ERROR), start_proxy(upstream, str(capture_dir)) as proxy:
         url = f"{proxy.url}/ng-rollout/full/v1/chat/completions"
         assert httpx.post(url, json={"model": "m", "user": "before"}).status_code == 200
+        _wait_for_reserve(capture_dir)  # made right after the first batch is answered, while there is room
         filler = _fill(small_disk, leave=0)
         response = httpx.post(url, json={"model": "m", "user": "while-full", "pad": "x" * 8000})
         assert response.status_code == 200 and response.content == recorded_json("chat")
@@ -73,6 +75,27 @@ def test_a_full_disk_keeps_responses_exact_and_capture_resumes_when_space_return
     assert available.invalid == [] and not available.torn_tail  # the short write was cut back, not left torn
 
 
+def _wait_for_reserve(capture_dir: Path) -> None:
+    deadline = time.monotonic() + 10
+    while not list((capture_dir / ".otel-capture" / "losses").glob("*.losses")):
+        assert time.monotonic() < deadline, "the writer made no loss reserve after its first batch"
+        time.sleep(0.02)
+
+
+def _remove(root: Path) -> None:
+    """``rm -rf`` of a capture directory in use, tried again as a user would when it races the writer,
+    which makes its state directory (``.otel-capture/``) right after it answers its first batch."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            shutil.rmtree(root)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def test_a_vanished_capture_directory_is_recreated_and_capture_resumes(
     upstream: str, telemetry: Telemetry
 ) -> None:
@@ -80,7 +103,7 @@ def test_a_vanished_capture_directory_is_recreated_and_capture_resumes(
     with start_proxy(upstream, settings=settings, tracer_provider=telemetry.provider) as proxy:
         url = f"{proxy.url}/ng-rollout/gone/v1/responses"
         assert httpx.post(url, json={"model": "m", "user": "first"}).status_code == 200
-        shutil.rmtree(telemetry.store.root)
+        _remove(telemetry.store.root)
         response = httpx.post(url, json={"model": "m", "user": "second"})
         assert response.status_code == 200 and response.content == recorded_json("responses")
     records = read_available_model_call_records(telemetry.store, "gone").records
