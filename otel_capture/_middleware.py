@@ -59,7 +59,12 @@ from ._sink import CallSink, FinishedCall, LoopWaiter, SinkLookup, find_sink
 from ._spans import SpanGate
 from ._uncorrelated import UncorrelatedCounter, counter_for
 from ._version import __version__
-from ._weight import caller_weight_version, span_weight_attributes, without_weight_version_header
+from ._weight import (
+    WEIGHT_VERSION_HEADER,
+    caller_weight_version,
+    span_weight_attributes,
+    without_weight_version_header,
+)
 
 _logger = logging.getLogger(__name__)
 
@@ -201,8 +206,9 @@ class ModelCallCaptureMiddleware:
     ) -> None:
         assert found.dialect is not None and found.rollout_id is not None  # found.captured
         rollout_id, headers = found.rollout_id, found.headers
-        weight_version = caller_weight_version(headers)  # the header is not forwarded, as x-rollout-id is not
-        scope = without_weight_version_header(scope)
+        weight_version = caller_weight_version(headers)
+        if WEIGHT_VERSION_HEADER in headers:  # not forwarded, as x-rollout-id is not (no walk when absent)
+            scope = without_weight_version_header(scope)
         call = InFlightCall(
             found.dialect,
             rollout_id,
