@@ -28,6 +28,7 @@ from .inflight import InflightCalls, InflightMarkers
 from .journal import FenceJournal
 from .locks import StripedLocks
 from .losses import RESERVE_DIR
+from .weight import DeclaredVersions
 
 SUBDIRS = ("locks", "inflight", "trash", RESERVE_DIR)
 
@@ -37,7 +38,7 @@ __all__ = ["STATE_DIR", "DirState", "dir_state"]
 
 
 class DirState:
-    """The locks, the journal's view and the calls in flight of one directory, shared by every store and
+    """The locks, the journal's view, the declared weight versions and the calls in flight of one directory, shared by every store and
     writer of this process."""
 
     def __init__(self, root: Path) -> None:
@@ -47,6 +48,7 @@ class DirState:
         self.journal = FenceJournal(self.state_dir)
         self.calls = InflightCalls()
         self.markers = InflightMarkers()
+        self.weights = DeclaredVersions(root)  # the declared weight versions, refreshed once per batch
         self.fsync: Fsync = os.fsync  # syncs the parent of a state directory created on first use
         self._prepared: tuple[int, int] | None = None  # the capture directory (dev, ino) made whole
         self._prepare_lock = threading.Lock()

@@ -31,12 +31,13 @@ import orjson
 from .._correlation import validate_rollout_id
 from .._records.codec import split_lines
 from .._settings import allow_shared_dir_from_environ, lock_timeout_from_environ
+from .dirstate import dir_state
 from .fs import flock_within, open_file, problem, read_all
 from .journal import no_hook
 from .lifecycle import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX, FileLifecycle
 from .losses import pending_for, pending_losses
 from .types import CaptureSnapshot, DamagedEntryError, IncompleteCall, RemovalResult, RolloutState
-from .weight import declared_versions, validate_weight_version
+from .weight import validate_weight_version
 
 _logger = logging.getLogger(__name__)
 
@@ -268,7 +269,7 @@ class CaptureStore:
 
     def weight_version(self) -> str | None:
         """The version declared last (``None`` before any declaration)."""
-        view = declared_versions(self.root)
+        view = dir_state(self.root).weights
         view.refresh()
         return view.current
 

@@ -170,20 +170,6 @@ class DeclaredVersions:
         return self._versions[index - 1] if index else None
 
 
-_views: dict[str, DeclaredVersions] = {}
-_views_lock = threading.Lock()
-
-
-def declared_versions(root: str | os.PathLike[str]) -> DeclaredVersions:
-    """The process-wide view of a directory's declarations (one per real path)."""
-    key = os.path.realpath(root)
-    with _views_lock:
-        view = _views.get(key)
-        if view is None:
-            view = _views[key] = DeclaredVersions(Path(root))
-        return view
-
-
 def stamp_batch(view: DeclaredVersions, items: Iterable[_Stamped]) -> None:
     """The writer's hook, once per batch: refresh the view (one ``stat``), then add the declared versions
     to each line that asks for them (:attr:`_Stamped.weight`): ``weight_version`` (in force when the call

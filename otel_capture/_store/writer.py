@@ -86,7 +86,7 @@ from .fstype import SyncChoice, choose_sync
 from .lifecycle_io import fenced_append
 from .locks import LockFiles
 from .types import CaptureFrozenError, LockTimeoutError
-from .weight import DeclaredVersions, declared_versions, stamp_batch
+from .weight import DeclaredVersions, stamp_batch
 from .writer_failures import WriterClosedError, WriterFailures
 from .writer_items import Completions, WriterStats, _Abandon, _Barrier, _Begin, _Discard, _Item
 
@@ -179,7 +179,7 @@ class JsonlWriter:
         self._idle = False  # the thread is blocked with nothing to time: a begin must wake it
         self._files = AppendFiles()  # data files kept open between batches (thread only)
         self._lock_files = LockFiles()  # stripe lock files kept open between batches (thread only)
-        self.weights: DeclaredVersions = declared_versions(self.root)  # refreshed once per batch
+        self.weights: DeclaredVersions = self._state.weights  # refreshed once per batch
         self._closed = False
         self._wrote_in: tuple[int, int] | None = None  # the directory the last batch wrote in (dev, ino)
         self._thread = threading.Thread(target=self._run, name="otel-capture-writer", daemon=True)
