@@ -5,14 +5,11 @@ Part of stream reassembly; see :mod:`otel_capture._dialects.reassembly` for the 
 
 from __future__ import annotations
 
-from .sse import SSEEvent
-from .stream import JsonDict, _Accumulator, _loads, _merge
+from .stream import JsonDict, _ChoicesAccumulator, _merge
 
 __all__ = ["ChatCompletionsAccumulator"]
 
 _CHAT_TEXT_FIELDS = frozenset({"content", "refusal", "reasoning_content", "reasoning"})
-_CHAT_SKIPPED_TOP = frozenset({"choices", "usage", "object", "error", "obfuscation"})
-_CHAT_LATEST_TOP = frozenset({"system_fingerprint", "service_tier"})
 
 
 class _ChatChoice:
@@ -39,45 +36,11 @@ class _ChatChoice:
         self.extra: JsonDict = {}
 
 
-class ChatCompletionsAccumulator(_Accumulator):
+class ChatCompletionsAccumulator(_ChoicesAccumulator[_ChatChoice]):
     """``/v1/chat/completions`` chunks -> a ``chat.completion`` object, every choice kept apart."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._top: JsonDict = {}
-        self._choices: dict[int, _ChatChoice] = {}
-        self._usage: object = None
-        self._seen = False
-
-    def _add(self, event: SSEEvent) -> bool:
-        data = event.data
-        if len(data) < 16 and data.strip() == "[DONE]":
-            self._finish("completed")
-            return False
-        payload = _loads(data)
-        if payload is None:
-            return False
-        self._seen = True
-        error = payload.get("error")
-        if error is not None or event.event == "error":
-            self._finish("error")
-            self._record_error(error if error is not None else payload)
-        top = self._top
-        for key, value in payload.items():
-            if key in _CHAT_SKIPPED_TOP:
-                continue
-            if top.get(key) is None or (key in _CHAT_LATEST_TOP and value is not None):
-                top[key] = value
-        usage = payload.get("usage")
-        if isinstance(usage, dict):
-            self._usage = usage
-        choices = payload.get("choices")
-        carried = False
-        if isinstance(choices, list):
-            for choice in choices:
-                if isinstance(choice, dict) and self._add_choice(choice):
-                    carried = True
-        return carried
+    _OBJECT = "chat.completion"
+    _SKIPPED_TOP = frozenset({"choices", "usage", "object", "error", "obfuscation"})
 
     def _add_choice(self, choice: JsonDict) -> bool:
         index = choice.get("index")
@@ -189,25 +152,6 @@ class ChatCompletionsAccumulator(_Accumulator):
             elif value is not None:
                 function[key] = _merge(function.get(key), value)
         return carried
-
-    def _result(self) -> JsonDict | None:
-        if not self._seen:
-            return None
-        top = self._top
-        result: JsonDict = {
-            "id": top.get("id"),
-            "object": "chat.completion",
-            "created": top.get("created"),
-            "model": top.get("model"),
-        }
-        for key, value in top.items():
-            result.setdefault(key, value)
-        result["choices"] = [
-            self._choice_result(index, self._choices[index]) for index in sorted(self._choices)
-        ]
-        if self._usage is not None:
-            result["usage"] = self._usage
-        return result
 
     @staticmethod
     def _choice_result(index: int, state: _ChatChoice) -> JsonDict:

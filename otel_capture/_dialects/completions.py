@@ -32,8 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .sse import SSEEvent
-from .stream import JsonDict, _Accumulator, _loads
+from .stream import JsonDict, _ChoicesAccumulator
 
 __all__ = [
     "LEGACY_LOGPROB_LISTS",
@@ -46,8 +45,6 @@ __all__ = [
 LEGACY_LOGPROB_LISTS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
 # llama.cpp's /v1/completions sends Chat's shape instead, ``logprobs.content[]`` (``{id, token, logprob}``)
 _LOGPROB_LISTS = (*LEGACY_LOGPROB_LISTS, "content")
-_SKIPPED_TOP = frozenset({"choices", "usage", "object", "error"})
-_LATEST_TOP = frozenset({"system_fingerprint", "service_tier"})
 # vLLM's additions to a choice: the last non-null value wins (the first for the prompt's, sent once)
 _CHOICE_EXTRAS = ("stop_reason", "prompt_token_ids", "prompt_logprobs")
 
@@ -63,48 +60,16 @@ class _Choice:
         self.extra: JsonDict = {}
 
 
-class CompletionsAccumulator(_Accumulator):
+class CompletionsAccumulator(_ChoicesAccumulator[_Choice]):
     """``/v1/completions`` chunks -> a ``text_completion`` object, every choice kept apart."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._top: JsonDict = {}
-        self._choices: dict[int, _Choice] = {}
-        self._usage: object = None
-        self._seen = False
+    _OBJECT = "text_completion"
+    _SKIPPED_TOP = frozenset({"choices", "usage", "object", "error"})
 
-    def _add(self, event: SSEEvent) -> bool:
-        data = event.data
-        if len(data) < 16 and data.strip() == "[DONE]":
-            self._finish("completed")
-            return False
-        payload = _loads(data)
-        if payload is None:
-            return False
-        self._seen = True
-        error = payload.get("error")
-        if error is not None or event.event == "error":
-            self._finish("error")
-            self._record_error(error if error is not None else payload)
-        top = self._top
-        for key, value in payload.items():
-            if key in _SKIPPED_TOP:
-                continue
-            if top.get(key) is None or (key in _LATEST_TOP and value is not None):
-                top[key] = value
-        usage = payload.get("usage")
-        if isinstance(usage, dict):
-            self._usage = usage
-        if payload.get("stop") is True and "choices" not in payload:
+    def _add_without_choices(self, payload: JsonDict) -> None:
+        if payload.get("stop") is True:
             # llama.cpp's native /completions (what it serves without /v1): its last event says "stop"
             self._finish("completed")
-        carried = False
-        choices = payload.get("choices")
-        if isinstance(choices, list):
-            for choice in choices:
-                if isinstance(choice, dict) and self._add_choice(choice):
-                    carried = True
-        return carried
 
     def _add_choice(self, choice: JsonDict) -> bool:
         index = choice.get("index")
@@ -144,35 +109,18 @@ class CompletionsAccumulator(_Accumulator):
                     state.extra[key] = value
         return carried
 
-    def _result(self) -> JsonDict | None:
-        if not self._seen:
-            return None
-        top = self._top
+    @staticmethod
+    def _choice_result(index: int, state: _Choice) -> JsonDict:
         result: JsonDict = {
-            "id": top.get("id"),
-            "object": "text_completion",
-            "created": top.get("created"),
-            "model": top.get("model"),
+            "index": index,
+            "text": state.text["text"],
+            "logprobs": state.logprobs,
+            "finish_reason": state.finish_reason,
         }
-        for key, value in top.items():
-            result.setdefault(key, value)
-        result["choices"] = [_choice_result(index, self._choices[index]) for index in sorted(self._choices)]
-        if self._usage is not None:
-            result["usage"] = self._usage
+        result.update(state.extra)
+        if state.token_ids is not None:
+            result["token_ids"] = state.token_ids
         return result
-
-
-def _choice_result(index: int, state: _Choice) -> JsonDict:
-    result: JsonDict = {
-        "index": index,
-        "text": state.text["text"],
-        "logprobs": state.logprobs,
-        "finish_reason": state.finish_reason,
-    }
-    result.update(state.extra)
-    if state.token_ids is not None:
-        result["token_ids"] = state.token_ids
-    return result
 
 
 # -- the legacy log-probs, for the tokens line ---------------------------------------------------------

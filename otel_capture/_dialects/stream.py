@@ -1,5 +1,6 @@
-"""Shared pieces of stream reassembly: the accumulator interface, its fail-safe shell and the JSON
-helpers the three dialect accumulators (:mod:`.responses`, :mod:`.chat`, :mod:`.messages`) use.
+"""Shared pieces of stream reassembly: the accumulator interface, its fail-safe shell, the JSON helpers
+the dialect accumulators (:mod:`.responses`, :mod:`.chat`, :mod:`.messages`, :mod:`.completions`) use, and
+the chunk handling Chat Completions and the legacy Completions share (:class:`_ChoicesAccumulator`).
 
 See :mod:`otel_capture._dialects.reassembly` for the rules every accumulator follows.
 """
@@ -7,7 +8,7 @@ See :mod:`otel_capture._dialects.reassembly` for the rules every accumulator fol
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import orjson
 from pydantic_core import from_json
@@ -20,6 +21,8 @@ _logger = logging.getLogger(__name__)
 
 TerminalKind = Literal["completed", "incomplete", "failed", "error"]
 JsonDict = dict[str, Any]
+
+_ChoiceT = TypeVar("_ChoiceT")
 
 
 class StreamAccumulator(Protocol):
@@ -171,4 +174,90 @@ class _Accumulator:
         raise NotImplementedError
 
     def _result(self) -> JsonDict | None:
+        raise NotImplementedError
+
+
+# top-level keys of an OpenAI chunk whose latest non-null value wins (for the others, the first non-null)
+_LATEST_TOP = frozenset({"system_fingerprint", "service_tier"})
+
+
+class _ChoicesAccumulator(_Accumulator, Generic[_ChoiceT]):
+    """An OpenAI chunk stream (Chat Completions, the legacy Completions): ``data: [DONE]`` completes it,
+    an ``error`` (or an ``event: error``) ends it as ``"error"``, the top-level keys but ``_SKIPPED_TOP`` are
+    kept (the first non-null value, the latest for :data:`_LATEST_TOP`), the last ``usage`` wins, and each
+    ``choices[i]`` goes to :meth:`_add_choice`, which keeps that choice's state in ``_choices``. The result
+    is an ``_OBJECT`` object whose choices :meth:`_choice_result` builds."""
+
+    _OBJECT: ClassVar[str]
+    _SKIPPED_TOP: ClassVar[frozenset[str]]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._top: JsonDict = {}
+        self._choices: dict[int, _ChoiceT] = {}
+        self._usage: object = None
+        self._seen = False
+        # read on every event: an instance attribute is a faster load than a class one (CPython 3.11)
+        self._skipped_top = self._SKIPPED_TOP
+
+    def _add(self, event: SSEEvent) -> bool:
+        data = event.data
+        if len(data) < 16 and data.strip() == "[DONE]":
+            self._finish("completed")
+            return False
+        payload = _loads(data)
+        if payload is None:
+            return False
+        self._seen = True
+        error = payload.get("error")
+        if error is not None or event.event == "error":
+            self._finish("error")
+            self._record_error(error if error is not None else payload)
+        top = self._top
+        skipped = self._skipped_top
+        for key, value in payload.items():
+            if key in skipped:
+                continue
+            if top.get(key) is None or (key in _LATEST_TOP and value is not None):
+                top[key] = value
+        usage = payload.get("usage")
+        if isinstance(usage, dict):
+            self._usage = usage
+        choices = payload.get("choices")
+        if isinstance(choices, list):
+            carried = False
+            for choice in choices:
+                if isinstance(choice, dict) and self._add_choice(choice):
+                    carried = True
+            return carried
+        if "choices" not in payload:
+            self._add_without_choices(payload)
+        return False
+
+    def _add_choice(self, choice: JsonDict) -> bool:
+        """Merge one ``choices[i]`` into its state; True if it carried model output."""
+        raise NotImplementedError
+
+    def _add_without_choices(self, payload: JsonDict) -> None:
+        """A payload with no ``choices`` key at all (after its top-level keys, error and usage were kept)."""
+
+    def _result(self) -> JsonDict | None:
+        if not self._seen:
+            return None
+        top = self._top
+        result: JsonDict = {
+            "id": top.get("id"),
+            "object": self._OBJECT,
+            "created": top.get("created"),
+            "model": top.get("model"),
+        }
+        for key, value in top.items():
+            result.setdefault(key, value)
+        choices = self._choices
+        result["choices"] = [self._choice_result(index, choices[index]) for index in sorted(choices)]
+        if self._usage is not None:
+            result["usage"] = self._usage
+        return result
+
+    def _choice_result(self, index: int, state: _ChoiceT) -> JsonDict:
         raise NotImplementedError
