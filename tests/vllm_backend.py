@@ -238,9 +238,12 @@ def server_env(venv: Path, env: dict[str, str]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def running_vllm(command: list[str], env: dict[str, str], log: Path) -> Iterator[VllmServer]:
-    """Start ``command`` (a vLLM API server, maybe under ``opentelemetry-instrument``), wait until it
-    answers ``/health`` and warm it up; stopped with SIGTERM (SIGKILL if it does not go)."""
+def running_vllm(
+    command: list[str], env: dict[str, str], log: Path, start_timeout: float = START_TIMEOUT
+) -> Iterator[VllmServer]:
+    """Start ``command`` (a vLLM API server, maybe under ``opentelemetry-instrument``), wait (at most
+    ``start_timeout`` seconds) until it answers ``/health`` and warm it up; stopped with SIGTERM (SIGKILL if
+    it does not go)."""
     port = int(command[command.index("--port") + 1])
     url = f"http://127.0.0.1:{port}"
     with open(log, "wb") as out:
@@ -251,7 +254,7 @@ def running_vllm(command: list[str], env: dict[str, str], log: Path) -> Iterator
         )
     server = VllmServer(url, log, process)
     try:
-        deadline = time.monotonic() + START_TIMEOUT
+        deadline = time.monotonic() + start_timeout
         while True:
             if process.poll() is not None:
                 raise RuntimeError(f"vLLM exited ({process.returncode}): {server.output()[-4000:]}")
