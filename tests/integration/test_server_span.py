@@ -6,6 +6,7 @@ credentials redacted, and the response propagator. See docs/performance.md, "A l
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -187,6 +188,12 @@ def test_a_metric_reader_added_while_serving_gets_the_duration(
     reader = InMemoryMetricReader()
     with serve(app) as url:
         httpx.post(f"{url}/v1/chat/completions", json={"model": "m"})
+        # the server ends the span (the duration recorded just before) once the body has gone out, so the
+        # client can have its answer first: the reader is added once the first request has ended
+        deadline = time.monotonic() + 10
+        while not telemetry.spans.get_finished_spans() and time.monotonic() < deadline:
+            time.sleep(0.01)  # a bounded wait for the server's end of the first request
+        assert len(telemetry.spans.get_finished_spans()) == 1
         meters.add_metric_reader(reader)
         httpx.post(f"{url}/v1/chat/completions", json={"model": "m"})
     (point,) = metric_points(reader, A.METRIC_HTTP_SERVER_REQUEST_DURATION)
