@@ -115,6 +115,17 @@ def _libc_syncfs() -> Callable[[int], None] | None:
 LIBC_SYNCFS = _libc_syncfs()
 
 
+def _name_native_thread(name: str) -> None:
+    """Give the calling thread ``name`` (its first 15 bytes) in the kernel too (``prctl(PR_SET_NAME)``,
+    Linux), so ``top -H``, ``ps -L`` and ``/proc/<pid>/task/<tid>/comm`` tell the writer's CPU from the host
+    server's threads (Python before 3.14 names only the ``threading.Thread``). Nothing elsewhere."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # 15: PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
 _STOP = object()
 _TICK = object()  # wakes an idle thread so that it starts timing a begin's marker delay
 
@@ -324,6 +335,7 @@ class JsonlWriter:
         return due
 
     def _run(self) -> None:
+        _name_native_thread(self._thread.name)
         stop = False
         while not stop:
             batch: list[_Item] = []
