@@ -218,6 +218,11 @@ def server_command(venv: Path, model: Path, port: int, *extra: str) -> list[str]
         "--host", "127.0.0.1", "--port", str(port),
         "--enforce-eager", "--max-model-len", "512", "--dtype", "bfloat16",
         "--chat-template-content-format", "string", "--max-logprobs", "5",
+        # a named tool_choice (tests/vllm/test_vllm_tools.py) needs a tool parser, which vLLM makes only with
+        # auto tool choice on; FunctionGemma's is Gemma's and needs no special tokens in the vocabulary
+        "--enable-auto-tool-choice", "--tool-call-parser", "functiongemma",
+        # its arguments compact: with any whitespace allowed, the tiny model emits newlines up to max_tokens
+        "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
         *extra,
     ]  # fmt: skip
 
