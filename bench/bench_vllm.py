@@ -28,7 +28,7 @@ captured/alone (the goal: at most 1.05 per call and per streamed token), and the
 72-token stream lasts longer).
 
 ``--profile`` (needs ``py-spy``: ``pip install py-spy``) samples the zero-code server, after the measured
-rounds, through one round of captured and one of passed 72-token streams, and prints whose code the
+rounds, through ``2 x --calls`` captured and as many passed 72-token streams, and prints whose code the
 samples were in (each sample goes to the innermost frame outside the standard library): otel_capture,
 the OpenTelemetry SDK and API, vLLM, uvicorn, Starlette and FastAPI, pydantic, the standard library.
 """
@@ -216,13 +216,13 @@ def _profile(pid: int, base: str, calls: int, work: Path) -> dict[str, tuple[col
         raw = work / f"profile-{mode}.txt"
         sampler = subprocess.Popen(
             [py_spy, "record", "--pid", str(pid), "--format", "raw", "--gil", "--nonblocking",
-             "--rate", "250", "--full-filenames", "--output", str(raw)],
+             "--rate", "1000", "--full-filenames", "--output", str(raw)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         time.sleep(1.0)  # py-spy attaches before the calls begin
         url, headers = _target(base, mode, 10_000)
         with httpx.Client(timeout=600) as client:
-            for _ in range(calls):
+            for _ in range(2 * calls):  # a sample per ms the GIL is held: about 90 per stream
                 _call(client, url, 72, True, headers)
         sampler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
         sampler.wait(timeout=60)
