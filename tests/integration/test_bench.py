@@ -68,6 +68,7 @@ TINY_RUNS = {
         "otel-capture show DIR ID: peak RSS per line",
     ),
     "bench_hotpath": (["--calls", "20"], "JSONL exporter alone"),
+    "bench_marker": (["--calls", "3", "--rounds", "1"], "lines on disk equal the calls: True"),
     "bench_stream_memory": (["--mb", "0.2"], "records written by the captured server: 1"),
 }
 

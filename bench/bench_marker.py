@@ -1,0 +1,107 @@
+"""What the writer thread spends per call, by how long the call lasts: under the in-flight marker delay
+(20 ms: the line alone) and over it (the ``+`` marker written, then the line, the marker read and removed).
+
+    python -m bench.bench_marker [--calls N]
+
+One ``JsonlWriter`` on a temporary directory, calls made one at a time as a model server makes them
+(``begin``, the call's duration on the event loop, ``submit``, wait until durable), the writer thread's
+CPU read from its ``schedstat`` (it is named ``otel-capture-wr`` in the kernel), user and system apart
+from its ``stat``. Side by side in alternating rounds: calls of 0 ms and of 30 ms. A model server's calls
+(vLLM's: 0.1 s and up on CPU) all take the second path: this is the writer's share of
+``bench_vllm``'s per-call cost, without vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+from bench import _harness as H
+from otel_capture._sink import LoopWaiter
+from otel_capture._store.writer import MARKER_DELAY, JsonlWriter
+
+WRITER_THREAD = "otel-capture-wr"
+LINE = b'{"model_call_id":"x","dialect":"chat","request":{"model":"m"},"response":{}}' + b" " * 1000 + b"\n"
+
+
+def _writer_tid() -> str:
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            if Path(f"/proc/self/task/{tid}/comm").read_text().strip() == WRITER_THREAD:
+                return tid
+        except OSError:
+            continue
+    raise RuntimeError("no writer thread")
+
+
+def _cpu(tid: str) -> tuple[float, float, float]:
+    """(on-CPU ns as ms, user ms, system ms) of one thread of this process."""
+    ns = int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
+    fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick_ms = 1000 / H.CLOCK_TICKS
+    return ns / 1e6, int(fields[11]) * tick_ms, int(fields[12]) * tick_ms
+
+
+async def _round(writer: JsonlWriter, duration_s: float, calls: int, n: int) -> tuple[float, float, float]:
+    loop = asyncio.get_running_loop()
+    tid = _writer_tid()
+    before = _cpu(tid)
+    for i in range(calls):
+        model_call_id = f"{n:08x}{i:024x}"
+        writer.begin("bench", model_call_id)
+        if duration_s:
+            await asyncio.sleep(duration_s)
+        future = loop.create_future()
+        writer.submit("bench", LINE, model_call_id, None, LoopWaiter(loop, future))
+        await future
+    after = _cpu(tid)
+    return tuple((a - b) * 1000 / calls for a, b in zip(after, before, strict=True))  # type: ignore[return-value]
+
+
+async def _main(calls: int, rounds: int) -> tuple[dict[str, list[tuple[float, float, float]]], bool]:
+    """The rounds' figures, and whether the lines on disk are exactly the calls made."""
+    found: dict[str, list[tuple[float, float, float]]] = {"0 ms": [], "30 ms": []}
+    with tempfile.TemporaryDirectory(prefix="bench-marker-") as tmp:
+        writer = JsonlWriter(Path(tmp) / "calls")
+        writer.flush(10)  # its thread has started (and named itself)
+        try:
+            await _round(writer, 0.0, 10, 999)  # the state directory and the file made before counting
+            for n in range(rounds):
+                for label in ("0 ms", "30 ms") if n % 2 == 0 else ("30 ms", "0 ms"):
+                    found[label].append(await _round(writer, 0.03 if label == "30 ms" else 0.0, calls, n))
+        finally:
+            writer.close()
+        lines = H.count_lines(Path(tmp) / "calls")
+    return found, lines == 10 + 2 * rounds * calls
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=100, help="calls per round (default 100)")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds per duration (default 6)")
+    args = parser.parse_args()
+    print(H.machine_line(), flush=True)
+    found, complete = asyncio.run(_main(args.calls, args.rounds))
+    rows = []
+    for label, rounds in found.items():
+        on_cpu, user, system = (statistics.median(r[i] for r in rounds) for i in range(3))
+        rows.append([label, on_cpu, user, system])
+    H.print_table(
+        f"writer thread CPU per call, us (medians of {args.rounds} rounds of {args.calls} calls; the marker "
+        f"delay is {MARKER_DELAY * 1000:.0f} ms)",
+        ["call lasts", "on CPU", "user", "system"],
+        rows,
+        [
+            f"ratio 30 ms / 0 ms: {H.ratio(rows[1][1], rows[0][1])}",
+            f"lines on disk equal the calls: {complete}",
+        ],
+    )
+    return 0 if complete else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
