@@ -16,11 +16,12 @@ takes the per-file ``fsync`` that is durable everywhere.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from .libc import LIBC
 
 SyncKind = Literal["syncfs", "fsync"]
 
@@ -79,14 +80,13 @@ class SyncChoice:
 
 
 def _libc_statfs_type() -> object | None:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        function = libc.statfs
-    except (OSError, AttributeError):
+    function = getattr(LIBC, "statfs", None)
+    if function is None:
         return None
     function.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
     function.restype = ctypes.c_int
-    return function
+    found: object = function
+    return found
 
 
 _STATFS = _libc_statfs_type()

@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
@@ -83,6 +82,7 @@ from .._sink import LoopWaiter
 from .dirstate import DirState, dir_state
 from .fs import DIR_MODE, FILE_MODE, AppendFiles, check_directory, make_root
 from .fstype import SyncChoice, choose_sync
+from .libc import LIBC, name_native_thread
 from .lifecycle_io import fenced_append
 from .locks import LockFiles
 from .types import CaptureFrozenError, LockTimeoutError
@@ -97,10 +97,8 @@ _logger = logging.getLogger(__name__)
 
 def _libc_syncfs() -> Callable[[int], None] | None:
     """Linux ``syncfs(2)`` through ctypes (the standard library has no binding), or None elsewhere."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        function = libc.syncfs
-    except (OSError, AttributeError):
+    function = getattr(LIBC, "syncfs", None)
+    if function is None:
         return None
     function.argtypes = [ctypes.c_int]
 
@@ -114,16 +112,9 @@ def _libc_syncfs() -> Callable[[int], None] | None:
 
 LIBC_SYNCFS = _libc_syncfs()
 
-
-def _name_native_thread(name: str) -> None:
-    """Give the calling thread ``name`` (its first 15 bytes) in the kernel too (``prctl(PR_SET_NAME)``,
-    Linux), so ``top -H``, ``ps -L`` and ``/proc/<pid>/task/<tid>/comm`` tell the writer's CPU from the host
-    server's threads (Python before 3.14 names only the ``threading.Thread``). Nothing elsewhere."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # 15: PR_SET_NAME
-    except (OSError, AttributeError):
-        pass
+WRITER_THREAD = "otel-capture-writer"
+"""The writer thread's name, in the kernel too (its first 15 bytes: :data:`WRITER_THREAD_KERNEL_NAME`)."""
+WRITER_THREAD_KERNEL_NAME = WRITER_THREAD[:15]
 
 
 _STOP = object()
@@ -193,7 +184,7 @@ class JsonlWriter:
         self.weights: DeclaredVersions = self._state.weights  # refreshed once per batch
         self._closed = False
         self._wrote_in: tuple[int, int] | None = None  # the directory the last batch wrote in (dev, ino)
-        self._thread = threading.Thread(target=self._run, name="otel-capture-writer", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=WRITER_THREAD, daemon=True)
         self._thread.start()
 
     # -- API used by the exporter --------------------------------------------------------------------
@@ -335,7 +326,7 @@ class JsonlWriter:
         return due
 
     def _run(self) -> None:
-        _name_native_thread(self._thread.name)
+        name_native_thread(self._thread.name)
         stop = False
         while not stop:
             batch: list[_Item] = []

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_capture._store.writer import JsonlWriter
+from otel_capture._store.writer import WRITER_THREAD, WRITER_THREAD_KERNEL_NAME, JsonlWriter
 
 
 def _thread_names() -> list[str]:
@@ -27,7 +27,10 @@ def test_the_writer_thread_has_its_name_in_the_kernel(tmp_path: Path) -> None:
     writer = JsonlWriter(tmp_path / "calls")
     try:
         assert writer.flush(10)  # the thread has run its first loop
-        assert "otel-capture-wr" in _thread_names()  # "otel-capture-writer", cut to the kernel's 15 bytes
+        assert (
+            WRITER_THREAD_KERNEL_NAME == "otel-capture-wr" == WRITER_THREAD[:15]
+        )  # the kernel keeps 15 bytes
+        assert WRITER_THREAD_KERNEL_NAME in _thread_names()
     finally:
         writer.close()
-    assert "otel-capture-wr" not in _thread_names()
+    assert WRITER_THREAD_KERNEL_NAME not in _thread_names()
