@@ -184,6 +184,38 @@ def cpu_split(pid: int) -> tuple[float, float]:
     return int(fields[11]) / CLOCK_TICKS, int(fields[12]) / CLOCK_TICKS
 
 
+@dataclass(frozen=True)
+class ThreadCPU:
+    """One thread's CPU so far: on CPU (``schedstat``, nanoseconds, as seconds), user and system (ticks)."""
+
+    name: str
+    on_cpu: float
+    user: float
+    system: float
+
+
+def thread_cpu(pid: int | str = "self") -> dict[int, ThreadCPU]:
+    """Every live thread of ``pid`` by thread id, with its kernel name (``comm``) and CPU so far; a thread
+    that ends while it is read is left out."""
+    found = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        task = f"/proc/{pid}/task/{tid}"
+        try:
+            with (
+                open(f"{task}/comm") as comm,
+                open(f"{task}/schedstat") as sched,
+                open(f"{task}/stat") as stat,
+            ):
+                name, on_cpu_ns = comm.read().strip(), int(sched.read().split()[0])
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (OSError, ValueError, IndexError):
+            continue
+        found[int(tid)] = ThreadCPU(
+            name, on_cpu_ns / 1e9, int(fields[11]) / CLOCK_TICKS, int(fields[12]) / CLOCK_TICKS
+        )
+    return found
+
+
 def tree_cpu_split(pid: int) -> tuple[float, float]:
     """(user, system) CPU seconds of ``pid`` and every live descendant."""
     children: dict[int, list[int]] = {}

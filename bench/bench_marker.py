@@ -15,41 +15,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import tempfile
 from pathlib import Path
 
 from bench import _harness as H
 from otel_capture._sink import LoopWaiter
-from otel_capture._store.writer import MARKER_DELAY, JsonlWriter
+from otel_capture._store.writer import MARKER_DELAY, WRITER_THREAD_KERNEL_NAME, JsonlWriter
 
-WRITER_THREAD = "otel-capture-wr"
 LINE = b'{"model_call_id":"x","dialect":"chat","request":{"model":"m"},"response":{}}' + b" " * 1000 + b"\n"
 
 
-def _writer_tid() -> str:
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            if Path(f"/proc/self/task/{tid}/comm").read_text().strip() == WRITER_THREAD:
-                return tid
-        except OSError:
-            continue
-    raise RuntimeError("no writer thread")
-
-
-def _cpu(tid: str) -> tuple[float, float, float]:
-    """(on-CPU ns as ms, user ms, system ms) of one thread of this process."""
-    ns = int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
-    fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-    tick_ms = 1000 / H.CLOCK_TICKS
-    return ns / 1e6, int(fields[11]) * tick_ms, int(fields[12]) * tick_ms
+def _writer_cpu() -> tuple[float, float, float]:
+    """(on CPU, user, system) of this process's writer thread, in ms."""
+    (writer,) = [t for t in H.thread_cpu().values() if t.name == WRITER_THREAD_KERNEL_NAME]
+    return writer.on_cpu * 1000, writer.user * 1000, writer.system * 1000
 
 
 async def _round(writer: JsonlWriter, duration_s: float, calls: int, n: int) -> tuple[float, float, float]:
     loop = asyncio.get_running_loop()
-    tid = _writer_tid()
-    before = _cpu(tid)
+    before = _writer_cpu()
     for i in range(calls):
         model_call_id = f"{n:08x}{i:024x}"
         writer.begin("bench", model_call_id)
@@ -58,7 +43,7 @@ async def _round(writer: JsonlWriter, duration_s: float, calls: int, n: int) -> 
         future = loop.create_future()
         writer.submit("bench", LINE, model_call_id, None, LoopWaiter(loop, future))
         await future
-    after = _cpu(tid)
+    after = _writer_cpu()
     return tuple((a - b) * 1000 / calls for a, b in zip(after, before, strict=True))  # type: ignore[return-value]
 
 

@@ -40,7 +40,6 @@ import collections
 import contextlib
 import importlib
 import json
-import os
 import shutil
 import signal
 import statistics
@@ -55,6 +54,7 @@ import httpx
 
 from bench import _harness as H
 from bench._servers import bind_socket
+from otel_capture._store.writer import WRITER_THREAD_KERNEL_NAME
 
 MODEL_NAME = "gemma-3-270m"  # checked against the tests' build in main()
 
@@ -74,23 +74,12 @@ def _cpu_s(pid: int) -> float:
         return H.cpu_seconds(pid)
 
 
-WRITER_THREAD = "otel-capture-wr"  # the writer's thread name in the kernel (otel_capture/_store/writer.py)
-
-
 def _thread_cpu_s(pid: int) -> tuple[float, float]:
     """CPU seconds of the server's main thread (its event loop: HTTP, vLLM's serving code, the capture
-    middleware) and of the capture's writer thread (the durable write), from ``schedstat`` (nanoseconds)."""
-    main = writer = 0.0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            ns = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
-            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
-            continue
-        if int(tid) == pid:
-            main += ns / 1e9
-        elif name == WRITER_THREAD:
-            writer += ns / 1e9
+    middleware) and of the capture's writer thread (the durable write), on CPU, from ``schedstat``."""
+    threads = H.thread_cpu(pid)
+    main = threads[pid].on_cpu if pid in threads else 0.0
+    writer = sum(t.on_cpu for t in threads.values() if t.name == WRITER_THREAD_KERNEL_NAME)
     return main, writer
 
 
