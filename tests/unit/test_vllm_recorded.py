@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import RECORDED
+from support import RECORDED, sse_chunks
 
 from otel_capture._call import InFlightCall
 from otel_capture._dialects.missing import tokens_missing
@@ -125,15 +125,9 @@ def _random_sizes(raw: bytes, seed: int) -> list[bytes]:
     return pieces
 
 
-def _per_event(raw: bytes) -> list[bytes]:
-    """One chunk per event, as the server wrote them."""
-    events = raw.split(b"\n\n")
-    return [event + b"\n\n" for event in events[:-1]] + ([events[-1]] if events[-1] else [])
-
-
 CHUNKINGS: dict[str, Callable[[bytes], list[bytes]]] = {
     "whole": lambda raw: [raw],
-    "per-event": _per_event,
+    "per-event": sse_chunks,  # one chunk per event, as the server wrote them
     "1-byte": lambda raw: [raw[i : i + 1] for i in range(len(raw))],
     "mid-line": _mid_line,
     "random": lambda raw: _random_sizes(raw, 7),
@@ -301,7 +295,7 @@ def test_every_chunking_gives_the_same_reassembled_response(dialect: Dialect, ch
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_the_records_carry_the_reassembled_and_the_exact_bodies(dialect: Dialect) -> None:
     recording = RECORDINGS[dialect]
-    streamed, _ = capture(recording, _per_event(recording.sse), stream=True)
+    streamed, _ = capture(recording, sse_chunks(recording.sse), stream=True)
     record = json.loads(streamed.line(1, 2))
     assert record["response"] == STREAMED[dialect]
     assert record["stream"] is True and record["stream_truncated"] is False
@@ -539,7 +533,7 @@ def test_a_responses_stream_cut_after_its_deltas_keeps_every_log_prob(before: st
     line has every log-prob the deltas carried."""
     recording = RECORDINGS["responses"]
     cut = recording.sse[: recording.sse.index(b"event: " + before.encode() + b"\n")]
-    call, said = capture(recording, _per_event(cut), stream=True)
+    call, said = capture(recording, sse_chunks(cut), stream=True)
     assert not any(said) and call.error_category == "stream_truncated"
     assert call.response_obj is not None
     full = line_of(STREAMED["responses"])
