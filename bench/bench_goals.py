@@ -35,7 +35,7 @@ Diagnostic rows (not goals; ``--no-diagnostics`` and ``--quick`` skip them) buil
 so the CPU each layer adds per call is a difference of figures measured side by side: the HTTP server span
 alone around the Starlette app (zero-code's lean one, and contrib's ``OpenTelemetryMiddleware`` it replaced),
 zero-code with no exporter (no record; no span built either: with no processor on the provider, only each
-span's context is made, ``otel_capture._spans``), library mode without records (``spans``: no span built),
+span's context is made, ``otel_capture._telemetry.spans``), library mode without records (``spans``: no span built),
 without fsync (``capture-nosync``), and durable with spans built (``capture-traced``: one more processor that
 sees the spans, as an OTLP exporter would; the exporter's own work is not in it), the proxy without
 ``--capture-dir``; and the bare app on uvicorn's pure-Python stack (h11 and asyncio), to show what the server

@@ -18,7 +18,7 @@ ASGI stack with in-memory ``receive``/``send``, ``--calls`` times per variant (d
 6. ``+ JSONL exporter, fsync off``: the real exporter and writer thread (files in a temp dir, fsync a
    no-op): queueing, the thread, the file appends and the wake-up of the event loop;
 7. ``JSONL exporter alone, fsync off``: row 6 without the other processor, so no span is built, only its
-   context (``otel_capture._spans``): the usual set-up of a training run.
+   context (``otel_capture._telemetry.spans``): the usual set-up of a training run.
 
 Then the pieces on their own, in microseconds per call.
 """
@@ -172,7 +172,7 @@ def _variants(tmp: Path) -> list[tuple[str, Any, str, Callable[[], None], Callab
 
 def _pieces(calls: int) -> list[tuple[str, float]]:
     """Single pieces of the per-call work, timed alone."""
-    from otel_capture._call import InFlightCall
+    from otel_capture._capture.call import InFlightCall
 
     settings = CaptureSettings.from_environ({})
     tracer = TracerProvider().get_tracer("bench")

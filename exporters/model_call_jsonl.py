@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_capture import WriterSettings
-from otel_capture._sink import FinishedCall
+from otel_capture._capture.sink import FinishedCall
 from otel_capture._store import LIBC_SYNCFS, JsonlWriter, WriterStats
 from otel_capture._store.weight import DeclaredVersions
 
@@ -37,7 +37,7 @@ class ModelCallJsonlExporter(SpanExporter):
     """
 
     # export() does nothing with spans: on a provider whose other processors ignore spans too, the capture
-    # middleware builds only each span's context, not the span (otel_capture._spans)
+    # middleware builds only each span's context, not the span (otel_capture._telemetry.spans)
     ignores_spans = True
 
     def __init__(

@@ -1,6 +1,15 @@
 """otel-capture: every LLM model call as an OpenTelemetry span and a durable NeMo Gym ModelCallRecord line."""
 
-from ._agent import (
+from ._attach import (
+    FrozenCapture,
+    attach_model_call_capture,
+    build_model_call_capture,
+    clear_model_call_captures,
+    freeze_model_call_capture,
+)
+from ._capture.middleware import ModelCallCaptureMiddleware
+from ._capture.sink import CallSink, FinishedCall, LoopWaiter
+from ._correlation.agent import (
     base_url_for_run,
     capture_correlation_enabled,
     maybe_rollout_id_from_run_body,
@@ -11,14 +20,13 @@ from ._agent import (
     url_path_for_request,
     url_path_for_run,
 )
-from ._attach import (
-    FrozenCapture,
-    attach_model_call_capture,
-    build_model_call_capture,
-    clear_model_call_captures,
-    freeze_model_call_capture,
+from ._correlation.baggage import (
+    async_rollout_baggage_hook,
+    inject_rollout_baggage,
+    instrument_http_client,
+    rollout_baggage_hook,
 )
-from ._correlation import (
+from ._correlation.ids import (
     ROLLOUT_ID_PATTERN,
     InvalidRolloutIdError,
     current_rollout_id,
@@ -28,18 +36,10 @@ from ._correlation import (
 )
 from ._dialects.tokens import extract_tokens
 from ._errors import CaptureError
-from ._httpx_baggage import (
-    async_rollout_baggage_hook,
-    inject_rollout_baggage,
-    instrument_http_client,
-    rollout_baggage_hook,
-)
 from ._instrumentor import ModelCallInstrumentor
-from ._middleware import ModelCallCaptureMiddleware
-from ._proxy import build_proxy_app, start_proxy
+from ._proxy.app import build_proxy_app, start_proxy
 from ._records import CaptureReadError, InvalidLine, ModelCallRecord
 from ._settings import CaptureSettings, CorrelationSettings, ProxySettings, WriterSettings
-from ._sink import CallSink, FinishedCall, LoopWaiter
 from ._store import (
     AvailableRecords,
     CaptureFrozenError,

@@ -66,8 +66,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TypeAlias
 
-from ._agent import maybe_rollout_id_from_run_body
-from ._correlation import validate_rollout_id
+from ._correlation.agent import maybe_rollout_id_from_run_body
+from ._correlation.ids import validate_rollout_id
 from ._records import ModelCallRecord, aggregate_model_call_records
 from ._store import (
     AvailableRecords,

@@ -40,7 +40,7 @@ HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
 HTTP_ROUTE = "http.route"  # on the HTTP server span: a model call's route, without the rollout prefix
 ERROR_TYPE = "error.type"
 
-# The HTTP server span (stable HTTP semantic conventions; otel_capture._server_span).
+# The HTTP server span (stable HTTP semantic conventions; otel_capture._telemetry.server_span).
 HTTP_REQUEST_METHOD = "http.request.method"
 HTTP_REQUEST_METHOD_ORIGINAL = "http.request.method_original"
 HTTP_REQUEST_HEADER_PREFIX = "http.request.header."  # + the header's lower-case name

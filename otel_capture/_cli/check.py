@@ -14,7 +14,7 @@ mark into the marker, the entry is turned to reported and the check passes again
 even put in its reserve (it could not make one) are in its log and ``WriterStats.unreported`` only.
 
 Model calls served without a rollout id (never recorded) are reported too: the serving processes count
-them in the directory (:mod:`otel_capture._uncorrelated`); they fail the check only with ``strict``.
+them in the directory (:mod:`otel_capture._store.uncorrelated`); they fail the check only with ``strict``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from .._store import (
     pending_losses,
     read_available_model_call_records,
 )
-from .._uncorrelated import read_uncorrelated
+from .._store.uncorrelated import read_uncorrelated
 
 
 @dataclass

@@ -228,8 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _proxy(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from .._proxy import bind_socket, build_proxy_app, display_url, server_options, socket_url
-    from .._proxy_guards import limit_client_buffers
+    from .._proxy.app import bind_socket, build_proxy_app, display_url, server_options, socket_url
+    from .._proxy.guards import limit_client_buffers
     from .._settings import ENV_CAPTURE_DIR, ENV_UPSTREAM, CaptureSettings, WriterSettings
 
     settings = CaptureSettings.from_environ()
@@ -255,7 +255,7 @@ def _proxy(args: argparse.Namespace) -> int:
         if writer.directory is not None:
             os.environ[ENV_CAPTURE_DIR] = str(writer.directory)
         uvicorn.run(
-            "otel_capture._proxy:proxy_app_from_environ",
+            "otel_capture._proxy.app:proxy_app_from_environ",
             factory=True,
             fd=sock.fileno(),
             workers=args.workers,

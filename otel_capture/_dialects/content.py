@@ -1,6 +1,6 @@
 """Each dialect's messages in the GenAI semconv shape: request and response bodies in, lists out. Pure.
 
-The semconv JSON schema's messages are ``{"role", "parts": [...]}``; :mod:`otel_capture._semconv` turns
+The semconv JSON schema's messages are ``{"role", "parts": [...]}``; :mod:`otel_capture._telemetry.semconv` turns
 these lists into the opt-in content attributes. One ``*_input`` (system instructions, messages) and one
 ``*_output`` (output messages) per dialect, named in the dialect table (:mod:`.table`).
 """

@@ -6,7 +6,7 @@ Nothing here opens a file or knows the store: the store and its readers (:mod:`o
 bytes in and take records out. The fields themselves are declared once, in :mod:`.schema`: adding one of
 ours (after Gym's) to :class:`.schema.ModelCallRecord` is all the codec needs (the encoder writes the keys
 it is given, in :data:`.schema.LINE_KEYS` order; the decoder reads every added field by its annotation,
-:data:`.schema.EXTRA_RECORD_TYPES`); the capture (:meth:`otel_capture._call.InFlightCall.line`) gives it
+:data:`.schema.EXTRA_RECORD_TYPES`); the capture (:meth:`otel_capture._capture.call.InFlightCall.line`) gives it
 its value.
 """
 

@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from .._correlation import validate_rollout_id
+from .._correlation.ids import validate_rollout_id
 from .dirstate import DirState, dir_state
 from .fs import DirFds, Fsync, check_directory
 from .journal import Fence, Hook

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from .._correlation import validate_rollout_id
+from .._correlation.ids import validate_rollout_id
 from .._records import damaged_line, parse_record_line
 from .lifecycle import INFLIGHT_REASON
 from .types import (

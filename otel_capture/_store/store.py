@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from .._correlation import validate_rollout_id
+from .._correlation.ids import validate_rollout_id
 from .._records.codec import split_lines
 from .._settings import allow_shared_dir_from_environ, lock_timeout_from_environ
 from .dirstate import dir_state

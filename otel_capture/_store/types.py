@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
-from .._correlation import validate_rollout_id
+from .._correlation.ids import validate_rollout_id
 from .._errors import CaptureError
 from .._records import ModelCallRecord
 

@@ -76,9 +76,9 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from .._correlation import validate_rollout_id
+from .._capture.sink import LoopWaiter
+from .._correlation.ids import validate_rollout_id
 from .._settings import DEFAULT_LOCK_TIMEOUT_S
-from .._sink import LoopWaiter
 from .dirstate import DirState, dir_state
 from .fs import DIR_MODE, FILE_MODE, AppendFiles, check_directory, make_root
 from .fstype import SyncChoice, choose_sync

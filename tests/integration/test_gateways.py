@@ -40,10 +40,10 @@ from otel_capture import (
     start_proxy,
 )
 from otel_capture import _attributes as A
-from otel_capture._correlation import ROLLOUT_ID_RULE
-from otel_capture._metrics import UNCORRELATED_CALLS
-from otel_capture._routing import DOUBLE_PREFIX_RULE
+from otel_capture._correlation.ids import ROLLOUT_ID_RULE
+from otel_capture._correlation.routing import DOUBLE_PREFIX_RULE
 from otel_capture._store.inflight import InflightMarkers
+from otel_capture._telemetry.metrics import UNCORRELATED_CALLS
 
 SERVER, CLIENT = 2, 3  # OTLP Span.SpanKind SPAN_KIND_SERVER, SPAN_KIND_CLIENT
 CHAT_ID = json.loads(recorded_json("chat"))["id"]

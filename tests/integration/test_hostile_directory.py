@@ -140,7 +140,7 @@ PLANTS = {
 EXERCISE = """
     import asyncio, json, os, sys
     from otel_capture import CaptureStore
-    from otel_capture._sink import LoopWaiter
+    from otel_capture._capture.sink import LoopWaiter
     from otel_capture._store.writer import JsonlWriter
 
     store = CaptureStore(sys.argv[1])

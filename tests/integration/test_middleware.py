@@ -24,7 +24,7 @@ from otel_capture import (
     read_available_model_call_records,
     read_model_call_records,
 )
-from otel_capture._correlation import ROLLOUT_ID_RULE
+from otel_capture._correlation.ids import ROLLOUT_ID_RULE
 from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
 
@@ -348,7 +348,7 @@ def test_upstream_error_status_is_recorded_with_its_category(
 def test_a_record_that_cannot_be_built_marks_the_call_incomplete_and_the_response_is_untouched(
     server: str, telemetry: Telemetry, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from otel_capture._call import InFlightCall
+    from otel_capture._capture.call import InFlightCall
 
     def broken_line(self: InFlightCall, trace_id: int, span_id: int) -> bytes:
         raise RuntimeError("cannot encode this record")

@@ -90,7 +90,7 @@ def test_no_sink_while_the_records_exporter_is_configured_is_said_once(
     settings = CaptureSettings.from_environ({"OTEL_TRACES_EXPORTER": "otlp, model_call_jsonl"})
     assert settings.records_expected
     app = ModelCallCaptureMiddleware(ReplayModelServer(), tracer_provider=provider, settings=settings)
-    with caplog.at_level(logging.WARNING, logger="otel_capture._middleware"), serve(app) as url:
+    with caplog.at_level(logging.WARNING, logger="otel_capture._capture.middleware"), serve(app) as url:
         for _ in range(3):
             assert httpx.post(f"{url}/ng-rollout/r/v1/messages", json={"model": "m"}).is_success
     provider.shutdown()
@@ -105,7 +105,7 @@ def test_no_warning_when_the_records_exporter_is_not_configured(caplog: pytest.L
     settings = CaptureSettings.from_environ({"OTEL_TRACES_EXPORTER": "otlp"})
     assert not settings.records_expected
     app = ModelCallCaptureMiddleware(ReplayModelServer(), tracer_provider=provider, settings=settings)
-    with caplog.at_level(logging.WARNING, logger="otel_capture._middleware"), serve(app) as url:
+    with caplog.at_level(logging.WARNING, logger="otel_capture._capture.middleware"), serve(app) as url:
         assert httpx.post(f"{url}/ng-rollout/r/v1/messages", json={"model": "m"}).is_success
     provider.shutdown()
     assert not [r for r in caplog.records if "model_call_jsonl" in r.getMessage()]

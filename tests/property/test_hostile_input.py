@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from otel_capture import CaptureSettings, ModelCallCaptureMiddleware, is_valid_rollout_id
-from otel_capture._correlation import split_rollout_prefix
+from otel_capture._correlation.ids import split_rollout_prefix
 from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -134,7 +134,7 @@ def test_gate_argument_wins_over_the_environment() -> None:
 
 
 def test_bad_gate_value_is_logged_and_ignored(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="otel_capture._agent"):
+    with caplog.at_level(logging.WARNING, logger="otel_capture._correlation.agent"):
         settings = CorrelationSettings.from_environ(
             {"OTEL_CAPTURE_CORRELATION": "maybe", "OTEL_EXPORTER_MODEL_CALL_JSONL_DIR": "/d"}
         )

@@ -1,4 +1,4 @@
-"""The aiohttp internals the proxy's upstream client drives (listed in otel_capture/_proxy_pool.py's
+"""The aiohttp internals the proxy's upstream client drives (listed in otel_capture/_proxy/pool.py's
 docstring), pinned against the installed aiohttp: a release that moves or renames one fails here, by name,
 before any proxy test has to guess why an upstream call broke. The behaviour itself is tested end to end
 by tests/integration/test_proxy*.py."""
@@ -15,7 +15,7 @@ from aiohttp.connector import BaseConnector, Connection
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import EofStream
 
-import otel_capture._proxy_pool as pool
+import otel_capture._proxy.pool as pool
 
 
 def _parameters(function: object) -> set[str]:

@@ -8,7 +8,7 @@ import httpx
 import orjson
 import pytest
 
-from otel_capture._call import InFlightCall, classify_exception
+from otel_capture._capture.call import InFlightCall, classify_exception
 from otel_capture._records import build_model_call_record
 from otel_capture._settings import CaptureSettings
 

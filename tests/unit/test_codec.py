@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from otel_capture._call import InFlightCall
+from otel_capture._capture.call import InFlightCall
 from otel_capture._records import codec
 from otel_capture._records.schema import (
     EXTRA_RECORD_FIELDS,

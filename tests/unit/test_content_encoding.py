@@ -8,7 +8,7 @@ import zlib
 import brotli
 import pytest
 
-from otel_capture._content_encoding import decoding_for
+from otel_capture._capture.content_encoding import decoding_for
 
 BODY = b'{"choices":[{"message":{"content":"' + b"tokens " * 2000 + b'"}}]}'
 

@@ -12,13 +12,17 @@ import pytest
 from support import submit
 
 from otel_capture import CaptureStore, read_model_call_records
+from otel_capture._capture.weight import (
+    caller_weight_version,
+    engine_weight_version,
+    without_weight_version_header,
+)
 from otel_capture._cli.main import main
 from otel_capture._records import encode_record_line
 from otel_capture._records.codec import stamp_record_line
 from otel_capture._store import JsonlWriter
 from otel_capture._store.types import DamagedEntryError
 from otel_capture._store.weight import DeclaredVersions
-from otel_capture._weight import caller_weight_version, engine_weight_version, without_weight_version_header
 
 
 def _line(model_call_id: str = "a" * 32, **values: Any) -> bytes:

@@ -89,7 +89,7 @@ def test_the_package_imports_without_what_it_no_longer_declares() -> None:
         "        if name.split('.')[0] == 'httpx' or name.startswith('opentelemetry.instrumentation.asgi'):\n"
         "            raise ImportError('not installed: ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import otel_capture, otel_capture._cli.main, otel_capture._proxy\n"
+        "import otel_capture, otel_capture._cli.main, otel_capture._proxy.app\n"
         "import otel_capture.exporters.model_call_jsonl\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'httpx'))\n"
     )

@@ -8,16 +8,16 @@ from typing import Any
 import pytest
 
 from otel_capture import InvalidRolloutIdError, rollout_context, rollout_headers
-from otel_capture._correlation import rollout_id_from_header
-from otel_capture._middleware import _RateLimitedNotice
-from otel_capture._routing import (
+from otel_capture._capture.middleware import _RateLimitedNotice
+from otel_capture._correlation.ids import rollout_id_from_header
+from otel_capture._correlation.routing import (
     DOUBLE_PREFIX_RULE,
     Correlation,
     Refusal,
     server_span_details,
     unprefixed_raw_path,
 )
-from otel_capture._routing import correlate as _correlate
+from otel_capture._correlation.routing import correlate as _correlate
 
 
 def _scope(

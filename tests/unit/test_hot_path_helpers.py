@@ -15,9 +15,9 @@ from opentelemetry.trace import get_current_span
 from support import metric_points
 
 from otel_capture import _attributes as A
-from otel_capture._metrics import ServerMetrics
-from otel_capture._middleware import _HEADERS_GETTER, _Deadlines, _NotDurableInTime
-from otel_capture._routing import content_length, first_header, headers_by_name, response_headers
+from otel_capture._capture.middleware import _HEADERS_GETTER, _Deadlines, _NotDurableInTime
+from otel_capture._correlation.routing import content_length, first_header, headers_by_name, response_headers
+from otel_capture._telemetry.metrics import ServerMetrics
 
 _CASES: list[list[tuple[bytes, bytes]]] = [
     [],

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "otel_capture"
 
 # The floors that must not look up: nothing in them imports the store, or a module that imports it.
-BELOW_THE_STORE = ("otel_capture._records", "otel_capture._dialects", "otel_capture._correlation")
+BELOW_THE_STORE = ("otel_capture._records", "otel_capture._dialects", "otel_capture._correlation.ids")
 
 
 def _module_name(path: Path) -> str:

@@ -24,7 +24,7 @@ from otel_capture import (
     CaptureStore,
     InvalidRolloutIdError,
 )
-from otel_capture._sink import LoopWaiter
+from otel_capture._capture.sink import LoopWaiter
 from otel_capture._store.dirstate import STATE_DIR, dir_state
 from otel_capture._store.inflight import InflightMarkers
 from otel_capture._store.journal import FenceJournal

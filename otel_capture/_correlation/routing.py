@@ -14,9 +14,12 @@ from urllib.parse import unquote
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from . import _attributes as A
-from ._asgi import Scope
-from ._correlation import (
+from .. import _attributes as A
+from .._asgi import Scope
+from .._dialects import DIALECT_PATHS, Dialect
+from .._notices import notify
+from .._settings import ENV_API_KEY_ROLLOUT_PATTERN
+from .ids import (
     CAPTURED_HEADER,
     CAPTURED_VALUE,
     NO_RULES,
@@ -32,9 +35,6 @@ from ._correlation import (
     rollout_path_prefix,
     split_rollout_prefix,
 )
-from ._dialects import DIALECT_PATHS, Dialect
-from ._notices import notify
-from ._settings import ENV_API_KEY_ROLLOUT_PATTERN
 
 _logger = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
-from ._sdk_private import processor_exporter, provider_disabled, span_processors
-from ._telemetry import SinkOnlyProcessor
+from .._sdk_private import processor_exporter, provider_disabled, span_processors
+from .provider import SinkOnlyProcessor
 
 IGNORES_SPANS = "ignores_spans"  # an exporter's class attribute: True when its export() does nothing
 

@@ -1,7 +1,4 @@
-"""The capture proxy's request-size limit, its limit on calls at once (:class:`CallLimit`), and
-:func:`redact_query`, the query string the HTTP server span is shown (every value ``REDACTED``, so
-``?api_key=...`` never reaches a span).
-"""
+"""The capture proxy's request-size limit and its limit on calls at once (:class:`CallLimit`)."""
 
 from __future__ import annotations
 
@@ -14,22 +11,13 @@ from collections.abc import Callable
 
 import orjson
 
-from ._asgi import ASGIApp, Message, Receive, Scope, Send
+from .._asgi import ASGIApp, Message, Receive, Scope, Send
 
 _logger = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1  # what a call refused for capacity is told to wait: calls end and free their place often
 _REFUSAL_LOG_INTERVAL_S = 60.0
 _TRIM_DELAY_S = 1.0  # idle this long after the last call: the allocator gives freed memory back
-
-
-def redact_query(query: bytes) -> bytes:
-    """``a=1&key=sk-x&flag`` -> ``a=REDACTED&key=REDACTED&flag``."""
-    parts = []
-    for part in query.split(b"&"):
-        name, sep, _value = part.partition(b"=")
-        parts.append(name + b"=REDACTED" if sep else part)
-    return b"&".join(parts)
 
 
 class RequestSizeLimit:

@@ -20,8 +20,8 @@ from typing import Any
 
 from opentelemetry import metrics
 
-from . import _attributes as A
-from ._version import __version__
+from .. import _attributes as A
+from .._version import __version__
 
 _logger = logging.getLogger(__name__)
 

@@ -14,16 +14,16 @@ from typing import Any
 
 import orjson
 
-from . import _attributes as A
-from ._content_encoding import ResponseDecoding, decoding_for
-from ._dialects import DIALECTS, Dialect, StreamAccumulator
-from ._dialects.missing import tokens_missing
-from ._dialects.sse import SSEDecoder, SSEEvent
-from ._dialects.stream import close_cut_json
-from ._records import SCHEMA_VERSION, call_failed, encode_record_line
-from ._semconv import content_attributes, request_attributes, response_attributes
-from ._settings import CaptureSettings
-from ._weight import engine_weight_version
+from .. import _attributes as A
+from .._dialects import DIALECTS, Dialect, StreamAccumulator
+from .._dialects.missing import tokens_missing
+from .._dialects.sse import SSEDecoder, SSEEvent
+from .._dialects.stream import close_cut_json
+from .._records import SCHEMA_VERSION, call_failed, encode_record_line
+from .._settings import CaptureSettings
+from .._telemetry.semconv import content_attributes, request_attributes, response_attributes
+from .content_encoding import ResponseDecoding, decoding_for
+from .weight import engine_weight_version
 
 _logger = logging.getLogger(__name__)
 

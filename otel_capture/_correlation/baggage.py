@@ -2,7 +2,7 @@
 ``traceparent``), so a captured model server files the call under that rollout, as a child of the agent's
 span, without any URL prefix.
 
-The rollout is the one set with :func:`otel_capture._correlation.rollout_context`; outside such a block
+The rollout is the one set with :func:`otel_capture._correlation.ids.rollout_context`; outside such a block
 requests go out untouched (apart from what the global propagator injects).
 
 Works with ``httpx`` and with ``httpx2`` (the fork the ``openai`` >= 3 and ``anthropic`` >= 2 SDKs are built
@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 from opentelemetry import baggage, propagate
 from opentelemetry import context as otel_context
 
-from ._correlation import BAGGAGE_ROLLOUT_KEY, ROLLOUT_ID_HEADER, current_rollout_id
+from .ids import BAGGAGE_ROLLOUT_KEY, ROLLOUT_ID_HEADER, current_rollout_id
 
 _HOOKED = "_otel_capture_rollout_baggage"
 _HEADER_HOOKED = "_otel_capture_rollout_header"

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
-from ._errors import CaptureError
+from .._errors import CaptureError
 
 ROLLOUT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 ROLLOUT_ID_RULE = "a rollout id is 1-200 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit"

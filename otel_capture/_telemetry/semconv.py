@@ -18,10 +18,10 @@ from typing import Any
 
 import orjson
 
-from . import _attributes as A
-from ._dialects import DIALECTS, finish_reasons
-from ._dialects.content import tool_definitions
-from ._dialects.derive import cache_signal, token_stats
+from .. import _attributes as A
+from .._dialects import DIALECTS, finish_reasons
+from .._dialects.content import tool_definitions
+from .._dialects.derive import cache_signal, token_stats
 
 _logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ same response propagator. What differs, each to save CPU per request:
   contrib still records three histograms and two counters per request) or is not the SDK's (a vendor's;
   the API's stand-in counts once a provider is set behind it);
 - one context attach per request, no per-message work beyond one type check;
-- nothing at all when no processor of the provider would see the span (``otel_capture._spans``), no reader
+- nothing at all when no processor of the provider would see the span (``otel_capture._telemetry.spans``), no reader
   records the duration and no response propagator sends the span back: the app runs in the caller's
   context (its ``traceparent`` and ``baggage``, extracted as above), and a model call's span (or its context)
   is the caller's child directly.
@@ -39,14 +39,13 @@ from opentelemetry.propagators.textmap import Setter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.util.http import ExcludeList, parse_excluded_urls
 
-from . import _attributes as A
-from ._asgi import ASGIApp, Message, Receive, Scope, Send
-from ._metrics import MeterGate
-from ._proxy_guards import redact_query
-from ._routing import server_span_details
-from ._settings import SECRET_HEADERS
-from ._spans import SpanGate
-from ._version import __version__
+from .. import _attributes as A
+from .._asgi import ASGIApp, Message, Receive, Scope, Send
+from .._correlation.routing import server_span_details
+from .._settings import SECRET_HEADERS
+from .._version import __version__
+from .metrics import MeterGate
+from .spans import SpanGate
 
 _logger = logging.getLogger(__name__)
 
@@ -378,3 +377,12 @@ def _error_type(exception: BaseException) -> str:
     """The exception's fully qualified class name (``builtins`` left out), as ``error.type`` wants it."""
     cls = type(exception)
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def redact_query(query: bytes) -> bytes:
+    """``a=1&key=sk-x&flag`` -> ``a=REDACTED&key=REDACTED&flag``."""
+    parts = []
+    for part in query.split(b"&"):
+        name, sep, _value = part.partition(b"=")
+        parts.append(name + b"=REDACTED" if sep else part)
+    return b"&".join(parts)

@@ -40,26 +40,26 @@ from opentelemetry import metrics, propagate, trace
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from . import _attributes as A
-from . import _routing as R
-from ._asgi import ASGIApp, Message, Receive, Scope, Send
-from ._call import InFlightCall
-from ._correlation import BAGGAGE_ROLLOUT_KEY, ROLLOUT_ID_HEADER, RolloutRules
-from ._dialects import DIALECTS, Dialect
-from ._metrics import ServerMetrics
-from ._notices import notify
-from ._records import tokens_line
-from ._settings import (
+from .. import _attributes as A
+from .._asgi import ASGIApp, Message, Receive, Scope, Send
+from .._correlation import routing as R
+from .._correlation.ids import BAGGAGE_ROLLOUT_KEY, ROLLOUT_ID_HEADER, RolloutRules
+from .._dialects import DIALECTS, Dialect
+from .._notices import notify
+from .._records import tokens_line
+from .._settings import (
     ENV_API_KEY_ROLLOUT_PATTERN,
     ENV_SESSION_ID_AS_ROLLOUT,
     JSONL_EXPORTER,
     CaptureSettings,
 )
-from ._sink import CallSink, FinishedCall, LoopWaiter, SinkLookup, find_sink
-from ._spans import SpanGate
-from ._uncorrelated import UncorrelatedCounter, counter_for
-from ._version import __version__
-from ._weight import (
+from .._store.uncorrelated import UncorrelatedCounter, counter_for
+from .._telemetry.metrics import ServerMetrics
+from .._telemetry.spans import SpanGate
+from .._version import __version__
+from .call import InFlightCall
+from .sink import CallSink, FinishedCall, LoopWaiter, SinkLookup, find_sink
+from .weight import (
     WEIGHT_VERSION_HEADER,
     caller_weight_version,
     span_weight_attributes,

@@ -32,15 +32,15 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.util.http import remove_url_credentials
 from yarl import URL
 
-from ._asgi import ASGIApp, Message, Receive, Scope, Send
-from ._middleware import SCOPE_RESPONSE_COMPLETE, ModelCallCaptureMiddleware
-from ._proxy_guards import CallLimit, RequestSizeLimit, limit_client_buffers
-from ._proxy_pool import MAX_HEADER_LINE_BYTES, UpstreamHeadTooLarge, _Pool, _Response, _stale
-from ._proxy_redirects import relocate
-from ._routing import server_span_details, unprefixed_raw_path
-from ._server_span import LeanServerSpanMiddleware
-from ._settings import CaptureSettings, ProxySettings, WriterSettings, upstream_from_environ
-from ._telemetry import build_tracer_provider
+from .._asgi import ASGIApp, Message, Receive, Scope, Send
+from .._capture.middleware import SCOPE_RESPONSE_COMPLETE, ModelCallCaptureMiddleware
+from .._correlation.routing import server_span_details, unprefixed_raw_path
+from .._settings import CaptureSettings, ProxySettings, WriterSettings, upstream_from_environ
+from .._telemetry.provider import build_tracer_provider
+from .._telemetry.server_span import LeanServerSpanMiddleware
+from .guards import CallLimit, RequestSizeLimit, limit_client_buffers
+from .pool import MAX_HEADER_LINE_BYTES, UpstreamHeadTooLarge, _Pool, _Response, _stale
+from .redirects import relocate
 
 _logger = logging.getLogger(__name__)
 

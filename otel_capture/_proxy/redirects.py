@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from yarl import URL
 
-from ._asgi import Scope
+from .._asgi import Scope
 
 
 def proxied_location(

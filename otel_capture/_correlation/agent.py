@@ -18,8 +18,8 @@ proxy read, or into the current rollout for the httpx baggage integration:
 Ids follow NeMo Gym's rules (``maybe_rollout_id_from_run_body``): an explicit ``_ng_rollout_id`` wins,
 else ``f"{_ng_task_index}-{_ng_rollout_index}"``; ``-a{n}`` is appended when ``_ng_attempt_index > 0``.
 Unlike NeMo Gym, every id, derived ones included, must follow the one grammar
-(:data:`~otel_capture._correlation.ROLLOUT_ID_PATTERN`); one that does not raises
-:class:`~otel_capture._correlation.InvalidRolloutIdError` (a ``ValueError``).
+(:data:`~otel_capture._correlation.ids.ROLLOUT_ID_PATTERN`); one that does not raises
+:class:`~otel_capture._correlation.ids.InvalidRolloutIdError` (a ``ValueError``).
 
 **The gate.** NeMo Gym gates on its global config (``observability_enabled``); we read the agent's
 environment through :class:`CorrelationSettings`: ``OTEL_CAPTURE_CORRELATION`` (true/false) when set,
@@ -34,7 +34,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from ._correlation import (
+from .._settings import CorrelationSettings
+from .ids import (
     ROLLOUT_ID_HEADER,
     current_rollout_id,
     rollout_context,
@@ -42,7 +43,6 @@ from ._correlation import (
     split_rollout_prefix,
     validate_rollout_id,
 )
-from ._settings import CorrelationSettings
 
 _logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def maybe_rollout_id_from_run_body(body: Any) -> str | None:
     An explicit ``_ng_rollout_id`` (or a ``capture_rollout_id`` attribute) wins; else
     ``f"{_ng_task_index}-{_ng_rollout_index}"``, ``None`` when either is missing. ``-a{n}`` is appended
     when ``int(_ng_attempt_index) > 0``, to explicit ids too. Raises
-    :class:`~otel_capture._correlation.InvalidRolloutIdError` (a ``ValueError``) when the id breaks the
+    :class:`~otel_capture._correlation.ids.InvalidRolloutIdError` (a ``ValueError``) when the id breaks the
     grammar, explicit or derived, and ``ValueError`` for an attempt index that is not an integer.
     """
     explicit = _body_value(body, ROLLOUT_ID_KEY)
@@ -171,7 +171,7 @@ def url_path_for_request(url_path: str, request: Any | None) -> str:
     ``request`` is a Starlette/FastAPI ``Request`` (or an ASGI scope): the id comes from a
     ``{rollout_id}`` path parameter (NeMo Gym's prefixed twin routes), else from an
     ``/ng-rollout/<id>/...`` request path. ``url_path`` is unchanged when there is neither. An id that
-    breaks the grammar raises :class:`~otel_capture._correlation.InvalidRolloutIdError`.
+    breaks the grammar raises :class:`~otel_capture._correlation.ids.InvalidRolloutIdError`.
     """
     if request is None:
         return url_path
@@ -212,7 +212,7 @@ def rollout_headers(rollout_id: str | None = None) -> dict[str, str]:
 @contextmanager
 def rollout_context_for_run(body: Any, *, enabled: bool | None = None) -> Iterator[str | None]:
     """Make the run's rollout the current one inside the block (what the httpx baggage integration
-    reads with :func:`~otel_capture._correlation.current_rollout_id`), as NeMo Gym's agents wrap
+    reads with :func:`~otel_capture._correlation.ids.current_rollout_id`), as NeMo Gym's agents wrap
     ``/run`` in ``rollout_context(rollout_id_from_run(body))``. When correlation is off or the body names
     no rollout, the block runs with no current rollout. Yields the id (or ``None``)."""
     with rollout_context(rollout_id_from_run(body, enabled=enabled)) as rollout_id:

@@ -18,8 +18,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 
-from ._sdk_private import configured_exporter_names, configured_sampler
-from ._settings import JSONL_EXPORTER, CaptureSettings, WriterSettings
+from .._sdk_private import configured_exporter_names, configured_sampler
+from .._settings import JSONL_EXPORTER, CaptureSettings, WriterSettings
 
 _logger = logging.getLogger(__name__)
 

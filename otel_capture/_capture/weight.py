@@ -19,8 +19,8 @@ import logging
 from typing import Any
 from urllib.parse import unquote
 
-from . import _attributes as A
-from ._asgi import Scope
+from .. import _attributes as A
+from .._asgi import Scope
 
 _logger = logging.getLogger(__name__)
 
