@@ -28,14 +28,13 @@ from ._correlation.baggage import (
 )
 from ._correlation.ids import (
     ROLLOUT_ID_PATTERN,
-    InvalidRolloutIdError,
     current_rollout_id,
     is_valid_rollout_id,
     rollout_context,
     validate_rollout_id,
 )
 from ._dialects.tokens import extract_tokens
-from ._errors import CaptureError
+from ._errors import CaptureError, InvalidRolloutIdError
 from ._instrumentor import ModelCallInstrumentor
 from ._proxy.app import build_proxy_app, start_proxy
 from ._records import CaptureReadError, InvalidLine, ModelCallRecord

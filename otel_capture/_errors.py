@@ -12,16 +12,128 @@ catches them all. Each one also keeps the built-in base it always had, so older 
     ├── LockTimeoutError (OSError)            a lock stayed held for the whole lock timeout
     ├── UnsafeDirectoryError (PermissionError) a capture directory others could write to
     ├── WriterClosedError (RuntimeError)      a call reached the writer after it was closed
-    └── CheckFailed (AssertionError)          a conformance check's rule was broken
+    ├── CheckFailed (AssertionError)          a conformance check's rule was broken
+    └── DamagedLine (ValueError)              why one line is not a record (the line decoder's answer,
+                                              caught by every reader; never raised to a caller)
 
 Capture itself never raises into a model call: these come from the store's API, the readers, the
-collector's helpers and the conformance kit.
+collector's helpers and the conformance kit. Every class of the tree is defined here; the modules that
+raise them import them from here and their faces re-export them. Private control-flow signals that never
+leave the module that raises them (the middleware's durability wait, the proxy's read timeout and its
+too-large upstream head) stay beside that code.
 """
 
 from __future__ import annotations
 
-__all__ = ["CaptureError"]
+import errno
+from pathlib import Path
+
+__all__ = [
+    "CaptureError",
+    "CaptureFrozenError",
+    "CaptureReadError",
+    "CaptureRetiredError",
+    "CaptureStateError",
+    "CheckFailed",
+    "DamagedEntryError",
+    "DamagedLine",
+    "InvalidRolloutIdError",
+    "LockTimeoutError",
+    "UnsafeDirectoryError",
+    "WriterClosedError",
+    "damaged_line",
+]
 
 
 class CaptureError(Exception):
     """The root of otel-capture's own errors (the tree is in :mod:`otel_capture._errors`)."""
+
+
+def damaged_line(number: int, reason: str | None = None) -> str:
+    """The one wording of a damaged line, for every reader, the freeze and ``check``:
+    ``damaged line N: why`` (N the physical line number, 1-based)."""
+    return f"damaged line {number}: {reason}" if reason else f"damaged line {number}"
+
+
+class InvalidRolloutIdError(CaptureError, ValueError):
+    """A rollout id that breaks the rollout id grammar (``otel_capture._correlation``)."""
+
+    def __init__(self, rollout_id: object, rule: str) -> None:
+        super().__init__(f"invalid rollout id {rollout_id!r}: {rule}")
+        self.rollout_id = rollout_id
+
+
+class CaptureReadError(CaptureError, ValueError):
+    """A damaged line in a capture file, found by the strict reader: ``<path>: damaged line N: why``."""
+
+    def __init__(self, path: Path, line_number: int, reason: str) -> None:
+        super().__init__(f"{path}: {damaged_line(line_number, reason)}")
+        self.path = path
+        self.line_number = line_number
+        self.reason = reason
+
+
+class DamagedLine(CaptureError, ValueError):
+    """Why one line is not a record (what :func:`decode_record_line` raises)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class CaptureFrozenError(CaptureError, RuntimeError):
+    """The rollout is frozen: it takes no more records (``mark_incomplete`` is still accepted)."""
+
+
+class CaptureRetiredError(CaptureFrozenError):
+    """The rollout is retired: its records are gone and its fence refuses everything but ``delete``."""
+
+
+class CaptureStateError(CaptureError, ValueError):
+    """A rollout's lifecycle state is damaged (for example a damaged fence journal line naming it).
+
+    Only that rollout is affected; ``retire`` or ``delete`` of it writes a fresh event that supersedes
+    the damage."""
+
+
+class DamagedEntryError(CaptureError, OSError):
+    """A path of the store is not what the store made: a symbolic link, a FIFO, a directory, or a data file
+    with several hard links. It is never followed, written through or waited on (``docs/durability.md``,
+    "A hostile directory"); the rollout's capture fails with this reason, and the response is untouched.
+
+    ``label`` is the path inside the capture directory, ``what`` what was found there."""
+
+    def __init__(self, label: str, what: str, consequence: str = "never followed or written through") -> None:
+        super().__init__(f"{label}: {what}: {consequence}")
+        self.label = label
+        self.what = what
+
+
+class LockTimeoutError(CaptureError, OSError):
+    """A ``flock`` the store waited for stayed held for the whole lock timeout (``lock_timeout_s``,
+    ``OTEL_CAPTURE_LOCK_TIMEOUT_S``): another process holds the file's lock and does not let go. The
+    writer fails that rollout's batch with this reason; a freeze, retire or delete raises it.
+
+    ``label`` is the path inside the capture directory, ``waited`` the seconds waited in all. An
+    ``OSError`` with ``errno.ETIMEDOUT``, deliberately not a ``TimeoutError``: a writer's future fails with
+    it, and ``except TimeoutError`` around ``future.result(timeout)`` must keep meaning "not resolved yet"
+    (``concurrent.futures.TimeoutError`` is ``TimeoutError``)."""
+
+    def __init__(self, label: str, waited: float, holder: str = "another process") -> None:
+        super().__init__(errno.ETIMEDOUT, f"{label} locked by {holder} for more than {waited:g} s")
+        self.label = label
+        self.waited = waited
+
+
+class UnsafeDirectoryError(CaptureError, PermissionError):
+    """The capture directory is world-writable or owned by another user, so others could plant links in it.
+
+    Refused unless opted in: ``allow_shared_directory=True`` (``OTEL_CAPTURE_ALLOW_SHARED_DIR=1``)."""
+
+
+class WriterClosedError(CaptureError, RuntimeError):
+    """The call reached the writer after it was closed: its line is not written (the rollout is marked)."""
+
+
+class CheckFailed(CaptureError, AssertionError):
+    """One check's rule was broken."""

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ._errors import CaptureError
+from ._errors import CheckFailed
 from ._store import (
     CaptureFrozenError,
     CaptureRetiredError,
@@ -91,10 +91,6 @@ class ConformanceReport:
         lines = [f"{len(self.passed)}/{len(self.results)} lifecycle checks passed"]
         lines += [f"FAILED {result.name}: {result.detail}" for result in self.failed]
         return "\n".join(lines)
-
-
-class CheckFailed(CaptureError, AssertionError):
-    """One check's rule was broken."""
 
 
 Factory = Callable[[], CaptureBackend]

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
-from .._errors import CaptureError
+from .._errors import InvalidRolloutIdError
 
 ROLLOUT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 ROLLOUT_ID_RULE = "a rollout id is 1-200 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit"
@@ -35,14 +35,6 @@ _API_KEY_HEADER = API_KEY_HEADER.encode()
 _PREFIX = "/" + ROLLOUT_PATH_PREFIX + "/"
 
 
-class InvalidRolloutIdError(CaptureError, ValueError):
-    """A rollout id that breaks :data:`ROLLOUT_ID_PATTERN`."""
-
-    def __init__(self, rollout_id: object) -> None:
-        super().__init__(f"invalid rollout id {rollout_id!r}: {ROLLOUT_ID_RULE}")
-        self.rollout_id = rollout_id
-
-
 def is_valid_rollout_id(rollout_id: object) -> bool:
     return isinstance(rollout_id, str) and _ROLLOUT_ID_RE.fullmatch(rollout_id) is not None
 
@@ -50,7 +42,7 @@ def is_valid_rollout_id(rollout_id: object) -> bool:
 def validate_rollout_id(rollout_id: object) -> str:
     """Return ``rollout_id`` if it follows the grammar, else raise :class:`InvalidRolloutIdError`."""
     if not is_valid_rollout_id(rollout_id):
-        raise InvalidRolloutIdError(rollout_id)
+        raise InvalidRolloutIdError(rollout_id, ROLLOUT_ID_RULE)
     return rollout_id  # type: ignore[return-value]  # narrowed by is_valid_rollout_id
 
 

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import orjson
 from pydantic import ValidationError
 
 from .._dialects.tokens import extract_tokens
-from .._errors import CaptureError
+from .._errors import CaptureReadError, DamagedLine, damaged_line
 from .build import build_model_call_record
 from .schema import TOKENS_SCHEMA_VERSION, ModelCallRecord
 
@@ -125,12 +124,6 @@ def line_spans(data: bytes) -> Iterator[tuple[int, int, int]]:
         start = end + 1
 
 
-def damaged_line(number: int, reason: str | None = None) -> str:
-    """The one wording of a damaged line, for every reader, the freeze and ``check``:
-    ``damaged line N: why`` (N the physical line number, 1-based)."""
-    return f"damaged line {number}: {reason}" if reason else f"damaged line {number}"
-
-
 def preview(line: bytes) -> str:
     """The start of a damaged line, decoded, for a report."""
     if len(line) <= _PREVIEW_BYTES:
@@ -141,30 +134,12 @@ def preview(line: bytes) -> str:
 # -- decoding -----------------------------------------------------------------------------------------
 
 
-class CaptureReadError(CaptureError, ValueError):
-    """A damaged line in a capture file, found by the strict reader: ``<path>: damaged line N: why``."""
-
-    def __init__(self, path: Path, line_number: int, reason: str) -> None:
-        super().__init__(f"{path}: {damaged_line(line_number, reason)}")
-        self.path = path
-        self.line_number = line_number
-        self.reason = reason
-
-
 class InvalidLine(NamedTuple):
     """A damaged line: 1-based physical line number, why it was refused, and its start (decoded)."""
 
     line_number: int
     reason: str
     raw: str
-
-
-class DamagedLine(Exception):
-    """Why one line is not a record (what :func:`decode_record_line` raises)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 def _validation_reason(exc: ValidationError) -> str:

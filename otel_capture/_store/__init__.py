@@ -18,6 +18,14 @@ sink's ``LoopWaiter``; the durability contract is at the top of :mod:`.writer`.
 
 from __future__ import annotations
 
+from .._errors import (
+    CaptureFrozenError,
+    CaptureRetiredError,
+    CaptureStateError,
+    DamagedEntryError,
+    LockTimeoutError,
+    UnsafeDirectoryError,
+)
 from .fs import check_directory
 from .fstype import SyncChoice, choose_sync
 from .losses import Loss, pending_losses
@@ -32,16 +40,10 @@ from .reading import (
 )
 from .store import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX, CaptureStore
 from .types import (
-    CaptureFrozenError,
-    CaptureRetiredError,
     CaptureSnapshot,
-    CaptureStateError,
-    DamagedEntryError,
     IncompleteCall,
-    LockTimeoutError,
     RemovalResult,
     RolloutState,
-    UnsafeDirectoryError,
     empty_result,
     validate_rollout_ids,
 )

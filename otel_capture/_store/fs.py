@@ -26,8 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
+from .._errors import DamagedEntryError, LockTimeoutError, UnsafeDirectoryError
 from .._settings import DEFAULT_LOCK_TIMEOUT_S
-from .types import DamagedEntryError, LockTimeoutError, UnsafeDirectoryError
 
 _logger = logging.getLogger(__name__)
 

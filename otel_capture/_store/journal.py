@@ -33,8 +33,8 @@ from typing import Any, Literal
 
 import orjson
 
+from .._errors import LockTimeoutError
 from .fs import FILE_MODE, DirFds, Fsync, damaged, flock_within, open_file, problem, write_all
-from .types import LockTimeoutError
 
 _logger = logging.getLogger(__name__)
 

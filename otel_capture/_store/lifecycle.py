@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 import orjson
 
 from .._correlation.ids import validate_rollout_id
+from .._errors import CaptureStateError, DamagedEntryError
 from .dirstate import DirState, dir_state
 from .fs import DirFds, Fsync, check_directory
 from .journal import Fence, Hook
@@ -66,8 +67,6 @@ from .removal import describe, purge_trash, trash_fd, unlink_records
 from .types import (
     ROLLOUT_STATES,
     CaptureSnapshot,
-    CaptureStateError,
-    DamagedEntryError,
     IncompleteCall,
     RemovalResult,
     RolloutState,

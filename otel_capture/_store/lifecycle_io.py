@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from .._errors import CaptureFrozenError, CaptureRetiredError, DamagedEntryError
 from .._records import ModelCallRecord, damaged_line, parse_record_line
 from .._records.codec import line_spans
 from .dirstate import DirState
@@ -36,7 +37,7 @@ from .fs import (
 from .journal import Fence
 from .lazy import LazyLines, LineParser, empty_lines
 from .locks import LockFiles
-from .types import CaptureFrozenError, CaptureRetiredError, DamagedEntryError, IncompleteCall
+from .types import IncompleteCall
 
 _logger = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ import threading
 import zlib
 from collections.abc import Iterable, Iterator
 
+from .._errors import DamagedEntryError, LockTimeoutError
 from .fs import DirFds, flock_within, open_file, still_named
-from .types import DamagedEntryError, LockTimeoutError
 
 _logger = logging.getLogger(__name__)
 

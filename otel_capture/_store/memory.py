@@ -16,12 +16,11 @@ from typing import Any
 import orjson
 
 from .._correlation.ids import validate_rollout_id
+from .._errors import CaptureFrozenError, CaptureRetiredError
 from .._records import damaged_line, parse_record_line
 from .lifecycle import INFLIGHT_REASON
 from .types import (
     ROLLOUT_STATES,
-    CaptureFrozenError,
-    CaptureRetiredError,
     CaptureSnapshot,
     IncompleteCall,
     RemovalResult,

@@ -15,10 +15,10 @@ import logging
 import os
 import shutil
 
+from .._errors import DamagedEntryError
 from .fs import DirFds
 from .inflight import MARKER_SUFFIX
 from .lifecycle_io import RECORD_SUFFIXES
-from .types import DamagedEntryError
 
 _logger = logging.getLogger(__name__)
 

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from .._correlation.ids import validate_rollout_id
+from .._errors import DamagedEntryError
 from .._records.codec import split_lines
 from .._settings import allow_shared_dir_from_environ, lock_timeout_from_environ
 from .dirstate import dir_state
@@ -36,7 +37,7 @@ from .fs import flock_within, open_file, problem, read_all
 from .journal import no_hook
 from .lifecycle import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX, FileLifecycle
 from .losses import pending_for, pending_losses
-from .types import CaptureSnapshot, DamagedEntryError, IncompleteCall, RemovalResult, RolloutState
+from .types import CaptureSnapshot, IncompleteCall, RemovalResult, RolloutState
 from .weight import validate_weight_version
 
 _logger = logging.getLogger(__name__)

@@ -20,67 +20,15 @@ every "this rollout takes no more writes" refusal, and both subclass ``RuntimeEr
 
 from __future__ import annotations
 
-import errno
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 from .._correlation.ids import validate_rollout_id
-from .._errors import CaptureError
 from .._records import ModelCallRecord
 
 RolloutState = Literal["absent", "live", "frozen", "retired"]
 ROLLOUT_STATES: tuple[RolloutState, ...] = ("absent", "live", "frozen", "retired")
-
-
-class CaptureFrozenError(CaptureError, RuntimeError):
-    """The rollout is frozen: it takes no more records (``mark_incomplete`` is still accepted)."""
-
-
-class CaptureRetiredError(CaptureFrozenError):
-    """The rollout is retired: its records are gone and its fence refuses everything but ``delete``."""
-
-
-class CaptureStateError(CaptureError, ValueError):
-    """A rollout's lifecycle state is damaged (for example a damaged fence journal line naming it).
-
-    Only that rollout is affected; ``retire`` or ``delete`` of it writes a fresh event that supersedes
-    the damage."""
-
-
-class DamagedEntryError(CaptureError, OSError):
-    """A path of the store is not what the store made: a symbolic link, a FIFO, a directory, or a data file
-    with several hard links. It is never followed, written through or waited on (``docs/durability.md``,
-    "A hostile directory"); the rollout's capture fails with this reason, and the response is untouched.
-
-    ``label`` is the path inside the capture directory, ``what`` what was found there."""
-
-    def __init__(self, label: str, what: str, consequence: str = "never followed or written through") -> None:
-        super().__init__(f"{label}: {what}: {consequence}")
-        self.label = label
-        self.what = what
-
-
-class LockTimeoutError(CaptureError, OSError):
-    """A ``flock`` the store waited for stayed held for the whole lock timeout (``lock_timeout_s``,
-    ``OTEL_CAPTURE_LOCK_TIMEOUT_S``): another process holds the file's lock and does not let go. The
-    writer fails that rollout's batch with this reason; a freeze, retire or delete raises it.
-
-    ``label`` is the path inside the capture directory, ``waited`` the seconds waited in all. An
-    ``OSError`` with ``errno.ETIMEDOUT``, deliberately not a ``TimeoutError``: a writer's future fails with
-    it, and ``except TimeoutError`` around ``future.result(timeout)`` must keep meaning "not resolved yet"
-    (``concurrent.futures.TimeoutError`` is ``TimeoutError``)."""
-
-    def __init__(self, label: str, waited: float, holder: str = "another process") -> None:
-        super().__init__(errno.ETIMEDOUT, f"{label} locked by {holder} for more than {waited:g} s")
-        self.label = label
-        self.waited = waited
-
-
-class UnsafeDirectoryError(CaptureError, PermissionError):
-    """The capture directory is world-writable or owned by another user, so others could plant links in it.
-
-    Refused unless opted in: ``allow_shared_directory=True`` (``OTEL_CAPTURE_ALLOW_SHARED_DIR=1``)."""
 
 
 class RemovalResult(TypedDict):

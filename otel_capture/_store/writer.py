@@ -78,6 +78,7 @@ from pathlib import Path
 
 from .._capture.sink import LoopWaiter
 from .._correlation.ids import validate_rollout_id
+from .._errors import CaptureFrozenError, LockTimeoutError, WriterClosedError
 from .._settings import DEFAULT_LOCK_TIMEOUT_S
 from .dirstate import DirState, dir_state
 from .fs import DIR_MODE, FILE_MODE, AppendFiles, check_directory, make_root
@@ -85,9 +86,8 @@ from .fstype import SyncChoice, choose_sync
 from .libc import LIBC, name_native_thread
 from .lifecycle_io import fenced_append
 from .locks import LockFiles
-from .types import CaptureFrozenError, LockTimeoutError
 from .weight import DeclaredVersions, stamp_batch
-from .writer_failures import WriterClosedError, WriterFailures
+from .writer_failures import WriterFailures
 from .writer_items import Completions, WriterStats, _Abandon, _Barrier, _Begin, _Discard, _Item
 
 __all__ = ["LIBC_SYNCFS", "JsonlWriter", "WriterClosedError", "WriterStats"]

@@ -22,21 +22,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .._errors import CaptureError
+from .._errors import UnsafeDirectoryError, WriterClosedError
 from .dirstate import DirState
 from .fs import DirFds
 from .journal import Fence
 from .lifecycle_io import AppendOutcome, fenced_mark_incomplete
 from .losses import LossReserve, orphans
-from .types import UnsafeDirectoryError
 from .writer_items import Completions, WriterStats, _Abandon, _Discard, _Item
 
 RETRY_S = 0.5
 """Seconds between two tries to write the incomplete marks that could not be written."""
-
-
-class WriterClosedError(CaptureError, RuntimeError):
-    """The call reached the writer after it was closed: its line is not written (the rollout is marked)."""
 
 
 @dataclass(slots=True)
