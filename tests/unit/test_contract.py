@@ -4,8 +4,9 @@
 A clause starts a paragraph with its id in bold (``**D7. Title.**``) and ends with a ``Test:`` line naming
 ``tests/path.py::test_name`` references (or ``none yet``). These tests fail when a clause id is defined
 twice, when a clause has no ``Test:`` line, when a ``Test:`` reference names a test the file does not
-define, and when code under ``otel_capture/`` cites a clause the docs do not define. Clauses no code cites
-are printed (run with ``-s``): information, not a failure.
+define, when the package's code (``otel_capture/``, and ``exporters/``, which installs inside it) cites a
+clause the docs do not define, or names one outside the citation form. Clauses no code cites, and clauses
+with no test yet, are printed (run with ``-s``): information, not a failure.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = (REPO / "docs" / "durability.md", REPO / "docs" / "lifecycle.md")
-PACKAGE = REPO / "otel_capture"
+CODE = (REPO / "otel_capture", REPO / "exporters")  # exporters/ installs as otel_capture.exporters
 
 CLAUSE = re.compile(r"^\*\*([DL]\d+)\. ")
 """A clause's first line: its id in bold at the start of a paragraph."""
@@ -74,9 +75,9 @@ def _defined_tests(path: Path) -> set[str]:
 
 
 def _citations() -> dict[str, list[str]]:
-    """Each clause id cited in code under ``otel_capture/``, with where."""
+    """Each clause id cited in the package's code, with where."""
     cited: dict[str, list[str]] = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted(p for folder in CODE if folder.is_dir() for p in folder.rglob("*.py")):
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             for match in CITATION.finditer(line):
                 for clause_id in match.group(1).split(", "):
@@ -118,6 +119,20 @@ def test_every_test_a_clause_names_exists() -> None:
     assert missing == []
 
 
+def test_code_cites_clauses_only_in_the_documented_form() -> None:
+    """``contract D7`` anywhere but in ``(contract D7)`` is a citation this checker would not see."""
+    loose = re.compile(r"\bcontract [A-Z]+\d+")
+    stray = [
+        f"{path.relative_to(REPO)}:{number}"
+        for folder in CODE
+        if folder.is_dir()
+        for path in sorted(folder.rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if loose.search(CITATION.sub("", line))
+    ]
+    assert stray == []
+
+
 def test_code_cites_only_clauses_the_docs_define() -> None:
     ids = {clause.id for clause in _all_clauses()}
     cited = _citations()
@@ -140,3 +155,4 @@ def test_the_checker_catches_what_it_is_for(tmp_path: Path) -> None:
     assert clauses[1].test_line == "none yet" and clauses[2].test_line is None
     assert CITATION.findall("x = 1  # the sync (contract D3, L6)") == ["D3, L6"]
     assert CITATION.findall("# D3: not a citation") == []
+    assert CITATION.sub("", "(contract D3) and (contract L6, D2)") == " and "
