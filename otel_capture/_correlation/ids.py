@@ -145,7 +145,10 @@ class ApiKeyRolloutPattern:
             reason = (
                 exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else exc
             )
-            raise ValueError(f"RE2 cannot compile it ({reason}): no backreferences or lookaround") from None
+            raise ValueError(
+                f"RE2 cannot compile it ({reason}); RE2 takes no backreferences, lookaround, possessive or "
+                "atomic groups, and bounds repetitions and program size"
+            ) from None
         if _ROLLOUT_GROUP not in regexp.groupindex:  # pragma: no cover - Python's parse found it
             raise ValueError(NO_ROLLOUT_GROUP)
         return cls(pattern, regexp)
