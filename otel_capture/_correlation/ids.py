@@ -97,9 +97,8 @@ def rollout_id_from_header(header_values: list[bytes]) -> str | None:
 
 
 _RE2_OPTIONS = re2.Options()
-_RE2_OPTIONS.log_errors = (
-    False  # a refused pattern is our error, raised once; not a line from the C++ library
-)
+# a refused pattern is our error, raised once; not also a line on stderr from the C++ library
+_RE2_OPTIONS.log_errors = False
 # Flags of a compiled re.Pattern that RE2 reads as inline flags; any other (re.VERBOSE, re.ASCII...) is refused
 _INLINE_FLAGS = {re.IGNORECASE: "i", re.MULTILINE: "m", re.DOTALL: "s"}
 _ROLLOUT_GROUP = "rollout"
@@ -119,7 +118,7 @@ class ApiKeyRolloutPattern:
     pattern and no key can hold the event loop; it runs on every request. Built only through
     :meth:`compile`, which refuses, with a ``ValueError`` saying why:
 
-    - text that RE2 cannot compile (backreferences, lookaround, a program over RE2's memory budget), or
+    - text that RE2 cannot compile (backreferences, lookaround, repetitions or a program over RE2's bounds), or
       that Python's ``re`` cannot parse (the fixed-text check reads Python's parse tree);
     - a pattern without the named group ``rollout``;
     - a pattern whose group can be the whole key: one that spells no fixed character outside the group on
