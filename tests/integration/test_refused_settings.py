@@ -5,18 +5,24 @@ proxy on 127.0.0.1, and the proxy answers it, and the next rollout's calls, at o
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
+import starlette.applications
+import starlette.responses
+import starlette.routing
 from support import ReplayModelServer, serve
 
 from otel_capture import CaptureSettings, CaptureStore, read_model_call_records, start_proxy
 from otel_capture._errors import CaptureError, ConfigurationError
+from otel_capture._instrumentor import ModelCallInstrumentor
 from otel_capture._proxy.app import build_proxy_app
 
 BOUND = 60  # seconds: a bound on a hang, not a timing assertion
@@ -133,3 +139,26 @@ def test_a_key_that_would_backtrack_for_years_is_answered_and_the_proxy_goes_on(
     assert store.rollout_ids() == ["grpo-step-1-r-0"]
     (record,) = read_model_call_records(store, "grpo-step-1-r-0")
     assert record.dialect == "chat"
+
+
+def test_zero_code_with_a_refused_pattern_serves_the_app_uncaptured_and_logs_the_variable(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # telemetry never breaks the host app: the model server answers, and the log says why nothing is captured
+    monkeypatch.setenv(PATTERN_ENV, "(?P<rollout>[A-Za-z0-9._-]+)")
+    instrumentor = ModelCallInstrumentor()
+    instrumentor.instrument()
+    try:
+        app = starlette.applications.Starlette(
+            routes=[starlette.routing.Route("/health", lambda _: starlette.responses.PlainTextResponse("ok"))]
+        )
+        with caplog.at_level(logging.ERROR, logger="otel_capture"), serve(app) as url:
+            answer = httpx.get(f"{url}/health", timeout=BOUND)
+    finally:
+        instrumentor.uninstrument()
+    assert (answer.status_code, answer.text) == (200, "ok")
+    refused = [(r.getMessage(), r.exc_info[1]) for r in caplog.records if r.exc_info]
+    assert len(refused) == 1
+    message, error = refused[0]
+    assert "serving it without capture" in message
+    assert isinstance(error, ConfigurationError) and str(error).startswith(f"{PATTERN_ENV}: ")
