@@ -230,8 +230,10 @@ def _proxy(args: argparse.Namespace) -> int:
 
     from .._proxy.app import bind_socket, build_proxy_app, display_url, server_options, socket_url
     from .._proxy.guards import limit_client_buffers
-    from .._settings import ENV_CAPTURE_DIR, ENV_UPSTREAM, CaptureSettings, WriterSettings
+    from .._settings import ENV_CAPTURE_DIR, ENV_UPSTREAM, CaptureSettings, WriterSettings, upstream_url
 
+    # every setting refused before listening: a ConfigurationError (a ValueError) is one line and exit 1
+    upstream_url("--upstream", args.upstream)
     settings = CaptureSettings.from_environ()
     writer = WriterSettings.from_environ(directory=args.capture_dir)
     if writer.directory is not None:  # refused before listening (contract D26)

@@ -36,7 +36,13 @@ from yarl import URL
 from .._asgi import ASGIApp, Message, Receive, Scope, Send
 from .._capture.middleware import SCOPE_RESPONSE_COMPLETE, ModelCallCaptureMiddleware
 from .._correlation.routing import server_span_details, unprefixed_raw_path
-from .._settings import CaptureSettings, ProxySettings, WriterSettings, upstream_from_environ
+from .._settings import (
+    CaptureSettings,
+    ProxySettings,
+    WriterSettings,
+    upstream_from_environ,
+    upstream_url,
+)
 from .._telemetry.provider import build_tracer_provider
 from .._telemetry.server_span import LeanServerSpanMiddleware
 from .guards import CallLimit, RequestSizeLimit, limit_client_buffers
@@ -368,6 +374,7 @@ def build_proxy_app(
     every acknowledged record is flushed, when the server's lifespan ends. Settings not passed are read
     from the environment.
     """
+    upstream = upstream_url("upstream", upstream)  # its parts go into every request head
     settings = settings if settings is not None else CaptureSettings.from_environ()
     proxy = proxy if proxy is not None else ProxySettings.from_environ()
     shutdown: list[Callable[[], None]] = []
