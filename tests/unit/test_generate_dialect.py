@@ -241,3 +241,17 @@ def test_the_generate_routes_select_the_dialect_and_no_other_route_does(
     method: str, path: str, root_path: str, dialect: str | None
 ) -> None:
     assert dialect_of({"type": "http", "method": method, "path": path, "root_path": root_path}) == dialect
+
+
+@pytest.mark.parametrize(
+    "name", ["vllm_generate.sse", "sglang_generate_cumulative.sse", "sglang_generate_incremental.sse"]
+)
+def test_a_stream_cut_anywhere_keeps_the_tokens_that_arrived(name: str) -> None:
+    raw = (GENERATE / name).read_bytes()
+    for cut in range(0, len(raw), 7):
+        result, terminal = _reassemble(raw[:cut])
+        assert terminal is None  # no [DONE]: the record says stream_truncated
+        if result is None:
+            continue
+        ids = result["choices"][0]["token_ids"] if "choices" in result else result["output_ids"]
+        assert ids == OUTPUT[: len(ids)]  # a prefix of the answer, never more nor other ids
