@@ -130,7 +130,7 @@ class GenerateAccumulator(_Accumulator):
         self._top: JsonDict = {}
         self._usage: object = None
         self._choices: dict[int, _VllmChoice] = {}
-        self._sglang: dict[object, _SglangOutput] = {}
+        self._sglang: dict[int | None, _SglangOutput] = {}
         self._seen = False
 
     def _add(self, event: Any) -> bool:
@@ -206,6 +206,7 @@ class GenerateAccumulator(_Accumulator):
 
     def _add_sglang(self, payload: JsonDict) -> bool:
         key = payload.get("index")
+        key = key if type(key) is int else None  # an int, as SGLang sends it (and hashable)
         state = self._sglang.get(key)
         if state is None:
             state = self._sglang[key] = _SglangOutput()
