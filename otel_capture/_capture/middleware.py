@@ -391,7 +391,10 @@ class ModelCallCaptureMiddleware:
                     call.model_call_id,
                     call.line(context.trace_id, context.span_id),
                     tokens_line(
-                        call.response_obj, rollout_id=call.rollout_id, model_call_id=call.model_call_id
+                        call.response_obj,
+                        rollout_id=call.rollout_id,
+                        model_call_id=call.model_call_id,
+                        request=call.request_obj,
                     ),
                     LoopWaiter(loop, loop.create_future()),
                     (call.weight_version, call.started_at, call.completed_at),
