@@ -1,4 +1,5 @@
-"""``otel-capture check DIR``: verify a capture directory and say what is damaged.
+"""``otel-capture check DIR``: verify a capture directory and say what is damaged: the answer first, in
+plain words (:func:`check_answer`), then one line per problem.
 
 Damage is a line that is not a valid record, a torn tail (a final line without its newline: a writer
 died inside its ``write``), or an entry named like a rollout's file that is not a regular file of its own
@@ -154,3 +155,48 @@ def uncorrelated_line(store: CaptureStore) -> str | None:
     """The line that says how many model calls were served without a rollout id, or ``None``: none were."""
     summary = read_uncorrelated(store.root)
     return summary.describe() if summary.calls else None
+
+
+def _names(rollout_ids: list[str], shown: int = 5) -> str:
+    listed = ", ".join(rid or "(rollout unknown)" for rid in rollout_ids[:shown])
+    return listed + (f" and {len(rollout_ids) - shown} more" if len(rollout_ids) > shown else "")
+
+
+def _damage_kinds(damaged: list[RolloutCheck]) -> str:
+    kinds = [
+        (any(r.invalid for r in damaged), "lines that are not records"),
+        (any(r.torn_tail is not None for r in damaged), "a torn last line (a writer died mid-write)"),
+        (any(r.error is not None for r in damaged), "a file that cannot be read"),
+        (any(r.entries for r in damaged), "an entry that is not a regular file of its own"),
+        (any(r.unreported for r in damaged), "lost calls not yet marked (a full filesystem?)"),
+    ]
+    return ", ".join(what for present, what in kinds if present)
+
+
+def check_answer(results: list[RolloutCheck], uncorrelated: str | None, *, strict: bool) -> str:
+    """The first line ``check`` prints: the answer in plain words, ``ok: ...`` or ``NOT OK: ...`` (what is
+    wrong, in which rollouts), as the exit status says it; the details follow it."""
+    damaged = [r for r in results if r.damaged]
+    incomplete = [r.rollout_id for r in results if r.incomplete]
+    without_tokens = [r.rollout_id for r in results if r.tokens_missing]
+    records = sum(r.records for r in results)
+    notes = []
+    if incomplete:
+        notes.append(f"{len(incomplete)} rollout(s) incomplete, a call not captured ({_names(incomplete)})")
+    if without_tokens:
+        notes.append(
+            f"{len(without_tokens)} rollout(s) with calls missing the token ids or log-probs they asked for "
+            f"({_names(without_tokens)})"
+        )
+    if uncorrelated is not None:
+        notes.append("model calls served without a rollout id, not recorded")
+    if damaged:
+        names = _names([r.rollout_id for r in damaged])
+        answer = (
+            f"NOT OK: {len(damaged)} of {len(results)} rollout(s) damaged ({names}): {_damage_kinds(damaged)}"
+        )
+        return "; ".join([answer, *notes]) + "; details below"
+    if strict and (incomplete or uncorrelated is not None):
+        return "NOT OK (--strict): " + "; ".join(notes) + "; details below"
+    answer = f"ok: {len(results)} rollout(s), {records} record(s), nothing damaged"
+    return answer + (f"; but {'; '.join(notes)}; details below" if notes else "")
