@@ -39,6 +39,7 @@ from .._store import (
     read_available_model_call_records,
 )
 from .._store.uncorrelated import read_uncorrelated
+from .show import torn_tail
 
 
 @dataclass
@@ -47,6 +48,8 @@ class RolloutCheck:
     records: int = 0
     invalid: list[InvalidLine] = field(default_factory=list)
     torn_tail: InvalidLine | None = None
+    torn_bytes: int | None = None
+    """The torn tail's size in bytes, as ``show`` reports it (``None`` when it could not be measured)."""
     incomplete: bool = False
     error: str | None = None
     entries: list[tuple[str, str]] = field(default_factory=list)
@@ -94,6 +97,9 @@ def check_capture_dir(store: CaptureStore) -> list[RolloutCheck]:
             result.records = len(available.records)
             result.invalid = list(available.invalid)
             result.torn_tail = available.torn_tail_line
+            if result.torn_tail is not None:  # rare: measured as show measures it
+                measured = torn_tail(store, rollout_id)
+                result.torn_bytes = measured.size if measured is not None else None
             result.incomplete = available.incomplete
             result.tokens_missing = [
                 (r.call_index, r.tokens_missing) for r in available.records if r.tokens_missing is not None
@@ -116,7 +122,8 @@ def format_check(results: list[RolloutCheck]) -> list[str]:
             lines.append(f"{result.rollout_id}: line {bad.line_number}: damaged: {bad.reason}")
         if result.torn_tail is not None:
             lines.append(
-                f"{result.rollout_id}: line {result.torn_tail.line_number}: torn tail (a writer died mid-write)"
+                f"{result.rollout_id}: line {result.torn_tail.line_number}: torn tail{_size(result.torn_bytes)} "
+                "(a writer died mid-write)"
             )
         if result.error is not None:
             lines.append(f"{result.rollout_id}: unreadable: {result.error}")
@@ -141,6 +148,10 @@ def format_check(results: list[RolloutCheck]) -> list[str]:
         summary += f"; {without_tokens} with calls missing the tokens they asked for"
     lines.append(summary)
     return lines
+
+
+def _size(size: int | None) -> str:
+    return "" if size is None else f", {size} bytes with no newline"
 
 
 def sync_report(directory: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> str:

@@ -40,6 +40,9 @@ def test_a_damaged_line_and_a_torn_tail_fail_with_where_they_are(tmp_path: Path)
     assert result.returncode == 1
     assert "bad: line 2: damaged" in result.stdout
     assert "torn: line 2: torn tail" in result.stdout
+    assert (
+        f"torn: line 2: torn tail, {len(first) // 2} bytes with no newline" in result.stdout
+    )  # as show says
     assert "ok:" not in result.stdout
     assert "3 rollout(s)" in result.stdout and "2 damaged" in result.stdout
     answer, *details = result.stdout.splitlines()
