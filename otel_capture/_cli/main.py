@@ -397,7 +397,7 @@ def _show(args: argparse.Namespace) -> int:
     for line in iter_calls_table(records(), trace_url=args.trace_url, last_index=count - 1):
         print(line)
     if no_usage:
-        print(_no_usage_note(len(no_usage), f"call(s) {_some(no_usage)}"))
+        print(_no_usage_note(len(no_usage), f" (# {_some(no_usage)})"))
     torn = torn_tail(store, args.rollout_id)
     if invalid:
         print(f"{len(invalid)} damaged line(s):", file=sys.stderr)
@@ -414,9 +414,9 @@ def _some(items: Sequence[object], shown: int = 10) -> str:
     return listed + (f" and {len(items) - shown} more" if len(items) > shown else "")
 
 
-def _no_usage_note(calls: int, which: str) -> str:
+def _no_usage_note(calls: int, where: str) -> str:
     return (
-        f"?: {which} answered without usage ({calls} call(s); a stream sent without "
+        f"?: {calls} call(s){where} answered without usage (a stream sent without "
         "stream_options={'include_usage': True}?): their tokens are unknown, not counted as zero"
     )
 
@@ -433,7 +433,7 @@ def _ls(store: CaptureStore, state: RolloutState | None) -> int:
     no_usage = [s for s in summaries if s.no_usage]
     if no_usage:
         calls = sum(s.no_usage for s in no_usage)
-        print(_no_usage_note(calls, f"calls of {_some([s.rollout_id for s in no_usage])}"))
+        print(_no_usage_note(calls, f" of {_some([s.rollout_id for s in no_usage])}"))
     damaged = [s.rollout_id for s in summaries if s.damaged]
     if damaged:
         print(

@@ -94,7 +94,14 @@ def test_ls_lists_each_rollout_with_its_state_and_calls_and_show_dir_is_its_alia
     listing = run("ls", str(tmp_path))
     assert listing.returncode == 0, listing.stderr
     header, *rows, note = _rows(listing.stdout)
-    assert note[:5] == ["?:", "calls", "of", "a,", "b"]  # answered 200 without usage: unknown tokens, noted
+    assert note[:6] == [
+        "?:",
+        "2",
+        "call(s)",
+        "of",
+        "a,",
+        "b",
+    ]  # answered 200 without usage: unknown tokens, noted
     assert header[:8] == ["rollout", "state", "calls", "errors", "tokens", "in", "tokens", "out"]
     assert header[-2:] == ["incomplete", "damaged"]  # latency columns between (issue 33, item 12)
     assert [row[:4] for row in rows] == [

@@ -150,14 +150,16 @@ def test_ls_and_show_give_latency_and_never_count_a_stream_without_usage_as_zero
     assert rows["streams"][4:6] == [f"{with_usage.tokens_in}+?", f"{with_usage.tokens_out}+?"]
     assert rows["blind"][4:6] == ["?", "?"]
     assert rows["plain"][4].isdigit()
-    assert notes == [notes[0]] and notes[0].startswith("?: calls of blind, streams answered without usage")
+    assert notes == [notes[0]] and notes[0].startswith(
+        "?: 2 call(s) of blind, streams answered without usage"
+    )
 
     show = cli("show", str(directory), "streams")
     assert show.returncode == 0, show.stderr
     _, first, second, note = show.stdout.splitlines()
     tokens = [line.split()[4:6] for line in (first, second)]
     assert tokens == [[str(with_usage.tokens_in), str(with_usage.tokens_out)], ["?", "?"]]
-    assert note.startswith("?: call(s) 1 answered without usage")
+    assert note.startswith("?: 1 call(s) (# 1) answered without usage")
 
 
 @pytest.mark.parametrize(
