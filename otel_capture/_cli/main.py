@@ -91,7 +91,8 @@ def _parser() -> argparse.ArgumentParser:
         "latencies summed, in seconds: the rollout's time in the model); p50 ms (the median call latency); "
         "max ms (the longest); ttft ms (the mean time to first chunk of the streamed calls); incomplete (yes "
         "when a capture failed); damaged (2 lines: lines that are not records, skipped; torn 37 B: a last "
-        "line of 37 bytes cut by a crash). A retired rollout is listed until it is deleted. Notes follow "
+        "line of 37 bytes cut by a crash; unreadable: its file could not be read, e.g. its lock was held past "
+        "the lock timeout). A retired rollout is listed until it is deleted. Notes follow "
         "the table, on stdout too: the calls without usage, the damaged rollouts, the model calls served "
         "without a rollout id. Exits 1 when a rollout is damaged, as check does ('otel-capture check DIR' "
         "says where).",
@@ -434,6 +435,9 @@ def _ls(store: CaptureStore, state: RolloutState | None) -> int:
     if no_usage:
         calls = sum(s.no_usage for s in no_usage)
         print(_no_usage_note(calls, f" of {_some([s.rollout_id for s in no_usage])}"))
+    for s in summaries:
+        if s.unreadable is not None:
+            print(f"{s.rollout_id}: unreadable: {s.unreadable}")
     damaged = [s.rollout_id for s in summaries if s.damaged]
     if damaged:
         print(

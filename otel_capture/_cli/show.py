@@ -86,10 +86,11 @@ class RolloutSummary:
     ttft_ms: float | None = None  # the mean time to first chunk of the streamed calls
     damaged_lines: int = 0  # lines that are not records (the torn tail apart)
     torn_tail: TornTail | None = None
+    unreadable: str | None = None  # why its file could not be read (e.g. a lock held past the timeout)
 
     @property
     def damaged(self) -> bool:
-        return bool(self.damaged_lines) or self.torn_tail is not None
+        return bool(self.damaged_lines) or self.torn_tail is not None or self.unreadable is not None
 
 
 def short_model(model: str | None) -> str:
@@ -285,7 +286,9 @@ def _tokens_cell(total: int, no_usage: int) -> str:
 
 
 def damage_cell(s: RolloutSummary) -> str:
-    """``-``; ``2 lines``; ``torn 37 B`` (a torn tail of 37 bytes); or both."""
+    """``-``; ``2 lines``; ``torn 37 B`` (a torn tail of 37 bytes); or both; ``unreadable``."""
+    if s.unreadable is not None:
+        return "unreadable"
     parts = []
     if s.damaged_lines:
         parts.append(f"{s.damaged_lines} line{'s' if s.damaged_lines != 1 else ''}")
@@ -339,12 +342,22 @@ def rollout_summaries(
     given), damaged ones included: a damaged line is counted and skipped, a torn tail measured. Each
     rollout's records are summed as they are parsed (a retired one has none)."""
     states = store.list_rollouts(state)
-    return [
-        summarize_rollout(
-            rid, read_records(store, rid), store.is_incomplete(rid), states[rid], torn_tail(store, rid)
+    return [_summary(store, rid, states[rid], read_records) for rid in states]
+
+
+def _summary(store: CaptureStore, rollout_id: str, state: str, read_records: ReadRecords) -> RolloutSummary:
+    """One rollout's summary; one whose file cannot be read (a lock held past the lock timeout, an I/O
+    error) is listed all the same, as ``unreadable``, as ``check`` reports it."""
+    incomplete = store.is_incomplete(rollout_id)
+    try:
+        return summarize_rollout(
+            rollout_id, read_records(store, rollout_id), incomplete, state, torn_tail(store, rollout_id)
         )
-        for rid in states
-    ]
+    except OSError as exc:
+        _logger.debug("cannot read rollout %s", rollout_id, exc_info=True)
+        return RolloutSummary(
+            rollout_id, 0, 0, 0, 0, incomplete, state, unreadable=f"{type(exc).__name__}: {exc}"
+        )
 
 
 def format_rollouts_table(

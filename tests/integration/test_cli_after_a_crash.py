@@ -7,6 +7,7 @@ following what was planted in it (issue 33, items 8, 12 and 14)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -25,13 +26,14 @@ SSE = RECORDED / "openai-python" / "chat_completions_sse" / "parse_nothing.e2aad
 MESSAGES: list[openai.types.chat.ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
 
-def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+def cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "otel_capture", *argv],
         capture_output=True,
         text=True,
         timeout=BOUND,
         stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -194,3 +196,17 @@ def test_read_only_commands_read_a_world_writable_directory_without_following_wh
         assert freeze.returncode == 1 and "world-writable" in freeze.stderr
     finally:
         directory.chmod(0o700)
+
+
+def test_ls_lists_a_rollout_it_cannot_read_as_unreadable_and_the_others_as_usual(tmp_path: Path) -> None:
+    store = CaptureStore(tmp_path)
+    for rollout_id in ("stuck", "fine"):
+        store.append_now(rollout_id, "c1", {"model_call_id": "c1", "status_code": 200, "latency_ms": 5.0})
+    with store.data_path("stuck").open("rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # a process that holds the file's lock and never lets go
+        ls = cli("ls", str(tmp_path), env={"OTEL_CAPTURE_LOCK_TIMEOUT_S": "0.2"})
+    assert ls.returncode == 1  # as check: a file it cannot read fails
+    _, rows, notes = _table(ls.stdout)
+    assert rows["stuck"][-1] == "unreadable" and rows["fine"][-1] == "-"
+    assert rows["fine"][2] == "1" and rows["fine"][ROLLOUT_HEADERS.index("max ms")] == "5.0"
+    assert any(note.startswith("stuck: unreadable: LockTimeoutError: ") for note in notes), notes
