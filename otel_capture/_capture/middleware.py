@@ -42,8 +42,20 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from .. import _attributes as A
 from .._asgi import ASGIApp, Message, Receive, Scope, Send
-from .._correlation import routing as R
-from .._correlation.ids import BAGGAGE_ROLLOUT_KEY, ROLLOUT_ID_HEADER, RolloutRules
+from .._correlation import (
+    BAGGAGE_ROLLOUT_KEY,
+    ROLLOUT_ID_HEADER,
+    SCOPE_CAPTURED,
+    Correlation,
+    Refusal,
+    RolloutRules,
+    correlate,
+    name_server_span,
+    response_headers,
+    server_attributes,
+    session_id,
+    warn_ignored_carriers,
+)
 from .._dialects import DIALECTS, Dialect
 from .._notices import notify
 from .._records import tokens_line
@@ -54,8 +66,7 @@ from .._settings import (
     CaptureSettings,
 )
 from .._store.uncorrelated import UncorrelatedCounter, counter_for
-from .._telemetry.metrics import ServerMetrics
-from .._telemetry.spans import SpanGate
+from .._telemetry import ServerMetrics, SpanGate
 from .._version import __version__
 from .call import InFlightCall
 from .sink import CallSink, FinishedCall, LoopWaiter, SinkLookup, find_sink
@@ -112,18 +123,16 @@ class ModelCallCaptureMiddleware:
         self._deadlines: _Deadlines | None = None  # of the loop that last finished a call
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get(R.SCOPE_CAPTURED):
+        if scope["type"] != "http" or scope.get(SCOPE_CAPTURED):
             await self.app(scope, receive, send)
             return
-        found = R.correlate(
-            scope, self._rules
-        )  # the one decision: what this request is, or the rule it breaks
-        if isinstance(found, R.Refusal):
+        found = correlate(scope, self._rules)  # the one decision: what this request is, or the rule it breaks
+        if isinstance(found, Refusal):
             await _send_json(send, found.status, found.payload())
             return
         if found.prefixed:
-            R.name_server_span(found.scope, found.dialect)
-        R.warn_ignored_carriers(found)  # a bad baggage id, API key group or session id: logged, not read
+            name_server_span(found.scope, found.dialect)
+        warn_ignored_carriers(found)  # a bad baggage id, API key group or session id: logged, not read
         if not found.captured:
             if found.dialect is not None and found.rollout_id is None and not found.captured_upstream:
                 self._uncorrelated(found.scope, found.dialect)
@@ -201,7 +210,7 @@ class ModelCallCaptureMiddleware:
         scope: Scope,
         receive: Receive,
         send: Send,
-        found: R.Correlation,
+        found: Correlation,
         sink: CallSink | None,
     ) -> None:
         assert found.dialect is not None and found.rollout_id is not None  # found.captured
@@ -213,7 +222,7 @@ class ModelCallCaptureMiddleware:
             found.dialect,
             rollout_id,
             self.settings,
-            session_id=R.session_id(headers),
+            session_id=session_id(headers),
             weight_version=weight_version,
         )
         start = _CallStart(sink, rollout_id, call.model_call_id)
@@ -252,7 +261,7 @@ class ModelCallCaptureMiddleware:
                 state.redirected = 300 <= message["status"] < 400
                 if not state.redirected:
                     start.now()
-                content_type, content_encoding, state.content_length = R.response_headers(
+                content_type, content_encoding, state.content_length = response_headers(
                     message.get("headers", ())
                 )
                 call.on_response_start(message["status"], content_type, content_encoding)
@@ -342,7 +351,7 @@ class ModelCallCaptureMiddleware:
         attributes[A.MODEL_CALL_ROLLOUT_SOURCE] = source
         if baggage_id is not None and baggage_id != call.rollout_id:
             attributes[A.ROLLOUT_ID_BAGGAGE] = baggage_id
-        attributes.update(R.server_attributes(scope, headers))
+        attributes.update(server_attributes(scope, headers))
         return attributes
 
     async def _finish(

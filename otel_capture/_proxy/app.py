@@ -33,11 +33,10 @@ from opentelemetry.util.http import remove_url_credentials
 from yarl import URL
 
 from .._asgi import ASGIApp, Message, Receive, Scope, Send
-from .._capture.middleware import SCOPE_RESPONSE_COMPLETE, ModelCallCaptureMiddleware
-from .._correlation.routing import server_span_details, unprefixed_raw_path
+from .._capture import SCOPE_RESPONSE_COMPLETE, ModelCallCaptureMiddleware
+from .._correlation import server_span_details, unprefixed_raw_path
 from .._settings import CaptureSettings, ProxySettings, WriterSettings, upstream_from_environ
-from .._telemetry.provider import build_tracer_provider
-from .._telemetry.server_span import LeanServerSpanMiddleware
+from .._telemetry import LeanServerSpanMiddleware, build_tracer_provider
 from .guards import CallLimit, RequestSizeLimit, limit_client_buffers
 from .pool import MAX_HEADER_LINE_BYTES, UpstreamHeadTooLarge, _Pool, _Response, _stale
 from .redirects import relocate
