@@ -34,14 +34,13 @@ import time
 from collections import deque
 from typing import Any
 
-import orjson
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from .. import _attributes as A
-from .._asgi import ASGIApp, Message, Receive, Scope, Send
+from .._asgi import ASGIApp, Message, Receive, Scope, Send, send_json
 from .._correlation import (
     BAGGAGE_ROLLOUT_KEY,
     ROLLOUT_ID_HEADER,
@@ -128,7 +127,7 @@ class ModelCallCaptureMiddleware:
             return
         found = correlate(scope, self._rules)  # the one decision: what this request is, or the rule it breaks
         if isinstance(found, Refusal):
-            await _send_json(send, found.status, found.payload())
+            await send_json(send, found.status, found.payload())
             return
         if found.prefixed:
             name_server_span(found.scope, found.dialect)
@@ -605,15 +604,3 @@ async def _read_request(receive: Receive) -> tuple[list[Message], bool]:
         messages.append(message)
         if not message.get("more_body", False):
             return messages, False
-
-
-async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
-    body = orjson.dumps(payload)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})

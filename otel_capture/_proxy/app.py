@@ -24,7 +24,6 @@ from types import TracebackType
 from typing import Any
 
 import aiohttp
-import orjson
 import uvicorn
 from opentelemetry import propagate
 from opentelemetry.sdk.trace import TracerProvider
@@ -32,7 +31,7 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.util.http import remove_url_credentials
 from yarl import URL
 
-from .._asgi import ASGIApp, Message, Receive, Scope, Send
+from .._asgi import ASGIApp, Message, Receive, Scope, Send, send_json
 from .._capture import SCOPE_RESPONSE_COMPLETE, ModelCallCaptureMiddleware
 from .._correlation import server_span_details, unprefixed_raw_path
 from .._settings import CaptureSettings, ProxySettings, WriterSettings, upstream_from_environ
@@ -199,18 +198,25 @@ class UpstreamProxy:
             response = await self._request(method, target, headers, body)
         except asyncio.TimeoutError as exc:
             message = f"upstream {self.shown_upstream} timed out: {exc!r} (upstream timeout {self.timeout} s)"
-            await _send_error(send, 504, "upstream_timeout", message)
+            await send_json(send, 504, {"error": {"type": "upstream_timeout", "message": message}})
             return
         except UpstreamHeadTooLarge as exc:
             message = (
                 f"upstream {self.shown_upstream} sent a response header line over this proxy's limit of "
                 f"{MAX_HEADER_LINE_BYTES} bytes: {exc.message}"
             )
-            await _send_error(send, 502, "upstream_header_too_large", message)
+            await send_json(send, 502, {"error": {"type": "upstream_header_too_large", "message": message}})
             return
         except aiohttp.ClientError as exc:
-            await _send_error(
-                send, 502, "upstream_unreachable", f"upstream {self.shown_upstream} failed: {exc!r}"
+            await send_json(
+                send,
+                502,
+                {
+                    "error": {
+                        "type": "upstream_unreachable",
+                        "message": f"upstream {self.shown_upstream} failed: {exc!r}",
+                    }
+                },
             )
             return
         complete = False
@@ -300,18 +306,6 @@ async def _read_body(receive: Receive) -> bytes | None:
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return b"".join(chunks)
-
-
-async def _send_error(send: Send, status: int, kind: str, message: str) -> None:
-    body = orjson.dumps({"error": {"type": kind, "message": message}})
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
 
 
 class _FinishCallsFirst:
