@@ -6,12 +6,14 @@ wraps, or to resolve ``OTEL_TRACES_EXPORTER`` and ``OTEL_TRACES_SAMPLER`` as ``o
 does. What is read, and who needs it:
 
 - ``TracerProvider._active_span_processor._span_processors``: the provider's processors (the sink lookup,
-  :mod:`._sink`; whether anyone sees a span, :mod:`._spans`);
-- ``TracerProvider._disabled``: ``OTEL_SDK_DISABLED`` (:mod:`._spans`);
+  :mod:`._capture.sink`; whether anyone sees a span, :mod:`._telemetry.spans`);
+- ``TracerProvider._disabled``: ``OTEL_SDK_DISABLED`` (:mod:`._telemetry.spans`);
 - ``SimpleSpanProcessor.span_exporter`` and ``BatchSpanProcessor._batch_processor._exporter`` (older SDKs:
-  ``BatchSpanProcessor.span_exporter``): the exporter behind a processor (:mod:`._sink`, :mod:`._spans`);
+  ``BatchSpanProcessor.span_exporter``): the exporter behind a processor (:mod:`._capture.sink`,
+  :mod:`._telemetry.spans`);
 - ``opentelemetry.sdk._configuration._get_exporter_names``, ``_get_sampler`` and ``_import_sampler``: the
-  SDK's own reading of ``OTEL_TRACES_EXPORTER`` and ``OTEL_TRACES_SAMPLER[_ARG]`` (:mod:`._telemetry`);
+  SDK's own reading of ``OTEL_TRACES_EXPORTER`` and ``OTEL_TRACES_SAMPLER[_ARG]``
+  (:mod:`._telemetry.provider`);
 - ``MeterProvider._measurement_consumer._reader_storages``: whether an SDK meter provider has a metric
   reader (a measurement without one goes nowhere), and the metrics API's stand-in
   ``_ProxyMeterProvider._real_meter_provider``: whether a provider was set behind it

@@ -3,7 +3,7 @@ durable record, without delaying or changing the response.
 
 Per request (``docs/gateways.md`` has the whole story):
 
-1. :func:`._routing.correlate` decides, once, what the request is: its rollout id from the
+1. :func:`otel_capture._correlation.correlate` decides, once, what the request is: its rollout id from the
    ``/ng-rollout/<id>/`` URL prefix, else the ``x-rollout-id`` header, else (when configured) the API key or ``x-session-id``, else
    the W3C ``baggage`` entry ``rollout.id``; its dialect; whether a capture layer in front records it. The prefix moves into
    ``root_path`` (so the app's redirects and links keep it) and the header is removed; an id that breaks
@@ -16,7 +16,7 @@ Per request (``docs/gateways.md`` has the whole story):
    body message of a JSON response) and what follows it wait until the record is durable. A redirect
    (``3xx``: a trailing-slash redirect by routing, or an upstream's behind the proxy) is not the model call
    (the call the client makes next is): no record, and a call already begun is discarded, not left in flight.
-4. The span (GenAI semconv v1.41.1, ``_semconv``) is a child of the HTTP server span when one is current,
+4. The span (GenAI semconv v1.41.1, :mod:`otel_capture._telemetry.semconv`) is a child of the HTTP server span when one is current,
    else of the caller's ``traceparent``; the ``gen_ai.server.*`` metrics are recorded when it ends.
 
 A request is captured at most once: a capture middleware that captures marks the scope, and any other

@@ -299,7 +299,7 @@ def _folder(module: str) -> str:
 
 def print_graph() -> None:
     graph = import_graph()
-    print("by folder, bottom first (a floor imports only floors above it in this list):")
+    print("by folder, bottom first (each imports only its own floor and the floors printed before it):")
     for floor, (folder, _) in enumerate(LAYERS):
         members = sorted(m for m in graph if layer_of(m) == floor)
         targets = {_folder(t) for m in members for t in graph[m]} - {folder}
