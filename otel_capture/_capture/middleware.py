@@ -347,7 +347,8 @@ class _CapturedExchange:
     which wait until the record is durable. A redirect (``3xx``) is traced, not recorded; a call it began
     is discarded. The sink hears that the call began (a freeze from then on reports it in flight) once,
     when the app takes the request, by reading it or answering it; a redirect answered by routing alone
-    never begins. Per response chunk :meth:`send` allocates nothing and awaits only the server's ``send``."""
+    never begins. Per response chunk, :meth:`send` itself allocates nothing and awaits only the server's
+    ``send`` (the chunk's parsing is :meth:`InFlightCall.on_body`'s)."""
 
     __slots__ = (
         "_body_messages",
