@@ -248,8 +248,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _proxy(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from .._proxy.app import bind_socket, build_proxy_app, display_url, server_options, socket_url
-    from .._proxy.guards import limit_client_buffers
+    from .._proxy import (
+        bind_socket,
+        build_proxy_app,
+        display_url,
+        limit_client_buffers,
+        server_options,
+        socket_url,
+    )
     from .._settings import ENV_CAPTURE_DIR, ENV_UPSTREAM, CaptureSettings, WriterSettings, upstream_url
 
     # every setting refused before listening: a ConfigurationError (a ValueError) is one line and exit 1

@@ -25,7 +25,6 @@ from types import TracebackType
 from typing import Any
 
 import aiohttp
-import orjson
 import uvicorn
 from opentelemetry import propagate
 from opentelemetry.sdk.trace import TracerProvider
@@ -33,18 +32,11 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.util.http import remove_url_credentials
 from yarl import URL
 
-from .._asgi import ASGIApp, Message, Receive, Scope, Send
-from .._capture.middleware import SCOPE_RESPONSE_COMPLETE, ModelCallCaptureMiddleware
-from .._correlation.routing import server_span_details, unprefixed_raw_path
-from .._settings import (
-    CaptureSettings,
-    ProxySettings,
-    WriterSettings,
-    upstream_from_environ,
-    upstream_url,
-)
-from .._telemetry.provider import build_tracer_provider
-from .._telemetry.server_span import LeanServerSpanMiddleware
+from .._asgi import ASGIApp, Message, Receive, Scope, Send, send_json
+from .._capture import SCOPE_RESPONSE_COMPLETE, ModelCallCaptureMiddleware
+from .._correlation import server_span_details, unprefixed_raw_path
+from .._settings import CaptureSettings, ProxySettings, WriterSettings, upstream_from_environ, upstream_url
+from .._telemetry import LeanServerSpanMiddleware, build_tracer_provider
 from .guards import CallLimit, RequestSizeLimit, limit_client_buffers
 from .pool import MAX_HEADER_LINE_BYTES, UpstreamHeadTooLarge, _Pool, _Response, _stale
 from .redirects import relocate
@@ -207,18 +199,25 @@ class UpstreamProxy:
             response = await self._request(method, target, headers, body)
         except asyncio.TimeoutError as exc:  # no byte before the headers within the timeout (contract D28)
             message = f"upstream {self.shown_upstream} timed out: {exc!r} (upstream timeout {self.timeout} s)"
-            await _send_error(send, 504, "upstream_timeout", message)
+            await send_json(send, 504, {"error": {"type": "upstream_timeout", "message": message}})
             return
         except UpstreamHeadTooLarge as exc:
             message = (
                 f"upstream {self.shown_upstream} sent a response header line over this proxy's limit of "
                 f"{MAX_HEADER_LINE_BYTES} bytes: {exc.message}"
             )
-            await _send_error(send, 502, "upstream_header_too_large", message)
+            await send_json(send, 502, {"error": {"type": "upstream_header_too_large", "message": message}})
             return
         except aiohttp.ClientError as exc:
-            await _send_error(
-                send, 502, "upstream_unreachable", f"upstream {self.shown_upstream} failed: {exc!r}"
+            await send_json(
+                send,
+                502,
+                {
+                    "error": {
+                        "type": "upstream_unreachable",
+                        "message": f"upstream {self.shown_upstream} failed: {exc!r}",
+                    }
+                },
             )
             return
         complete = False
@@ -309,18 +308,6 @@ async def _read_body(receive: Receive) -> bytes | None:
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return b"".join(chunks)
-
-
-async def _send_error(send: Send, status: int, kind: str, message: str) -> None:
-    body = orjson.dumps({"error": {"type": kind, "message": message}})
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
 
 
 class _FinishCallsFirst:

@@ -23,7 +23,7 @@ from support import ReplayModelServer, serve
 from otel_capture import CaptureSettings, CaptureStore, read_model_call_records, start_proxy
 from otel_capture._errors import CaptureError, ConfigurationError
 from otel_capture._instrumentor import ModelCallInstrumentor
-from otel_capture._proxy.app import build_proxy_app
+from otel_capture._proxy import build_proxy_app
 
 BOUND = 60  # seconds: a bound on a hang, not a timing assertion
 PATTERN_ENV = "OTEL_CAPTURE_API_KEY_ROLLOUT_PATTERN"

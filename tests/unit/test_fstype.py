@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_capture._store.fstype import choose_sync, mount_of, statfs_type
-from otel_capture._store.writer import JsonlWriter
+from otel_capture._store import JsonlWriter, choose_sync
+from otel_capture._store.fstype import mount_of, statfs_type
 
 
 @pytest.fixture

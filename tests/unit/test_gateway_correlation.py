@@ -9,15 +9,10 @@ import pytest
 
 from otel_capture import InvalidRolloutIdError, rollout_context, rollout_headers
 from otel_capture._capture.middleware import _RateLimitedNotice
+from otel_capture._correlation import Correlation, Refusal, server_span_details, unprefixed_raw_path
+from otel_capture._correlation import correlate as _correlate
 from otel_capture._correlation.ids import rollout_id_from_header
-from otel_capture._correlation.routing import (
-    DOUBLE_PREFIX_RULE,
-    Correlation,
-    Refusal,
-    server_span_details,
-    unprefixed_raw_path,
-)
-from otel_capture._correlation.routing import correlate as _correlate
+from otel_capture._correlation.routing import DOUBLE_PREFIX_RULE
 
 
 def _scope(
