@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from . import health
+
 if TYPE_CHECKING:
     from .._settings import ProxySettings
     from .._store import CaptureStore, RolloutState
@@ -142,6 +144,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also fail when a rollout is marked incomplete or a call had no rollout id",
     )
+    health.add_parser(commands)
 
     freeze = commands.add_parser(
         "freeze",
@@ -225,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _show(args)
         if args.command == "check":
             return _check(args)
+        if args.command == "health":
+            return health.run(args)
         if args.command in ("ls", "freeze", "retire", "delete"):
             return _lifecycle(args)
         if args.command == "weight-version":
