@@ -184,17 +184,26 @@ def _calls_where(
     return _check(name, (r.model_call_id for r in hits), f"{len(hits)} call(s) {what}")
 
 
+def _answer_key(record: ModelCallRecord) -> tuple[str, str] | None:
+    """One upstream answer: the upstream's request id, scoped to the upstream that gave it (two servers
+    may count their requests alike)."""
+    if not record.upstream_request_id:
+        return None
+    upstream = (record.writer or {}).get("upstream")
+    return (str(upstream), record.upstream_request_id)
+
+
 def _duplicates(records: Sequence[ModelCallRecord]) -> dict[str, Any] | None:
     ids = Counter(r.model_call_id for r in records if r.model_call_id)
-    answers = Counter(r.upstream_request_id for r in records if r.upstream_request_id)
+    answers = Counter(key for key in map(_answer_key, records) if key is not None)
     twice = [mcid for mcid, n in ids.items() if n > 1]
-    replayed = [rid for rid, n in answers.items() if n > 1]
+    replayed = {key for key, n in answers.items() if n > 1}
     if not (twice or replayed):
         return None
     calls = list(twice)
-    calls += [r.model_call_id for r in records if r.upstream_request_id in replayed and r.model_call_id]
+    calls += [r.model_call_id for r in records if _answer_key(r) in replayed and r.model_call_id]
     details = [f"model_call_id {mcid} recorded {ids[mcid]} times" for mcid in twice]
-    details += [f"upstream request {rid} recorded {answers[rid]} times" for rid in replayed]
+    details += [f"upstream request {rid} ({up}) recorded {answers[up, rid]} times" for up, rid in replayed]
     return _check("duplicate_call", dict.fromkeys(calls), _some(details))
 
 

@@ -94,7 +94,7 @@ class UpstreamProxy:
         self._base_path = base.raw_path.rstrip("/").encode("latin-1")
         self.shown_upstream = display_url(upstream.rstrip("/"))  # for messages: never its password
         # for each record's `writer.upstream`: no user, password or query (a key may ride in either)
-        self.upstream_name = str(base.with_user(None).with_query(None))
+        self.upstream_name = str(base.with_user(None).with_query(None)).rstrip("/")
         # credentials in the URL go as Basic auth, unless the client sends its own authorization
         auth = aiohttp.BasicAuth(base.user, base.password or "").encode() if base.user else None
         self._auth = b"authorization: " + auth.encode("latin-1") + b"\r\n" if auth else b""
