@@ -48,6 +48,7 @@ from .types import (
     validate_rollout_ids,
 )
 from .writer import LIBC_SYNCFS, JsonlWriter, WriterStats
+from .writer_items import LoopWaiter
 
 __all__ = [
     "CAPTURE_SUFFIX",
@@ -65,6 +66,7 @@ __all__ = [
     "IncompleteCall",
     "JsonlWriter",
     "LockTimeoutError",
+    "LoopWaiter",
     "Loss",
     "RemovalResult",
     "RolloutState",

@@ -50,6 +50,7 @@ class DirState:
         self.markers = InflightMarkers()
         self.weights = DeclaredVersions(root)  # the declared weight versions, refreshed once per batch
         self.fsync: Fsync = os.fsync  # syncs the parent of a state directory created on first use
+        self.shared_allowed = False  # a writer of this process was told to use the directory, shared or not
         self._prepared: tuple[int, int] | None = None  # the capture directory (dev, ino) made whole
         self._prepare_lock = threading.Lock()
 

@@ -15,6 +15,7 @@ and every file is checked to be what the store made before it is read or written
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import io
@@ -316,6 +317,21 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
+
+
+def replace_file(dir_fd: int, name: str, data: bytes, mode: int = FILE_MODE) -> None:
+    """Replace ``name`` in ``dir_fd`` whole: ``data`` goes to ``<name>.tmp`` (whatever stood there, a link
+    included, is unlinked first, never followed or truncated through), which is then renamed over ``name``
+    (a rename replaces a planted link, never writes through it). Not synced: for hints, not records."""
+    tmp = name + ".tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp, dir_fd=dir_fd)
+    fd, _ = open_file(dir_fd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, tmp, mode=mode)
+    try:
+        write_all(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # atomic: the old content or the new
 
 
 def fsync_dir(path: str | os.PathLike[str], fsync: Fsync) -> None:

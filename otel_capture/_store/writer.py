@@ -76,7 +76,6 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from .._capture.sink import LoopWaiter
 from .._correlation.ids import validate_rollout_id
 from .._errors import CaptureFrozenError, LockTimeoutError, WriterClosedError
 from .._settings import DEFAULT_LOCK_TIMEOUT_S
@@ -88,7 +87,7 @@ from .lifecycle_io import fenced_append
 from .locks import LockFiles
 from .weight import DeclaredVersions, stamp_batch
 from .writer_failures import WriterFailures
-from .writer_items import Completions, WriterStats, _Abandon, _Barrier, _Begin, _Discard, _Item
+from .writer_items import Completions, LoopWaiter, WriterStats, _Abandon, _Barrier, _Begin, _Discard, _Item
 
 __all__ = ["LIBC_SYNCFS", "JsonlWriter", "WriterClosedError", "WriterStats"]
 
@@ -156,6 +155,7 @@ class JsonlWriter:
         ] = {}  # rollout -> when its data file's lock timed out (thread only)
         check_directory(self.root, allow_shared=allow_shared_directory)
         self._state: DirState = dir_state(self.root)
+        self._state.shared_allowed |= allow_shared_directory  # the uncorrelated counts follow its choice
         self.stats = WriterStats()
         self._fsync = fsync
         self._done = Completions()  # the calls' waiters, resolved one wake-up per loop per batch

@@ -2,7 +2,7 @@
 
 A call's line (``_Item``), the begin of a call (``_Begin``, its ``+`` marker due later), a call abandoned or
 discarded without a line, and a barrier a ``flush`` waits on. Each call's item carries one completion
-route, the caller's :class:`~otel_capture._capture.sink.LoopWaiter`; :class:`Completions` resolves them, one
+route, the caller's :class:`LoopWaiter` (defined here: it is the writer's completion signal); :class:`Completions` resolves them, one
 event-loop wake-up per loop per batch. :class:`WriterStats` is what the thread counts.
 """
 
@@ -13,7 +13,13 @@ import concurrent.futures
 import contextlib
 from dataclasses import dataclass
 
-from .._capture.sink import LoopWaiter
+
+@dataclass(slots=True)
+class LoopWaiter:
+    """An asyncio future to resolve (on its own loop) when a call's line is durable or has failed."""
+
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[None]
 
 
 @dataclass(slots=True)
