@@ -79,7 +79,7 @@ from ._store import (
     read_available_model_call_records,
     validate_rollout_ids,
 )
-from ._store.lifecycle_io import INFLIGHT_REASON
+from ._store.inflight import INFLIGHT_REASON
 
 _logger = logging.getLogger(__name__)
 

@@ -23,14 +23,12 @@ import threading
 from pathlib import Path
 
 from .._settings import DEFAULT_LOCK_TIMEOUT_S
-from .fs import STATE_DIR, DirFds, Fsync
+from .fs import DirFds, Fsync
 from .inflight import InflightCalls, InflightMarkers
 from .journal import FenceJournal
 from .locks import StripedLocks
-from .losses import RESERVE_DIR
+from .names import STATE_DIR, STATE_SUBDIRS
 from .weight import DeclaredVersions
-
-SUBDIRS = ("locks", "inflight", "trash", RESERVE_DIR)
 
 _logger = logging.getLogger(__name__)
 
@@ -74,7 +72,7 @@ class DirState:
             if self._prepared == key:
                 return True
             complete = True
-            for sub in SUBDIRS:
+            for sub in STATE_SUBDIRS:
                 try:
                     dirs.state_fd(sub)
                 except OSError as exc:

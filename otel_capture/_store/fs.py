@@ -29,10 +29,10 @@ from types import TracebackType
 
 from .._errors import DamagedEntryError, LockTimeoutError, UnsafeDirectoryError
 from .._settings import DEFAULT_LOCK_TIMEOUT_S
+from .names import STATE_DIR
 
 _logger = logging.getLogger(__name__)
 
-STATE_DIR = ".otel-capture"
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 OPEN_TRIES = 3

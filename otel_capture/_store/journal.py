@@ -33,13 +33,12 @@ from typing import Any, Literal
 
 import orjson
 
-from .._errors import LockTimeoutError
+from .._errors import CaptureFrozenError, CaptureRetiredError, LockTimeoutError
 from .fs import FILE_MODE, DirFds, Fsync, damaged, flock_within, open_file, problem, write_all
+from .names import JOURNAL, JOURNAL_LOCK, state_label
 
 _logger = logging.getLogger(__name__)
 
-JOURNAL_NAME = "fences.journal"
-LOCK_NAME = "journal.lock"
 COMPACT_MIN_LINES = 4096
 CHUNK_BYTES = 1 << 20  # lines are encoded and written (and read back) a chunk at a time, whatever the batch
 # How long a compaction keeps a delete line: longer than any call can stay in flight (a call admitted before
@@ -49,7 +48,7 @@ DELETE_RETENTION_S = 24 * 3600.0
 FenceKind = Literal["frozen", "retired"]
 Hook = Callable[[str], None]
 
-_LABEL = f".otel-capture/{JOURNAL_NAME}"
+_LABEL = state_label(JOURNAL)
 _ID_IN_LINE = re.compile(rb'"id":"([A-Za-z0-9][A-Za-z0-9._-]{0,199})"')
 
 
@@ -72,7 +71,7 @@ class FenceJournal:
     """The fence journal of one capture directory and this process's view of it."""
 
     def __init__(self, state_dir: Path) -> None:
-        self.path = state_dir / JOURNAL_NAME
+        self.path = state_dir / JOURNAL
         self._thread_lock = threading.Lock()
         self._view_lock = threading.RLock()
         self._reset_view()
@@ -202,11 +201,11 @@ class FenceJournal:
 
     @contextlib.contextmanager
     def _locked(self, dirs: DirFds) -> Iterator[None]:
-        label = f".otel-capture/{LOCK_NAME}"
+        label = state_label(JOURNAL_LOCK)
         if not self._thread_lock.acquire(timeout=dirs.lock_timeout):
             raise LockTimeoutError(label, dirs.lock_timeout, "another thread of this process")
         try:
-            fd, _ = open_file(dirs.state_fd(), LOCK_NAME, os.O_RDWR | os.O_CREAT, label, single_link=False)
+            fd, _ = open_file(dirs.state_fd(), JOURNAL_LOCK, os.O_RDWR | os.O_CREAT, label, single_link=False)
             try:
                 flock_within(fd, fcntl.LOCK_EX, dirs.lock_timeout, label)
                 yield
@@ -231,11 +230,9 @@ class FenceJournal:
             state_fd = dirs.state_fd()
             created = False
             try:
-                fd, _ = open_file(state_fd, JOURNAL_NAME, os.O_RDWR | os.O_APPEND, _LABEL)
+                fd, _ = open_file(state_fd, JOURNAL, os.O_RDWR | os.O_APPEND, _LABEL)
             except FileNotFoundError:  # under the journal lock: nobody else creates it meanwhile
-                fd, _ = open_file(
-                    state_fd, JOURNAL_NAME, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, _LABEL
-                )
+                fd, _ = open_file(state_fd, JOURNAL, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, _LABEL)
                 created = True
             try:
                 count, wrote = self._write_events(fd, created, events)
@@ -304,9 +301,9 @@ class FenceJournal:
         temporary file, synced, renamed over the journal, and the directory synced."""
         state_fd = dirs.state_fd()
         for name in os.listdir(state_fd):
-            if name.startswith(JOURNAL_NAME + ".tmp-"):
+            if name.startswith(JOURNAL + ".tmp-"):
                 os.unlink(name, dir_fd=state_fd)  # left by a compaction that crashed
-        tmp = f"{JOURNAL_NAME}.tmp-{uuid.uuid4().hex}"
+        tmp = f"{JOURNAL}.tmp-{uuid.uuid4().hex}"
         fd = os.open(
             tmp,
             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -320,7 +317,7 @@ class FenceJournal:
             fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, JOURNAL_NAME, src_dir_fd=state_fd, dst_dir_fd=state_fd)
+        os.replace(tmp, JOURNAL, src_dir_fd=state_fd, dst_dir_fd=state_fd)
         fsync(state_fd)
         self.refresh()
 
@@ -356,3 +353,9 @@ class FenceJournal:
 
 def _dumps(event: dict[str, Any]) -> bytes:
     return orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def fence_error(rollout_id: str, fence: Fence) -> CaptureFrozenError:
+    if fence.kind == "retired":
+        return CaptureRetiredError(f"rollout {rollout_id} is retired: its captures take no more writes")
+    return CaptureFrozenError(f"rollout {rollout_id} is frozen: its captures take no more records")

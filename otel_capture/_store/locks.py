@@ -20,12 +20,13 @@ from collections.abc import Iterable, Iterator
 
 from .._errors import DamagedEntryError, LockTimeoutError
 from .fs import DirFds, flock_within, open_file, still_named
+from .names import LOCKS_DIR, state_label
 
 _logger = logging.getLogger(__name__)
 
 STRIPES = 64
 _NAMES = [f"{stripe:02d}.lock" for stripe in range(STRIPES)]
-_LABELS = [f".otel-capture/locks/{name}" for name in _NAMES]
+_LABELS = [state_label(LOCKS_DIR, name) for name in _NAMES]
 
 
 class LockFiles:
@@ -115,7 +116,7 @@ class StripedLocks:
         """Create every stripe's lock file that is missing (:meth:`.dirstate.DirState.prepare`): a lock is
         then never the file a full filesystem cannot create. Never follows a link; raises ``OSError`` for
         the first file it cannot create, after trying the others."""
-        locks_fd = dirs.state_fd("locks")
+        locks_fd = dirs.state_fd(LOCKS_DIR)
         present = set(os.listdir(locks_fd))
         first: OSError | None = None
         for name, label in zip(_NAMES, _LABELS, strict=True):
@@ -193,7 +194,7 @@ class StripedLocks:
     @staticmethod
     def _locked(dirs: DirFds, stripe: int, name: str, label: str, files: LockFiles | None) -> int:
         """A descriptor of the stripe's lock file, ``flock``-ed (kept by ``files`` when given)."""
-        locks_fd = dirs.state_fd("locks")
+        locks_fd = dirs.state_fd(LOCKS_DIR)
         if files is not None:
             fd = files.kept(stripe)
             if fd is not None:

@@ -36,12 +36,11 @@ from pathlib import Path
 
 import orjson
 
-from .fs import FILE_MODE, STATE_DIR, DirFds, Fsync, open_file, read_all, still_named
+from .fs import FILE_MODE, DirFds, Fsync, open_file, read_all, still_named
+from .names import LOSSES_DIR, LOSSES_SUFFIX, STATE_DIR, state_label
 
 _logger = logging.getLogger(__name__)
 
-RESERVE_DIR = "losses"
-RESERVE_SUFFIX = ".losses"
 RESERVE_BYTES = 64 * 1024
 """Blocks reserved per writer: about 250 entries of 250 bytes (an entry names up to :data:`MAX_IDS` calls)."""
 OVERFLOW_BYTES = 256
@@ -112,7 +111,7 @@ def _parse_from(data: bytes, offset: int, source: str) -> Iterator[tuple[int, Lo
 def pending_losses(root: str | os.PathLike[str]) -> list[Loss]:
     """Every pending entry of every reserve in ``root`` (no lock, nothing created; a reserve that is not a
     regular file is skipped). ``[]`` when there is no reserve."""
-    losses_dir = Path(root) / STATE_DIR / RESERVE_DIR
+    losses_dir = Path(root) / STATE_DIR / LOSSES_DIR
     try:
         dir_fd = os.open(losses_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
@@ -124,9 +123,9 @@ def pending_losses(root: str | os.PathLike[str]) -> list[Loss]:
     found: list[Loss] = []
     try:
         for name in sorted(os.listdir(dir_fd)):
-            if not name.endswith(RESERVE_SUFFIX):
+            if not name.endswith(LOSSES_SUFFIX):
                 continue
-            label = f"{STATE_DIR}/{RESERVE_DIR}/{name}"
+            label = state_label(LOSSES_DIR, name)
             try:
                 fd, _ = open_file(dir_fd, name, os.O_RDONLY, label, single_link=False)
             except OSError:  # gone meanwhile, or not a regular file: nothing of ours
@@ -183,14 +182,14 @@ class LossReserve:
 
     @property
     def label(self) -> str:
-        return f"{STATE_DIR}/{RESERVE_DIR}/{self._name}"
+        return state_label(LOSSES_DIR, self._name)
 
     def ready(self, dirs: DirFds) -> bool:
         """Whether the reserve is open and still named in this directory (not removed with it)."""
         if self._fd is None or self._dir_fd is None:
             return False
         try:
-            here = dirs.state_fd(RESERVE_DIR)
+            here = dirs.state_fd(LOSSES_DIR)
         except OSError:
             return False
         return still_named(here, self._name, *self._id) is not None
@@ -198,14 +197,14 @@ class LossReserve:
     def open(self, dirs: DirFds, fsync: Fsync) -> None:
         """Create and reserve a fresh file (the old one, if any, is let go: its directory was removed)."""
         self.close_fds()
-        dir_fd = os.dup(dirs.state_fd(RESERVE_DIR))
-        name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}{RESERVE_SUFFIX}"
+        dir_fd = os.dup(dirs.state_fd(LOSSES_DIR))
+        name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}{LOSSES_SUFFIX}"
         try:
             fd, st = open_file(
                 dir_fd,
                 name,
                 os.O_RDWR | os.O_CREAT | os.O_EXCL,
-                f"{STATE_DIR}/{RESERVE_DIR}/{name}",
+                state_label(LOSSES_DIR, name),
                 mode=self._file_mode,
             )
         except BaseException:
@@ -306,15 +305,15 @@ def orphans(dirs: DirFds, own: str) -> Iterator[Orphan]:
     """Reserves of writers that are gone (nobody holds their ``flock``), each locked while it is used.
     An orphan with nothing pending is unlinked at once."""
     try:
-        dir_fd = dirs.state_fd(RESERVE_DIR)
+        dir_fd = dirs.state_fd(LOSSES_DIR)
         names = os.listdir(dir_fd)
     except OSError:
         return
     for name in names:
-        if not name.endswith(RESERVE_SUFFIX) or name == own:
+        if not name.endswith(LOSSES_SUFFIX) or name == own:
             continue
         try:
-            fd, _ = open_file(dir_fd, name, os.O_RDWR, f"{STATE_DIR}/{RESERVE_DIR}/{name}")
+            fd, _ = open_file(dir_fd, name, os.O_RDWR, state_label(LOSSES_DIR, name))
         except OSError:
             continue
         try:
@@ -325,7 +324,7 @@ def orphans(dirs: DirFds, own: str) -> Iterator[Orphan]:
             os.close(fd)  # its writer runs: it reports its own
             continue
         try:
-            losses = list(_parse(read_all(fd), f"{STATE_DIR}/{RESERVE_DIR}/{name}"))
+            losses = list(_parse(read_all(fd), state_label(LOSSES_DIR, name)))
         except OSError:
             os.close(fd)
             continue
@@ -333,8 +332,8 @@ def orphans(dirs: DirFds, own: str) -> Iterator[Orphan]:
 
 
 __all__ = [
+    "LOSSES_DIR",
     "RESERVE_BYTES",
-    "RESERVE_DIR",
     "Loss",
     "LossReserve",
     "orphans",

@@ -18,7 +18,7 @@ import orjson
 from .._correlation.ids import validate_rollout_id
 from .._errors import CaptureFrozenError, CaptureRetiredError
 from .._records import damaged_line, parse_record_line
-from .lifecycle import INFLIGHT_REASON
+from .inflight import INFLIGHT_REASON
 from .types import (
     ROLLOUT_STATES,
     CaptureSnapshot,

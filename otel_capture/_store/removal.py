@@ -17,8 +17,7 @@ import shutil
 
 from .._errors import DamagedEntryError
 from .fs import DirFds
-from .inflight import MARKER_SUFFIX
-from .lifecycle_io import RECORD_SUFFIXES
+from .names import INFLIGHT_DIR, INFLIGHT_SUFFIX, RECORD_SUFFIXES, TRASH_DIR
 
 _logger = logging.getLogger(__name__)
 
@@ -30,7 +29,7 @@ def describe(exc: OSError) -> str:
 def trash_fd(dirs: DirFds) -> int | None:
     """The trash directory's descriptor, or ``None`` when it is damaged (logged; files are unlinked)."""
     try:
-        return dirs.state_fd("trash")
+        return dirs.state_fd(TRASH_DIR)
     except DamagedEntryError as exc:
         _logger.error("%s; removing record files in place instead", exc)
         return None
@@ -57,13 +56,13 @@ def unlink_records(dirs: DirFds, rollout_id: str, token: str | None, trash: int 
         name = rollout_id + suffix
         removed |= _remove(root, name, trash, f"{token}.{name}")
     try:
-        inflight = dirs.state_fd("inflight")
+        inflight = dirs.state_fd(INFLIGHT_DIR)
     except FileNotFoundError:
         return removed
     except DamagedEntryError as exc:
         _logger.error("rollout %s: %s; its in-flight marker is left", rollout_id, exc)
         return removed
-    name = rollout_id + MARKER_SUFFIX
+    name = rollout_id + INFLIGHT_SUFFIX
     _remove(inflight, name, trash, f"{token}.{name}")
     return removed
 
@@ -73,7 +72,7 @@ def purge_trash(dirs: DirFds) -> int:
     ``dirs`` made with ``create=False``. Returns how many entries it removed. A trash that is not a real
     directory holds nothing of ours (removals unlink in place then): it is logged and left alone."""
     try:
-        trash = dirs.state_fd("trash")
+        trash = dirs.state_fd(TRASH_DIR)
     except FileNotFoundError:
         return 0
     except DamagedEntryError as exc:

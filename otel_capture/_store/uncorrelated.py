@@ -31,11 +31,10 @@ import orjson
 
 from .dirstate import dir_state
 from .fs import check_directory, replace_file
+from .names import UNCORRELATED_PREFIX, UNCORRELATED_SUFFIX
 
 _logger = logging.getLogger(__name__)
 
-PREFIX = ".uncorrelated."
-SUFFIX = ".json"
 WRITE_INTERVAL_S = 1.0
 
 
@@ -44,7 +43,9 @@ class UncorrelatedCounter:
 
     def __init__(self, directory: Path) -> None:
         host = socket.gethostname().replace("/", "_") or "host"
-        self.path = directory / f"{PREFIX}{host}.{os.getpid()}.{time.time_ns()}{SUFFIX}"
+        self.path = (
+            directory / f"{UNCORRELATED_PREFIX}{host}.{os.getpid()}.{time.time_ns()}{UNCORRELATED_SUFFIX}"
+        )
         self.calls = 0
         self.by_dialect: dict[str, int] = {}
         self.first: float | None = None
@@ -155,7 +156,7 @@ def read_uncorrelated(directory: str | os.PathLike[str]) -> UncorrelatedSummary:
     summary = UncorrelatedSummary()
     with contextlib.suppress(OSError), os.scandir(directory) as entries:
         for entry in entries:
-            if not (entry.name.startswith(PREFIX) and entry.name.endswith(SUFFIX)):
+            if not (entry.name.startswith(UNCORRELATED_PREFIX) and entry.name.endswith(UNCORRELATED_SUFFIX)):
                 continue
             try:
                 if not entry.is_file(follow_symlinks=False):

@@ -30,12 +30,12 @@ from typing import Protocol
 import orjson
 
 from .._records.codec import stamp_record_line
-from .fs import STATE_DIR, DirFds, Fsync, flock_within, open_file, problem, write_all
+from .fs import DirFds, Fsync, flock_within, open_file, problem, write_all
+from .names import STATE_DIR, WEIGHT_VERSIONS, state_label
 
 _logger = logging.getLogger(__name__)
 
-WEIGHT_VERSIONS_NAME = "weight_versions"
-_LABEL = f"{STATE_DIR}/{WEIGHT_VERSIONS_NAME}"
+_LABEL = state_label(WEIGHT_VERSIONS)
 MAX_VERSION_LENGTH = 200
 
 WeightStamp = tuple["str | None", "float | None", "float | None"]
@@ -70,10 +70,10 @@ def declare(dirs: DirFds, version: str, fsync: Fsync, at: float | None = None) -
     flags = os.O_RDWR | os.O_APPEND | os.O_CREAT
     existed = True
     try:
-        os.stat(WEIGHT_VERSIONS_NAME, dir_fd=state_fd, follow_symlinks=False)
+        os.stat(WEIGHT_VERSIONS, dir_fd=state_fd, follow_symlinks=False)
     except FileNotFoundError:
         existed = False
-    fd, _ = open_file(state_fd, WEIGHT_VERSIONS_NAME, flags, _LABEL)
+    fd, _ = open_file(state_fd, WEIGHT_VERSIONS, flags, _LABEL)
     try:
         # why: two trainers (or a retry) declaring at once must each append a whole line
         flock_within(fd, fcntl.LOCK_EX, dirs.lock_timeout, _LABEL)
@@ -98,7 +98,7 @@ class DeclaredVersions:
     :attr:`current`, a plain attribute (no I/O on the event loop)."""
 
     def __init__(self, root: Path) -> None:
-        self.path = root / STATE_DIR / WEIGHT_VERSIONS_NAME
+        self.path = root / STATE_DIR / WEIGHT_VERSIONS
         self._lock = threading.Lock()
         self._ino: int | None = None
         self._offset = 0

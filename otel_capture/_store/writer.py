@@ -79,11 +79,11 @@ from pathlib import Path
 from .._correlation.ids import validate_rollout_id
 from .._errors import CaptureFrozenError, LockTimeoutError, WriterClosedError
 from .._settings import DEFAULT_LOCK_TIMEOUT_S
+from .append import fenced_append
 from .dirstate import DirState, dir_state
 from .fs import DIR_MODE, FILE_MODE, AppendFiles, check_directory, make_root
 from .fstype import SyncChoice, choose_sync
 from .libc import LIBC, name_native_thread
-from .lifecycle_io import fenced_append
 from .locks import LockFiles
 from .weight import DeclaredVersions, stamp_batch
 from .writer_failures import WriterFailures

@@ -23,10 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .._errors import UnsafeDirectoryError, WriterClosedError
+from .append import AppendOutcome, fenced_mark_incomplete
 from .dirstate import DirState
 from .fs import DirFds
 from .journal import Fence
-from .lifecycle_io import AppendOutcome, fenced_mark_incomplete
 from .losses import LossReserve, orphans
 from .writer_items import Completions, WriterStats, _Abandon, _Discard, _Item
 

@@ -628,7 +628,8 @@ def test_a_directory_the_writer_refuses_gets_no_uncorrelated_count(tmp_path: Pat
     """A world-writable capture directory is refused by the writer; the count of calls served without a
     rollout id is not written there either (the same check), and saying so never raises."""
     from otel_capture import UnsafeDirectoryError
-    from otel_capture._store.uncorrelated import PREFIX, UncorrelatedCounter
+    from otel_capture._store.names import UNCORRELATED_PREFIX as PREFIX
+    from otel_capture._store.uncorrelated import UncorrelatedCounter
     from otel_capture._store.writer import JsonlWriter
 
     root = tmp_path / "calls"

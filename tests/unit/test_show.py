@@ -15,7 +15,7 @@ from otel_capture import ModelCallRecord, aggregate_model_call_metrics, read_ava
 from otel_capture._cli.main import main
 from otel_capture._cli.show import format_calls_table, format_rollouts_table, short_model
 from otel_capture._records import codec
-from otel_capture._store import store as store_module
+from otel_capture._store import lines as store_module
 from otel_capture._store.store import CaptureStore
 
 

@@ -1,26 +1,18 @@
-"""Fenced appends and reading a rollout's files: the I/O under a rollout's stripe lock, shared by the
-writer thread (:mod:`.writer`) and the lifecycle operations (:mod:`.lifecycle`). Every file is opened
-through :mod:`.fs`: no link followed, nothing but a regular file written or read."""
+"""The fenced append: a rollout's lines (the writer's batches and ``CaptureStore.append_now``) and its
+incomplete marks (:func:`fenced_mark_incomplete`), written under the rollout's stripe lock after reading
+its fence, each file under its own ``flock(LOCK_EX)`` as NeMo Gym's writers do. Syncing is the caller's
+(the writer syncs a batch once per file; :mod:`.sync`)."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
-import gc
 import logging
 import os
-import time
-from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
-
-import orjson
 
 from .._errors import CaptureFrozenError, CaptureRetiredError, DamagedEntryError
-from .._records import ModelCallRecord, damaged_line, parse_record_line
-from .._records.codec import line_spans
 from .dirstate import DirState
 from .fs import (
     FENCED_ERRNOS,
@@ -31,32 +23,16 @@ from .fs import (
     fenced_error,
     flock_within,
     open_append,
-    read_locked,
     write_all,
 )
-from .journal import Fence
-from .lazy import LazyLines, LineParser, empty_lines
+from .journal import Fence, fence_error
 from .locks import LockFiles
-from .types import IncompleteCall
+from .marker import mark_lines
+from .names import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX
 
 _logger = logging.getLogger(__name__)
 
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
-
-CAPTURE_SUFFIX = ".capture.jsonl"
-INCOMPLETE_SUFFIX = ".capture.incomplete"
-TOKENS_SUFFIX = ".tokens.jsonl"
-RECORD_SUFFIXES = (CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX)
-INFLIGHT_REASON = "in flight when frozen: the call began and was never recorded"
-
-
-def fence_error(rollout_id: str, fence: Fence) -> CaptureFrozenError:
-    if fence.kind == "retired":
-        return CaptureRetiredError(f"rollout {rollout_id} is retired: its captures take no more writes")
-    return CaptureFrozenError(f"rollout {rollout_id} is frozen: its captures take no more records")
-
-
-# --- appending (the writer's path and append_now) -----------------------------------------------------
 
 
 @dataclass
@@ -281,11 +257,7 @@ def fenced_mark_incomplete(
     written, without the lock or the fence: the loss is visible, which matters more than a marker that
     might outlive a retire.
     """
-    now = time.time()
-    data = b"".join(
-        orjson.dumps({"model_call_id": mcid, "reason": reason, "at": now}, option=orjson.OPT_APPEND_NEWLINE)
-        for mcid, reason in calls
-    )
+    data = mark_lines(calls)
     mcids = [mcid for mcid, _ in calls]
     with state.locks.hold_ids(dirs, [rollout_id], or_unlocked=True):
         try:
@@ -317,144 +289,3 @@ def _end_markers(state: DirState, dirs: DirFds, rollout_id: str, mcids: list[str
         state.markers.write(dirs, rollout_id, [], mcids)
     except OSError as exc:  # the incomplete marker, written, is what matters
         _logger.error("could not end the in-flight markers of rollout %s: %s", rollout_id, exc)
-
-
-# --- reading a rollout --------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic collector while a rollout's lines are parsed: 100,000 parsed lines are millions
-    of containers, none of them garbage, and each collection on the way would walk them all again (it was
-    two thirds of a large freeze). Reference counting still frees everything."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-@dataclass
-class Contents:
-    """A rollout's files as a freeze reads them: records and token lines are kept as the files' bytes and
-    parsed on access (:class:`.lazy.LazyLines`), so a snapshot costs about the files' size."""
-
-    records: LazyLines[ModelCallRecord] = field(default_factory=lambda: empty_lines(parse_record_line))
-    tokens: LazyLines[dict[str, Any]] = field(default_factory=lambda: empty_lines(_json_object))
-    incomplete: list[IncompleteCall] = field(default_factory=list)
-    marker_exists: bool = False
-    version: int = 0
-    record_ids: set[str] = field(default_factory=set)
-
-    def call_ids(self) -> set[str]:
-        ids = self.record_ids | {c.model_call_id for c in self.incomplete}
-        return {i for i in ids if isinstance(i, str)}
-
-
-def _lines(data: bytes) -> Iterator[bytes]:
-    """The non-blank complete lines, one at a time (no list of the whole file)."""
-    for _, start, end in line_spans(data):
-        yield data[start:end]
-
-
-def _read(dirs: DirFds, name: str, contents: Contents, fsync: Fsync | None) -> bytes | None:
-    try:
-        return read_locked(dirs.root_fd(), name, name, fsync, dirs.lock_timeout)
-    except DamagedEntryError as exc:
-        contents.incomplete.append(IncompleteCall("", f"{exc.label}: {exc.what}: not read"))
-        return None
-
-
-def _json_object(line: bytes, _index: int) -> dict[str, Any] | None:
-    try:
-        value = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _parse_lines(
-    dirs: DirFds,
-    name: str,
-    contents: Contents,
-    fsync: Fsync | None,
-    parse: LineParser = _json_object,
-    seen: Callable[[Any], None] | None = None,
-) -> LazyLines[Any] | None:
-    """The file's non-blank lines that ``parse(line, index)`` accepts, kept as bytes (``None`` from
-    ``parse`` is damage, reported in ``contents``); each parsed value is handed to ``seen`` and dropped."""
-    data = _read(dirs, name, contents, fsync)
-    if data is None:
-        return None
-    spans = array("q")
-    for index, (number, start, end) in enumerate(line_spans(data)):
-        contents.version += 1
-        value = parse(data[start:end], index)
-        if value is not None:
-            spans.extend((start, end, index))
-            if seen is not None:
-                seen(value)
-        else:
-            contents.incomplete.append(IncompleteCall("", f"{name}: {damaged_line(number)}"))
-    if data[data.rfind(b"\n") + 1 :].strip():
-        contents.incomplete.append(IncompleteCall("", f"{name}: torn final line (a write was cut short)"))
-    return LazyLines(data, spans, parse)
-
-
-def _record_id(contents: Contents) -> Callable[[ModelCallRecord], None]:
-    def seen(record: ModelCallRecord) -> None:
-        if isinstance(record.model_call_id, str):
-            contents.record_ids.add(record.model_call_id)
-
-    return seen
-
-
-def read_contents(dirs: DirFds, rollout_id: str, *, fsync: Fsync | None = None) -> Contents:
-    """A rollout's files, parsed (under its stripe; each file under ``flock(LOCK_SH)``, as the readers do,
-    so a NeMo Gym writer's line is never read half-written). ``fsync`` (the freeze) makes every file read
-    durable, so a snapshot never hands out a record that a crash could still take back. An entry that is
-    not a regular file is not read: it makes the rollout incomplete, with the reason."""
-    contents = Contents()
-    with gc_paused():
-        # validated as the readers parse it (the same records, call_index counting damaged lines too),
-        # then kept as bytes: each record is parsed again when the snapshot's user asks for it
-        name = rollout_id + CAPTURE_SUFFIX
-        records = _parse_lines(dirs, name, contents, fsync, parse_record_line, _record_id(contents))
-        if records is not None:
-            contents.records = records
-        tokens = _parse_lines(dirs, rollout_id + TOKENS_SUFFIX, contents, fsync)
-        if tokens is not None:
-            contents.tokens = tokens
-        data = _read(dirs, rollout_id + INCOMPLETE_SUFFIX, contents, fsync)
-    if data is None:
-        return contents
-    contents.marker_exists = True
-    marked = 0
-    for line in _lines(data):
-        marked += 1
-        try:
-            value = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            value = None
-        mcid, reason = (
-            (value.get("model_call_id"), value.get("reason")) if isinstance(value, dict) else ("", None)
-        )
-        contents.incomplete.append(
-            IncompleteCall(mcid if isinstance(mcid, str) else "", str(reason or "marked incomplete"))
-        )
-    contents.version += marked
-    if not marked:
-        contents.incomplete.append(IncompleteCall("", "marked incomplete"))  # NeMo Gym's empty marker
-    return contents
-
-
-def count_version(dirs: DirFds, rollout_id: str) -> int:
-    """The rollout's ``version`` (its durable lines) without parsing them: what retire and drop need."""
-    total = 0
-    for suffix in (CAPTURE_SUFFIX, TOKENS_SUFFIX, INCOMPLETE_SUFFIX):
-        data = _read(dirs, rollout_id + suffix, Contents(), None)
-        if data is not None:
-            total += sum(1 for _ in _lines(data))
-    return total
