@@ -17,7 +17,8 @@ import orjson
 
 from .._correlation.ids import validate_rollout_id
 from .._errors import CaptureFrozenError, CaptureRetiredError
-from .._records import damaged_line, parse_record_line
+from .._records import InvalidLine, damaged_line, parse_record_line
+from .._records.codec import preview
 from .inflight import INFLIGHT_REASON
 from .types import (
     ROLLOUT_STATES,
@@ -173,6 +174,14 @@ class InMemoryCaptureBackend:
                 snapshot_id=fence.snapshot_id or "",
                 version=rollout.version(),
                 incomplete_calls=tuple(calls),
+                damaged_lines=tuple(
+                    InvalidLine(i + 1, "not a record", preview(orjson.dumps(line)))
+                    for i, (line, record) in enumerate(zip(rollout.records, records, strict=True))
+                    if record is None
+                ),
+                in_flight=fence.inflight,
+                lost_calls=tuple(rollout.incomplete),
+                marked=bool(rollout.incomplete),
             )
 
     def drop_now(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:

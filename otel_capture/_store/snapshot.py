@@ -4,6 +4,8 @@ each file under ``flock(LOCK_SH)``; a freeze also syncs every file it read."""
 
 from __future__ import annotations
 
+import errno
+import os
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,7 +15,14 @@ import orjson
 
 from .._errors import DamagedEntryError
 from .._records import ModelCallRecord, damaged_line, parse_record_line
-from .._records.codec import line_spans
+from .._records.codec import (
+    TORN_REASON,
+    DamagedLine,
+    InvalidLine,
+    decode_record_line,
+    line_spans,
+    preview,
+)
 from .._records.speed import gc_paused
 from .fs import DirFds, Fsync, read_locked
 from .lazy import LazyLines, LineParser, empty_lines
@@ -30,7 +39,13 @@ class Contents:
     records: LazyLines[ModelCallRecord] = field(default_factory=lambda: empty_lines(parse_record_line))
     tokens: LazyLines[dict[str, Any]] = field(default_factory=lambda: empty_lines(_json_object))
     incomplete: list[IncompleteCall] = field(default_factory=list)
+    """Everything that makes the rollout incomplete, in prose (a snapshot's ``incomplete_calls``)."""
     marker_exists: bool = False
+    marks: list[IncompleteCall] = field(default_factory=list)
+    """What the marker names (a damaged marker: one call saying what it is)."""
+    damaged_lines: list[InvalidLine] = field(default_factory=list)
+    torn_tail: InvalidLine | None = None
+    unreadable: str | None = None
     version: int = 0
     record_ids: set[str] = field(default_factory=set)
 
@@ -44,6 +59,12 @@ def _read(dirs: DirFds, name: str, contents: Contents, fsync: Fsync | None) -> b
         return read_locked(dirs.root_fd(), name, name, fsync, dirs.lock_timeout)
     except DamagedEntryError as exc:
         contents.incomplete.append(IncompleteCall("", f"{exc.label}: {exc.what}: not read"))
+        if name.endswith(INCOMPLETE_SUFFIX):
+            contents.marks.append(IncompleteCall("", f"{exc.label}: {exc.what}: not read"))
+        elif name.endswith(CAPTURE_SUFFIX) and exc.what.startswith("a directory"):
+            # the readers' open fails at once on a directory (a link or a FIFO they skip, as not there)
+            error = IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(dirs.root / name))
+            contents.unreadable = f"{type(error).__name__}: {error}"
         return None
 
 
@@ -78,9 +99,25 @@ def _parse_lines(
                 seen(value)
         else:
             contents.incomplete.append(IncompleteCall("", f"{name}: {damaged_line(number)}"))
-    if data[data.rfind(b"\n") + 1 :].strip():
+            if name.endswith(CAPTURE_SUFFIX):
+                contents.damaged_lines.append(_invalid_record(data[start:end], number, index))
+    tail = data[data.rfind(b"\n") + 1 :].strip()
+    if tail:
         contents.incomplete.append(IncompleteCall("", f"{name}: torn final line (a write was cut short)"))
+        if name.endswith(CAPTURE_SUFFIX):
+            contents.torn_tail = InvalidLine(data.count(b"\n") + 1, TORN_REASON, preview(tail))
     return LazyLines(data, spans, parse)
+
+
+def _invalid_record(line: bytes, number: int, index: int) -> InvalidLine:
+    """A damaged data line as the tolerant reader reports it (decoded again for its reason: damage is rare)."""
+    stripped = line.strip()
+    try:
+        decode_record_line(stripped, index)
+        reason = "damaged"  # not reached: parse_record_line refused it
+    except DamagedLine as exc:
+        reason = exc.reason
+    return InvalidLine(number, reason, preview(stripped))
 
 
 def _record_id(contents: Contents) -> Callable[[ModelCallRecord], None]:
@@ -113,6 +150,7 @@ def read_contents(dirs: DirFds, rollout_id: str, *, fsync: Fsync | None = None) 
     contents.marker_exists = True
     marks, lines = parse_marks(data)
     contents.incomplete.extend(marks)
+    contents.marks.extend(marks)
     contents.version += lines
     return contents
 

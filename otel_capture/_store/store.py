@@ -292,9 +292,10 @@ class CaptureStore:
                 state.journal.append(dirs, [event], self._fsync, self._hook)
                 fence = state.journal.fence(rid)
                 assert fence is not None
+        lost = [IncompleteCall(m, loss.describe()) for loss in losses for m in loss.model_call_ids or ("",)]
         calls = list(contents.incomplete) + [IncompleteCall(m, INFLIGHT_REASON) for m in fence.inflight]
         calls += [IncompleteCall("", reason) for reason in damage]
-        calls += [IncompleteCall(m, loss.describe()) for loss in losses for m in loss.model_call_ids or ("",)]
+        calls += lost
         return CaptureSnapshot(
             rollout_id=rid,
             records=contents.records,
@@ -303,6 +304,12 @@ class CaptureStore:
             snapshot_id=fence.snapshot_id or "",
             version=contents.version + _held_back(losses),
             incomplete_calls=tuple(calls),
+            damaged_lines=tuple(contents.damaged_lines),
+            torn_tail=contents.torn_tail,
+            in_flight=fence.inflight,
+            lost_calls=tuple(contents.marks + lost),
+            marked=bool(contents.marks) or bool(losses),
+            unreadable=contents.unreadable,
         )
 
     def _version(self, dirs: DirFds, rid: str) -> int:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 from .._correlation.ids import validate_rollout_id
-from .._records import ModelCallRecord
+from .._records import InvalidLine, ModelCallRecord
 
 RolloutState = Literal["absent", "live", "frozen", "retired"]
 ROLLOUT_STATES: tuple[RolloutState, ...] = ("absent", "live", "frozen", "retired")
@@ -65,6 +65,13 @@ class CaptureSnapshot:
     durable line of the rollout (records, token lines, incomplete marks); ``drop`` succeeds only with this
     exact ``snapshot_id`` and ``version``, so a mark after the freeze (which changes ``version``) makes a
     stale drop fail.
+
+    It is also the read model a collector builds its attachment from, as data, read once under the
+    freeze's lock: ``damaged_lines`` and ``torn_tail`` of the data file (as the tolerant reader reports
+    them), ``in_flight`` (the calls the freeze found begun and not recorded), ``lost_calls`` (what the
+    incomplete marker and the writers' loss reserves name), ``marked`` (the marker exists, whatever it is,
+    or a reserve holds a loss: NeMo Gym's "incomplete") and ``unreadable`` (why the data file could not be
+    read at all, else ``None``). ``incomplete_calls`` says all of it again in prose, for people.
     """
 
     rollout_id: str
@@ -74,6 +81,12 @@ class CaptureSnapshot:
     snapshot_id: str
     version: int
     incomplete_calls: tuple[IncompleteCall, ...] = field(default=())
+    damaged_lines: tuple[InvalidLine, ...] = ()
+    torn_tail: InvalidLine | None = None
+    in_flight: tuple[str, ...] = ()
+    lost_calls: tuple[IncompleteCall, ...] = ()
+    marked: bool = False
+    unreadable: str | None = None
 
 
 def validate_rollout_ids(rollout_ids: Iterable[str]) -> list[str]:
