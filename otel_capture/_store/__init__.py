@@ -1,6 +1,8 @@
 """The store: durable files under one capture directory, and everything the rest of the package takes from
 them. This is its face: outside ``_store/``, code imports from here, never from its modules.
 
+- :class:`CaptureBackend`: the lifecycle's verbs, spelled once (:mod:`.backend`), which both backends
+  declare and the conformance kit checks;
 - :class:`CaptureStore`: a directory's rollouts (read, freeze, retire, delete) and its file names
   (``CAPTURE_SUFFIX``, ``TOKENS_SUFFIX``, ``INCOMPLETE_SUFFIX``); :class:`InMemoryCaptureBackend`, the
   lifecycle without files (the conformance kit's reference);
@@ -26,6 +28,7 @@ from .._errors import (
     LockTimeoutError,
     UnsafeDirectoryError,
 )
+from .backend import VERBS, CaptureBackend
 from .fs import check_directory
 from .fstype import SyncChoice, choose_sync
 from .losses import Loss, pending_losses
@@ -55,7 +58,9 @@ __all__ = [
     "INCOMPLETE_SUFFIX",
     "LIBC_SYNCFS",
     "TOKENS_SUFFIX",
+    "VERBS",
     "AvailableRecords",
+    "CaptureBackend",
     "CaptureFrozenError",
     "CaptureRetiredError",
     "CaptureSnapshot",

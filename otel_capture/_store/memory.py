@@ -19,6 +19,7 @@ from .._correlation.ids import validate_rollout_id
 from .._errors import CaptureFrozenError, CaptureRetiredError
 from .._records import InvalidLine, damaged_line, parse_record_line
 from .._records.codec import preview
+from .backend import CaptureBackend
 from .inflight import INFLIGHT_REASON
 from .types import (
     ROLLOUT_STATES,
@@ -60,7 +61,7 @@ class _Rollout:
         return {m for m, epoch in self.begun.items() if epoch >= self.last_seq}
 
 
-class InMemoryCaptureBackend:
+class InMemoryCaptureBackend(CaptureBackend):
     """The lifecycle in memory. Every client of one backend is the backend itself (``factory = lambda:
     backend``), so cross-client visibility is trivially true here; a real backend must earn it."""
 

@@ -33,6 +33,7 @@ from .._correlation.ids import validate_rollout_id
 from .._errors import CaptureStateError, DamagedEntryError
 from .._settings import allow_shared_dir_from_environ, lock_timeout_from_environ
 from .append import fenced_append, fenced_mark_incomplete
+from .backend import CaptureBackend
 from .dirstate import DirState, dir_state
 from .fs import DirFds, check_directory, problem
 from .inflight import INFLIGHT_REASON
@@ -79,7 +80,7 @@ def _lifecycle_executor() -> concurrent.futures.ThreadPoolExecutor:
         return _executor
 
 
-class CaptureStore:
+class CaptureStore(CaptureBackend):
     """A capture directory and its lifecycle. Creating the object never touches the filesystem.
 
     ``allow_shared_directory``: use a world-writable directory, or one owned by another user, which is
