@@ -19,7 +19,6 @@ from .fs import (
     FILE_MODE,
     AppendFiles,
     DirFds,
-    Fsync,
     fenced_error,
     flock_within,
     open_append,
@@ -29,6 +28,7 @@ from .journal import Fence, fence_error
 from .locks import LockFiles
 from .marker import mark_lines
 from .names import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX
+from .sync import Fsync
 
 _logger = logging.getLogger(__name__)
 

@@ -23,11 +23,12 @@ import threading
 from pathlib import Path
 
 from .._settings import DEFAULT_LOCK_TIMEOUT_S
-from .fs import DirFds, Fsync
+from .fs import DirFds
 from .inflight import InflightCalls, InflightMarkers
 from .journal import FenceJournal
 from .locks import StripedLocks
 from .names import STATE_DIR, STATE_SUBDIRS
+from .sync import Fsync
 from .weight import DeclaredVersions
 
 _logger = logging.getLogger(__name__)

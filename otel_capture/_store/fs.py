@@ -23,13 +23,13 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
 from .._errors import DamagedEntryError, LockTimeoutError, UnsafeDirectoryError
 from .._settings import DEFAULT_LOCK_TIMEOUT_S
 from .names import STATE_DIR
+from .sync import Fsync, fsync_dir
 
 _logger = logging.getLogger(__name__)
 
@@ -38,7 +38,6 @@ DIR_MODE = 0o700
 OPEN_TRIES = 3
 LOCK_POLL_MAX_S = 0.05  # the longest sleep between two tries of a busy flock
 
-Fsync = Callable[[int], None]
 
 _NOFOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _SUBDIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -332,14 +331,6 @@ def replace_file(dir_fd: int, name: str, data: bytes, mode: int = FILE_MODE) -> 
     finally:
         os.close(fd)
     os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # atomic: the old content or the new
-
-
-def fsync_dir(path: str | os.PathLike[str], fsync: Fsync) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def make_root(root: Path, fsync: Fsync, mode: int = DIR_MODE) -> None:

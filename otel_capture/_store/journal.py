@@ -34,8 +34,9 @@ from typing import Any, Literal
 import orjson
 
 from .._errors import CaptureFrozenError, CaptureRetiredError, LockTimeoutError
-from .fs import FILE_MODE, DirFds, Fsync, damaged, flock_within, open_file, problem, write_all
+from .fs import FILE_MODE, DirFds, damaged, flock_within, open_file, problem, write_all
 from .names import JOURNAL, JOURNAL_LOCK, state_label
+from .sync import Fsync
 
 _logger = logging.getLogger(__name__)
 

@@ -36,8 +36,9 @@ from pathlib import Path
 
 import orjson
 
-from .fs import FILE_MODE, DirFds, Fsync, open_file, read_all, still_named
+from .fs import FILE_MODE, DirFds, open_file, read_all, still_named
 from .names import LOSSES_DIR, LOSSES_SUFFIX, STATE_DIR, state_label
+from .sync import Fsync
 
 _logger = logging.getLogger(__name__)
 

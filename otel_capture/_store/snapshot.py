@@ -24,10 +24,11 @@ from .._records.codec import (
     preview,
 )
 from .._records.speed import gc_paused
-from .fs import DirFds, Fsync, read_locked
+from .fs import DirFds, read_locked
 from .lazy import LazyLines, LineParser, empty_lines
 from .marker import parse_marks
 from .names import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX
+from .sync import Fsync
 from .types import IncompleteCall
 
 

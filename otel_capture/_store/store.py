@@ -44,6 +44,7 @@ from .marker import read_marks
 from .names import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, RECORD_SUFFIXES, TOKENS_SUFFIX
 from .removal import describe, purge_trash, trash_fd, unlink_records
 from .snapshot import count_version, read_contents
+from .sync import fsync_dir
 from .types import (
     ROLLOUT_STATES,
     CaptureSnapshot,
@@ -431,11 +432,7 @@ class CaptureStore(CaptureBackend):
     def _sync_after_error(self) -> None:
         try:
             if self.root.is_dir():
-                fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                try:
-                    self._fsync(fd)
-                finally:
-                    os.close(fd)
+                fsync_dir(self.root, self._fsync)
         except OSError as exc:
             _logger.error("could not sync %s after a failed lifecycle batch: %s", self.root, exc)
 

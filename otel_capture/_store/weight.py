@@ -30,8 +30,9 @@ from typing import Protocol
 import orjson
 
 from .._records.codec import stamp_record_line
-from .fs import DirFds, Fsync, flock_within, open_file, problem, write_all
+from .fs import DirFds, flock_within, open_file, problem, write_all
 from .names import STATE_DIR, WEIGHT_VERSIONS, state_label
+from .sync import Fsync
 
 _logger = logging.getLogger(__name__)
 

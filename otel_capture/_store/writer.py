@@ -65,7 +65,6 @@ not reach the disk.
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
 import errno
 import logging
 import os
@@ -83,8 +82,9 @@ from .append import fenced_append
 from .dirstate import DirState, dir_state
 from .fs import DIR_MODE, FILE_MODE, AppendFiles, check_directory, make_root
 from .fstype import SyncChoice, choose_sync
-from .libc import LIBC, name_native_thread
+from .libc import name_native_thread
 from .locks import LockFiles
+from .sync import LIBC_SYNCFS, sync_batch
 from .weight import DeclaredVersions, stamp_batch
 from .writer_failures import WriterFailures
 from .writer_items import Completions, LoopWaiter, WriterStats, _Abandon, _Barrier, _Begin, _Discard, _Item
@@ -93,23 +93,6 @@ __all__ = ["LIBC_SYNCFS", "JsonlWriter", "WriterClosedError", "WriterStats"]
 
 _logger = logging.getLogger(__name__)
 
-
-def _libc_syncfs() -> Callable[[int], None] | None:
-    """Linux ``syncfs(2)`` through ctypes (the standard library has no binding), or None elsewhere."""
-    function = getattr(LIBC, "syncfs", None)
-    if function is None:
-        return None
-    function.argtypes = [ctypes.c_int]
-
-    def syncfs(fd: int) -> None:
-        if function(fd) != 0:
-            code = ctypes.get_errno()
-            raise OSError(code, os.strerror(code))
-
-    return syncfs
-
-
-LIBC_SYNCFS = _libc_syncfs()
 
 WRITER_THREAD = "otel-capture-writer"
 """The writer thread's name, in the kernel too (its first 15 bytes: :data:`WRITER_THREAD_KERNEL_NAME`)."""
@@ -463,28 +446,8 @@ class JsonlWriter:
         return LockTimeoutError(exc.label, max(round(now - since, 1), exc.waited))
 
     def _sync(self, fds: list[int], created: bool) -> None:
-        """Make every file of the batch durable, and the directory when the batch created a file.
-
-        On a local filesystem, with two or more files, one ``syncfs`` of the capture directory's
-        filesystem replaces one ``fsync`` per file plus the directory's: the batch pays one flush instead
-        of one per rollout (at 64 concurrent calls over 32 rollouts that is the difference between about
-        0.9 and 0.1 flushes per record). ``syncfs`` also writes out other files of that filesystem, so it
-        is used only where it exists (Linux) and where it is not disabled; a single file keeps its own
-        ``fsync``. On a network or FUSE filesystem (NFS, Lustre, GlusterFS...) ``syncfs`` returns at once
-        without the server receiving any sync, so there every file gets its own ``fsync``, the only call
-        forwarded to the server (:func:`.fstype.choose_sync` decides, once, from ``statfs``).
-        """
-        if not fds:
-            return
-        if len(fds) >= 2 and self._syncfs is not None and self.sync_choice.kind == "syncfs":
-            self._syncfs(fds[0])
-            self.stats.fsyncs += 1
-            return
-        for fd in fds:
-            self._fsync(fd)
-            self.stats.fsyncs += 1
-        if created:
-            self._sync_dir()
+        """Make the batch durable (:func:`.sync.sync_batch`: one ``syncfs`` or an ``fsync`` per file)."""
+        self.stats.fsyncs += sync_batch(fds, created, self.root, self.sync_choice, self._fsync, self._syncfs)
 
     def _prepare(self) -> None:
         """Ahead of need: once the first batch's calls are answered (and again in a directory made anew),
@@ -517,14 +480,6 @@ class JsonlWriter:
         # Quietly: a late call of a frozen or retired rollout is the lifecycle working, not a failure.
         self.stats.late_write_dropped += 1
         self._done.resolve(item, error)
-
-    def _sync_dir(self) -> None:
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            self._fsync(fd)
-        finally:
-            os.close(fd)
-        self.stats.fsyncs += 1
 
 
 def _identity(st: os.stat_result) -> tuple[int, int]:
