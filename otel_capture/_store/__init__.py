@@ -50,6 +50,7 @@ from .types import (
     empty_result,
     validate_rollout_ids,
 )
+from .weight import usable_weight_version
 from .writer import LIBC_SYNCFS, JsonlWriter, WriterStats
 from .writer_items import LoopWaiter
 
@@ -87,5 +88,6 @@ __all__ = [
     "read_available_model_call_records",
     "read_model_call_records",
     "scan_available_model_call_records",
+    "usable_weight_version",
     "validate_rollout_ids",
 ]

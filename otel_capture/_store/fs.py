@@ -73,6 +73,11 @@ def problem(st: os.stat_result, *, single_link: bool) -> str | None:
     return None
 
 
+def describe_error(exc: OSError) -> str:
+    """An ``OSError`` in one line, its errno's name included (``OSError: ENOSPC No space left on device``)."""
+    return f"{type(exc).__name__}: {errno.errorcode.get(exc.errno or 0, '')} {exc.strerror or exc}".strip()
+
+
 def damaged(label: str, what: str) -> DamagedEntryError:
     return DamagedEntryError(label, what)
 

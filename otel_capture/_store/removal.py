@@ -10,7 +10,6 @@ used: the files are then unlinked in place.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import shutil
@@ -20,10 +19,6 @@ from .fs import DirFds
 from .names import INFLIGHT_DIR, INFLIGHT_SUFFIX, RECORD_SUFFIXES, TRASH_DIR
 
 _logger = logging.getLogger(__name__)
-
-
-def describe(exc: OSError) -> str:
-    return f"{type(exc).__name__}: {errno.errorcode.get(exc.errno or 0, '')} {exc.strerror or exc}".strip()
 
 
 def trash_fd(dirs: DirFds) -> int | None:

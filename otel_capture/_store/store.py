@@ -35,14 +35,14 @@ from .._settings import allow_shared_dir_from_environ, lock_timeout_from_environ
 from .append import fenced_append, fenced_mark_incomplete
 from .backend import CaptureBackend
 from .dirstate import DirState, dir_state
-from .fs import DirFds, check_directory, problem
+from .fs import DirFds, check_directory, describe_error, problem
 from .inflight import INFLIGHT_REASON
 from .journal import Fence, Hook, fence_error, no_hook
 from .lines import RawLines, StreamedLines, read_lines, stream_lines
 from .losses import Loss, pending_for, pending_losses
 from .marker import read_marks
 from .names import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, RECORD_SUFFIXES, TOKENS_SUFFIX
-from .removal import describe, purge_trash, trash_fd, unlink_records
+from .removal import purge_trash, trash_fd, unlink_records
 from .snapshot import count_version, read_contents
 from .sync import fsync_dir
 from .types import (
@@ -400,7 +400,7 @@ class CaptureStore(CaptureBackend):
                         try:
                             outcome[rid] = "removed" if unlink_records(dirs, rid, token, trash) else "absent"
                         except OSError as exc:
-                            result["failed"][rid] = describe(exc)
+                            result["failed"][rid] = describe_error(exc)
                             _logger.error("could not remove the records of retired rollout %s: %s", rid, exc)
                         self._hook("retire_removed_one")
         except BaseException:
@@ -460,7 +460,7 @@ class CaptureStore(CaptureBackend):
                     try:
                         had[rid] = unlink_records(dirs, rid, token, trash) or fenced
                     except OSError as exc:
-                        result["failed"][rid] = describe(exc)
+                        result["failed"][rid] = describe_error(exc)
                         _logger.error("could not remove the records of rollout %s: %s", rid, exc)
                     self._hook("delete_removed_one")
                 self._fsync(dirs.root_fd())
@@ -485,7 +485,7 @@ class CaptureStore(CaptureBackend):
                     try:
                         gone = unlink_records(dirs, rid, None, None)
                     except OSError as exc:
-                        result["failed"][rid] = describe(exc)
+                        result["failed"][rid] = describe_error(exc)
                         continue
                     result["removed" if gone else "absent"].append(rid)
                 self._fsync(dirs.root_fd())

@@ -62,6 +62,15 @@ def validate_weight_version(version: object) -> str:
     return text
 
 
+def usable_weight_version(text: str) -> str | None:
+    """A version a caller sent (a header, baggage), stripped; ``None`` when it is not one by the rule of
+    :func:`validate_weight_version` (the one rule of a usable version, for both sides)."""
+    try:
+        return validate_weight_version(text.strip())
+    except ValueError:
+        return None
+
+
 def declare(dirs: DirFds, version: str, fsync: Fsync, at: float | None = None) -> None:
     """Append one declaration (the caller validated ``version``) and make it durable: under the file's
     exclusive ``flock`` (so two declaring processes never interleave a line), then ``fsync`` the file, and

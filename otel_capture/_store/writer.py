@@ -85,7 +85,7 @@ from .fstype import SyncChoice, choose_sync
 from .libc import name_native_thread
 from .locks import LockFiles
 from .sync import LIBC_SYNCFS, sync_batch
-from .weight import DeclaredVersions, stamp_batch
+from .weight import DeclaredVersions, WeightStamp, stamp_batch
 from .writer_failures import WriterFailures
 from .writer_items import Completions, LoopWaiter, WriterStats, _Abandon, _Barrier, _Begin, _Discard, _Item
 
@@ -208,7 +208,7 @@ class JsonlWriter:
         model_call_id: str,
         tokens_line: bytes | None,
         waiter: LoopWaiter,
-        weight: tuple[str | None, float | None, float | None] | None = None,
+        weight: WeightStamp | None = None,
     ) -> None:
         """Queue one line (ending in ``\\n``), and its token line if any; the thread resolves ``waiter`` when
         both are durable, or with the error that kept them off disk. After :meth:`close` the call is

@@ -13,6 +13,8 @@ import concurrent.futures
 import contextlib
 from dataclasses import dataclass
 
+from .weight import WeightStamp
+
 
 @dataclass(slots=True)
 class LoopWaiter:
@@ -48,7 +50,7 @@ class _Item:
     waiter: LoopWaiter
     """The one completion route: resolved by the thread with the rest of its batch."""
     resolved: bool = False
-    weight: tuple[str | None, float | None, float | None] | None = None
+    weight: WeightStamp | None = None
     """(caller's weight version, started_at, completed_at): the declared versions are added to ``line`` in
     its batch (:func:`.weight.stamp_batch`); ``None``: the line is written as it is."""
 
