@@ -127,7 +127,8 @@ class ModelCallJsonlExporter(SpanExporter):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """True once every record handed to this exporter before the call is on disk and fsynced, or
-        has failed and been marked incomplete; False if that did not happen within the timeout."""
+        has failed and been marked incomplete (contract D3, D5); False if that did not happen within the
+        timeout."""
         if self._writer is None:
             return True
         return self._writer.flush(timeout_millis / 1000)

@@ -116,7 +116,7 @@ class CaptureSettings:
     so the JSON stays valid. Never above the SDK's attribute length limit, which would cut the JSON."""
     durable_timeout_s: float = DEFAULT_DURABLE_TIMEOUT_S
     """Longest wait for a call's record to be durable before its terminal chunk is released anyway and its
-    capture marked failed (a disk or network filesystem that stopped answering never holds a call)."""
+    capture marked failed (contract D6)."""
     records_expected: bool = False
     """``OTEL_TRACES_EXPORTER`` names ``model_call_jsonl``: a middleware that finds no records' exporter
     on its tracer provider when a call comes says so (once) instead of recording nothing in silence."""
@@ -226,19 +226,16 @@ class WriterSettings:
     directory: Path | None = None
     """Where records go; ``None`` means no records (the exporter logs it once)."""
     sync: SyncMode = "auto"
-    """How a batch of lines is made durable: ``auto`` (by the capture directory's filesystem: on a local
-    one, one ``syncfs`` for a batch that touched several files, where Linux has it; on a network or FUSE
-    filesystem, or one of unknown type, one ``fsync`` per file, since ``syncfs`` does not reach the server
-    there) or ``fsync`` (always one per file: for a local filesystem shared with heavy unrelated writers,
-    which ``syncfs`` would also flush). ``OTEL_CAPTURE_SYNC``; ``otel-capture check`` says which is in
-    force and why."""
+    """How a batch of lines is made durable: ``auto`` (chosen by the capture directory's filesystem) or
+    ``fsync`` (always one per file: for a local filesystem shared with heavy unrelated writers, which
+    ``syncfs`` would also flush) (contract D4). ``OTEL_CAPTURE_SYNC``."""
     allow_shared_directory: bool = False
     """Write into a world-writable directory, or one owned by another user (refused by default: others
-    could plant links or FIFOs in it). ``OTEL_CAPTURE_ALLOW_SHARED_DIR``."""
+    could plant links or FIFOs in it) (contract D26). ``OTEL_CAPTURE_ALLOW_SHARED_DIR``."""
     lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
     """Longest wait for a file lock (a data file's ``flock``, which NeMo Gym's writers also take, or a
-    rollout's stripe lock): a process that holds one longer fails that rollout's batch (marked incomplete
-    with the reason), never the writer. ``OTEL_CAPTURE_LOCK_TIMEOUT_S``."""
+    rollout's stripe lock): a process that holds one longer fails that rollout's batch, never the writer
+    (contract D21, D22). ``OTEL_CAPTURE_LOCK_TIMEOUT_S``."""
 
     @classmethod
     def from_environ(

@@ -40,7 +40,8 @@ def is_valid_rollout_id(rollout_id: object) -> bool:
 
 
 def validate_rollout_id(rollout_id: object) -> str:
-    """Return ``rollout_id`` if it follows the grammar, else raise :class:`InvalidRolloutIdError`."""
+    """Return ``rollout_id`` if it follows the grammar, else raise :class:`InvalidRolloutIdError`: an id
+    that passes is a file name inside the capture directory (contract D38)."""
     if not is_valid_rollout_id(rollout_id):
         raise InvalidRolloutIdError(rollout_id, ROLLOUT_ID_RULE)
     return rollout_id  # type: ignore[return-value]  # narrowed by is_valid_rollout_id
