@@ -60,17 +60,17 @@ def _append_locked(fd: int, data: bytes, label: str, timeout: float, clean_end: 
     ``clean_end``: the size the file had after our own last append through ``fd``; a file still that size
     ends in our ``\n``, and its last byte is not read again.
     """
-    flock_within(fd, fcntl.LOCK_EX, timeout, label)
+    flock_within(fd, fcntl.LOCK_EX, timeout, label)  # NeMo Gym's lock, for the write only (contract D8)
     try:
-        start = os.fstat(fd).st_size
+        start = os.fstat(fd).st_size  # a torn tail is terminated first (contract D7)
         if start and start != clean_end and os.pread(fd, 1, start - 1) != b"\n":
             data = b"\n" + data
         try:
-            write_all(fd, data)
+            write_all(fd, data)  # the batch's lines for this file in one write (contract D7)
         except OSError as error:
-            if error.errno in FENCED_ERRNOS:  # the lock is gone: a cut now could cut another node's lines
+            if error.errno in FENCED_ERRNOS:  # the lock is gone: never cut back (contract D27)
                 raise fenced_error(error, label) from None
-            # Half a batch would leave a torn line that every later append follows: cut it back.
+            # Half a batch would leave a torn line that every later append follows: cut back (contract D7, D17).
             try:
                 os.ftruncate(fd, start)
             except OSError as exc:
@@ -135,7 +135,8 @@ def fenced_append(
     begins = list(begins)
     mcids = [mcid for mcid, _, _ in calls]
     stripe = state.locks.stripe(rollout_id)
-    lock_fd = state.locks.acquire(dirs, stripe, lock_files)  # hold_ids, without a context manager
+    # the stripe, held for "read the fence, then append" (contract L4); hold_ids without a context manager
+    lock_fd = state.locks.acquire(dirs, stripe, lock_files)
     try:
         state.journal.refresh()
         fence = state.journal.fence(rollout_id)
@@ -175,7 +176,9 @@ def _admit(
     begun_here = set(begins)
     for index, (mcid, line, tokens) in enumerate(calls):
         admitted = state.calls.epoch(rollout_id, mcid)
-        if admitted is not None and epoch > admitted:
+        if (
+            admitted is not None and epoch > admitted
+        ):  # admitted before a retire or delete: late (contract L9)
             late = CaptureRetiredError(
                 f"rollout {rollout_id} was retired or deleted while call {mcid} was in flight"
             )
@@ -272,11 +275,11 @@ def fenced_mark_incomplete(
             fd, created = open_append(dirs.root_fd(), name, name, file_mode)
             try:
                 _append_locked(fd, data, name, dirs.lock_timeout)
-                fsync(fd)
+                fsync(fd)  # the mark is durable before the call is reported lost (contract D5)
             finally:
                 os.close(fd)
             if created:
-                fsync(dirs.root_fd())
+                fsync(dirs.root_fd())  # the new marker's entry (contract D10)
             if fence is None:
                 _end_markers(state, dirs, rollout_id, mcids)
             return fence

@@ -59,8 +59,8 @@ class DirState:
         return DirFds(self.root, self.fsync, create=create, lock_timeout=lock_timeout)
 
     def prepare(self, dirs: DirFds) -> bool:
-        """Make the state directory whole, once per capture directory (again when it was removed and made
-        anew): its subdirectories, the 64 stripe lock files, the journal's lock and the journal itself.
+        """Make the state directory whole (contract L15), once per capture directory (again when it was
+        removed and made anew): its subdirectories, the 64 stripe lock files, the journal's lock and the journal itself.
         What an operation would otherwise create on first use is created now, while there are inodes
         (``docs/durability.md``, "When files cannot be created"). Best effort: an entry that cannot be
         made (no space, a planted link) is left to the operation that needs it, which reports it. True

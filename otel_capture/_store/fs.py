@@ -102,7 +102,7 @@ def open_file(
 ) -> tuple[int, os.stat_result]:
     """Open ``name`` in ``dir_fd`` (a path when ``None``) without following a link or blocking: a regular
     file (with one link when ``single_link``) or :class:`DamagedEntryError`. Returns the descriptor and its
-    ``fstat``."""
+    ``fstat`` (contract D24, D25)."""
     try:
         fd = os.open(name, flags | _NOFOLLOW, mode, dir_fd=dir_fd)
     except OSError as exc:
@@ -141,7 +141,7 @@ def open_append(dir_fd: int, name: str, label: str, mode: int = FILE_MODE) -> tu
             created = True
         try:
             if stat.S_IMODE(st.st_mode) & ~mode:
-                os.fchmod(fd, mode)  # records are training data: an old 0644 file becomes 0600
+                os.fchmod(fd, mode)  # records are training data: 0644 becomes 0600 (contract D26)
         except BaseException:
             os.close(fd)
             raise
@@ -248,7 +248,8 @@ def flock_within(fd: int, operation: int, timeout: float, label: str) -> None:
     """``flock(fd, operation)``, waiting at most ``timeout`` seconds: tried with ``LOCK_NB``, then again
     after a sleep that doubles from 1 ms to 50 ms. A blocking ``flock`` would wait as long as its holder
     likes, and the holder may be any process of the same user (NeMo Gym's writers lock the data files
-    too). Raises :class:`LockTimeoutError` naming ``label`` when the lock is still held at the deadline."""
+    too). Raises :class:`LockTimeoutError` naming ``label`` when the lock is still held at the deadline
+    (contract D21)."""
     try:
         fcntl.flock(fd, operation | fcntl.LOCK_NB)
         return
@@ -273,7 +274,8 @@ def flock_within(fd: int, operation: int, timeout: float, label: str) -> None:
 
 def fenced_error(exc: OSError, label: str) -> OSError:
     """``exc`` itself, or, for an error of :data:`FENCED_ERRNOS`, the same errno with a reason that says
-    what it means: the shared filesystem took this node's lock away (fenced), nothing more is written."""
+    what it means: the shared filesystem took this node's lock away (fenced), nothing more is written
+    (contract D27)."""
     if exc.errno not in FENCED_ERRNOS:
         return exc
     return OSError(
@@ -298,7 +300,7 @@ def read_locked(
     except FileNotFoundError:
         return None
     try:
-        flock_within(fd, fcntl.LOCK_SH, timeout, label)
+        flock_within(fd, fcntl.LOCK_SH, timeout, label)  # every read under NeMo Gym's lock (contract D8)
         try:
             data = read_all(fd)
         finally:
@@ -344,7 +346,7 @@ def make_root(root: Path, fsync: Fsync, mode: int = DIR_MODE) -> None:
     if root.is_dir():
         return
     root.mkdir(mode=mode, parents=True, exist_ok=True)
-    fsync_dir(root.parent, fsync)
+    fsync_dir(root.parent, fsync)  # the new directory survives a crash (contract D10)
 
 
 def check_directory(root: Path, *, allow_shared: bool) -> bool:
@@ -352,7 +354,7 @@ def check_directory(root: Path, *, allow_shared: bool) -> bool:
     links the store refuses, and make every capture fail. A missing directory passes (it is created 0700).
 
     True when ``root`` was checked and is an existing directory (the caller need not ``stat`` it again to
-    create it)."""
+    create it). (contract D26)"""
     if allow_shared:
         return False
     try:
@@ -449,7 +451,7 @@ class DirFds:
                 raise
             try:
                 os.mkdir(name, DIR_MODE, dir_fd=parent)
-                self._fsync(parent)  # the new directory's entry survives a crash
+                self._fsync(parent)  # the new directory's entry survives a crash (contract D10)
             except FileExistsError:
                 pass
         raise OSError(errno.EAGAIN, f"{label}: created and removed under us {OPEN_TRIES} times in a row")

@@ -87,7 +87,8 @@ def _apply(data: bytes, begun: set[str]) -> set[str]:
 
 
 class InflightMarkers:
-    """The marker files. Writers hold the rollout's stripe; readers (a freeze, ``list_rollouts``) need not."""
+    """The marker files (contract D19, L10). Writers hold the rollout's stripe; readers (a freeze,
+    ``list_rollouts``) need not."""
 
     @staticmethod
     def open(dirs: DirFds, rollout_id: str, *, create: bool) -> int | None:

@@ -93,8 +93,9 @@ class FenceJournal:
         self._raw_corrupt: list[bytes] = []
 
     def refresh(self) -> None:
-        """Bring the view up to date: one ``lstat`` when nothing changed. A journal that is not a regular
-        file of its own (a link, a FIFO, a hard link) is a ``DamagedEntryError``, never read."""
+        """Bring the view up to date: one ``lstat`` when nothing changed; what another process appended is
+        seen here (contract L11). A journal that is not a regular file of its own (a link, a FIFO, a hard
+        link) is a ``DamagedEntryError``, never read."""
         with self._view_lock:
             try:
                 st = os.stat(self.path, follow_symlinks=False)
@@ -260,7 +261,7 @@ class FenceJournal:
         else:
             size = os.fstat(fd).st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":
-                chunk += b"\n"  # terminate a line torn by a crashed appender
+                chunk += b"\n"  # terminate a line torn by a crashed appender (contract L13)
         wrote = bool(chunk)
         count = 0
         now = round(time.time(), 3)
@@ -299,7 +300,7 @@ class FenceJournal:
 
     def _compact(self, dirs: DirFds, fsync: Fsync) -> None:
         """Rewrite the journal with only the fences still in force (under the journal lock): written to a
-        temporary file, synced, renamed over the journal, and the directory synced."""
+        temporary file, synced, renamed over the journal, and the directory synced (contract L12)."""
         state_fd = dirs.state_fd()
         for name in os.listdir(state_fd):
             if name.startswith(JOURNAL + ".tmp-"):
@@ -357,6 +358,7 @@ def _dumps(event: dict[str, Any]) -> bytes:
 
 
 def fence_error(rollout_id: str, fence: Fence) -> CaptureFrozenError:
+    """The typed refusal of a fenced rollout (contract L2)."""
     if fence.kind == "retired":
         return CaptureRetiredError(f"rollout {rollout_id} is retired: its captures take no more writes")
     return CaptureFrozenError(f"rollout {rollout_id} is frozen: its captures take no more records")

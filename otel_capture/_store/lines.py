@@ -93,7 +93,7 @@ def _open_data(path: Path) -> int | None:
     except DamagedEntryError as exc:
         if exc.what.startswith("a directory"):  # fails at once, as open() always did: not skipped
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path)) from None
-        # A link or a FIFO: never followed or waited on.
+        # A link or a FIFO: never followed or waited on; readers skip it (contract D25).
         _logger.warning("skipping %s: %s", path, exc.what)
         return None
     return fd

@@ -167,7 +167,8 @@ class StripedLocks:
 
     def acquire(self, dirs: DirFds, stripe: int, files: LockFiles | None = None) -> int:
         """Hold one stripe (the writer's path: no context manager, no sorting); returns the lock file's
-        descriptor, for :meth:`release`. On any error nothing is held."""
+        descriptor, for :meth:`release`. On any error nothing is held. Waits at most the lock timeout
+        (contract L4, D21, D23)."""
         name = _NAMES[stripe]
         if not self._threads[stripe].acquire(timeout=dirs.lock_timeout):
             raise LockTimeoutError(_LABELS[stripe], dirs.lock_timeout, "another thread of this process")

@@ -160,7 +160,8 @@ def _used(fd: int) -> bytes:
 
 
 def pending_for(root: str | os.PathLike[str], rollout_id: str) -> list[Loss]:
-    """The pending losses of one rollout; an overflow entry (rollout unknown) counts for every rollout."""
+    """The pending losses of one rollout; an overflow entry (rollout unknown) counts for every rollout
+    (contract D14)."""
     return [loss for loss in pending_losses(root) if loss.rollout_id in (rollout_id, "")]
 
 
@@ -196,7 +197,8 @@ class LossReserve:
         return still_named(here, self._name, *self._id) is not None
 
     def open(self, dirs: DirFds, fsync: Fsync) -> None:
-        """Create and reserve a fresh file (the old one, if any, is let go: its directory was removed)."""
+        """Create and reserve a fresh file (the old one, if any, is let go: its directory was removed)
+        (contract D13)."""
         self.close_fds()
         dir_fd = os.dup(dirs.state_fd(LOSSES_DIR))
         name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}{LOSSES_SUFFIX}"
@@ -227,7 +229,7 @@ class LossReserve:
 
     def record(self, rollout_id: str, mcids: list[str], reason: str, fsync: Fsync) -> int | None:
         """Write one pending entry; its offset, or ``None`` when the reserve is not open or is full (the
-        overflow entry is written then, once)."""
+        overflow entry is written then, once) (contract D16)."""
         if self._fd is None:
             return None
         entry = _entry(rollout_id, mcids, reason)
@@ -304,7 +306,7 @@ class Orphan:
 
 def orphans(dirs: DirFds, own: str) -> Iterator[Orphan]:
     """Reserves of writers that are gone (nobody holds their ``flock``), each locked while it is used.
-    An orphan with nothing pending is unlinked at once."""
+    An orphan with nothing pending is unlinked at once (contract D15)."""
     try:
         dir_fd = dirs.state_fd(LOSSES_DIR)
         names = os.listdir(dir_fd)

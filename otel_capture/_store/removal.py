@@ -42,7 +42,7 @@ def _remove(dir_fd: int, name: str, trash: int | None, trash_name: str) -> bool:
 
 
 def unlink_records(dirs: DirFds, rollout_id: str, token: str | None, trash: int | None) -> bool:
-    """Take a rollout's record files and in-flight marker out of the directory; True if any record file
+    """Take a rollout's record files and in-flight marker out of the directory (contract L14, D24); True if any record file
     existed. With a batch ``token`` and a ``trash`` descriptor they are renamed into the trash, else
     unlinked. A damaged in-flight directory is logged and skipped: the records go all the same."""
     removed = False
@@ -63,9 +63,9 @@ def unlink_records(dirs: DirFds, rollout_id: str, token: str | None, trash: int 
 
 
 def purge_trash(dirs: DirFds) -> int:
-    """Unlink every entry of the trash (a directory entry is removed as a tree, never following a link);
-    ``dirs`` made with ``create=False``. Returns how many entries it removed. A trash that is not a real
-    directory holds nothing of ours (removals unlink in place then): it is logged and left alone."""
+    """Unlink every entry of the trash (contract L14, D24): a directory entry is removed as a tree, never
+    following a link; ``dirs`` made with ``create=False``. Returns how many entries it removed. A trash
+    that is not a real directory holds nothing of ours (removals unlink in place then): it is logged and left alone."""
     try:
         trash = dirs.state_fd(TRASH_DIR)
     except FileNotFoundError:

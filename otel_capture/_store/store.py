@@ -73,7 +73,8 @@ _executor: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 def _lifecycle_executor() -> concurrent.futures.ThreadPoolExecutor:
-    """A dedicated pool, so a long retire never starves ``asyncio.to_thread`` users of the default one."""
+    """A dedicated pool, so a long retire never starves ``asyncio.to_thread`` users of the default one
+    (contract L17)."""
     global _executor
     with _executor_lock:
         if _executor is None:
@@ -138,7 +139,7 @@ class CaptureStore(CaptureBackend):
     # -- queries ---------------------------------------------------------------------------------------
 
     def rollout_state(self, rollout_id: str) -> RolloutState:
-        """``absent``, ``live``, ``frozen`` or ``retired``."""
+        """``absent``, ``live``, ``frozen`` or ``retired`` (contract L1)."""
         rid = validate_rollout_id(rollout_id)
         state = self._state
         state.journal.refresh()
@@ -250,7 +251,7 @@ class CaptureStore(CaptureBackend):
             raise outcome.dropped[0][1]
 
     def _check(self, rid: str) -> Fence | None:
-        """Refresh the journal view (the caller holds the stripe); a damaged state raises."""
+        """Refresh the journal view (the caller holds the stripe); a damaged state raises (contract L2)."""
         state = self._state
         state.journal.refresh()
         damage = state.journal.corrupt(rid)
@@ -279,17 +280,17 @@ class CaptureStore(CaptureBackend):
         rid = validate_rollout_id(rollout_id)
         state = self._state
         damage: list[str] = []
-        with self._dirs() as dirs, state.locks.hold_ids(dirs, [rid]):
+        with self._dirs() as dirs, state.locks.hold_ids(dirs, [rid]):  # under the stripe (contract L4, L5)
             fence = self._check(rid)
             if fence is not None and fence.kind == "retired":
                 raise fence_error(rid, fence)
-            # A record the snapshot hands out must survive a crash: every file read is synced.
+            # A record the snapshot hands out must survive a crash: every file read is synced (contract L5).
             contents = read_contents(dirs, rid, fsync=self._fsync)
             pending = self._pending(rid, damage)
-            losses = pending_for(self.root, rid)  # lost calls whose marks a full filesystem holds back
+            losses = pending_for(self.root, rid)  # held-back losses: named as lost (contract D14, L10)
             if fence is None:
                 held = {m for loss in losses for m in loss.model_call_ids}  # lost, not in flight
-                inflight = sorted(pending - contents.call_ids() - held)
+                inflight = sorted(pending - contents.call_ids() - held)  # (contract L10)
                 event = {"op": "freeze", "id": rid, "snapshot_id": uuid.uuid4().hex, "inflight": inflight}
                 state.journal.append(dirs, [event], self._fsync, self._hook)
                 fence = state.journal.fence(rid)
@@ -333,7 +334,7 @@ class CaptureStore(CaptureBackend):
                 if fence.kind == "retired":
                     return fence.snapshot_id == snapshot_id and fence.version == version
                 if fence.snapshot_id != snapshot_id or self._version(dirs, rid) != version:
-                    return False
+                    return False  # only the exact snapshot is dropped (contract L6)
                 event = {"op": "retire", "id": rid, "snapshot_id": snapshot_id, "version": version}
                 state.journal.append(dirs, [event], self._fsync, self._hook)
                 expected = {rid: state.journal.last_seq(rid)}
@@ -358,7 +359,7 @@ class CaptureStore(CaptureBackend):
             with state.locks.hold_ids(dirs, ids):
                 state.journal.refresh()
                 self._hook("retire_fencing")
-                # Phase 1: one append and one fsync make every fence of the batch durable, before any removal.
+                # Phase 1: one append and one fsync make every fence durable, before any removal (contract L7).
                 state.journal.append(dirs, self._retire_events(dirs, ids), self._fsync, self._hook)
                 expected = {rid: state.journal.last_seq(rid) for rid in ids}
             self._hook("retire_fenced")
@@ -380,7 +381,8 @@ class CaptureStore(CaptureBackend):
             yield event
 
     def _remove_records(self, dirs: DirFds, expected: dict[str, int], result: RemovalResult) -> None:
-        """Phase 2: stripe by stripe, remove the records of each rollout still fenced by ``expected``."""
+        """Phase 2: stripe by stripe, remove the records of each rollout still fenced by ``expected``
+        (contract L7, L14)."""
         state = self._state
         by_stripe: dict[int, list[str]] = {}
         for rid in expected:
@@ -406,7 +408,7 @@ class CaptureStore(CaptureBackend):
         except BaseException:
             self._sync_after_error()
             raise
-        self._fsync(dirs.root_fd())  # the removals are durable before the batch reports them
+        self._fsync(dirs.root_fd())  # the removals are durable before the batch reports them (contract L7)
         self._hook("retire_synced")
         self._purge_later()
         for rid in expected:
@@ -465,9 +467,10 @@ class CaptureStore(CaptureBackend):
                     self._hook("delete_removed_one")
                 self._fsync(dirs.root_fd())
             except BaseException:
-                self._sync_after_error()
+                self._sync_after_error()  # best effort, never hides the error (contract L3)
                 raise
-            # Records are gone (durably) before the fences go: never old records without their fence.
+            # Records are gone (durably) before the fences go: never old records without their fence
+            # (contract L8).
             events = ({"op": "delete", "id": rid} for rid in ids if rid not in result["failed"])
             state.journal.append(dirs, events, self._fsync, self._hook)
         self._purge_later()
@@ -527,7 +530,7 @@ class CaptureStore(CaptureBackend):
 
     def is_incomplete(self, rollout_id: str) -> bool:
         """Whether the marker exists (whatever it is: a damaged marker says something went wrong too), or a
-        writer's loss reserve holds a loss of the rollout that its marker does not have yet."""
+        writer's loss reserve holds a loss of the rollout that its marker does not have yet (contract D14)."""
         return os.path.lexists(self.incomplete_path(rollout_id)) or bool(pending_for(self.root, rollout_id))
 
     def incomplete_calls(self, rollout_id: str) -> list[IncompleteCall]:
@@ -560,7 +563,7 @@ class CaptureStore(CaptureBackend):
     def rollout_ids(self) -> list[str]:
         """Every rollout with a data, token or incomplete file that is a regular file, or with a loss in a
         writer's loss reserve, sorted: the one listing of the directory's rollouts (``list_rollouts``,
-        ``check`` and ``show`` use it)."""
+        ``check`` and ``show`` use it) (contract L16)."""
         found = {rid for rid, _, st in self._scan() if stat.S_ISREG(st.st_mode)}
         # a rollout whose every file a full filesystem refused is known by its losses alone
         found.update(loss.rollout_id for loss in pending_losses(self.root) if loss.rollout_id)

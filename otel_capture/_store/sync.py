@@ -53,7 +53,7 @@ def sync_batch(
     syncfs: Fsync | None,
 ) -> int:
     """Make every file of a batch durable, and ``root`` when the batch created a file in it; returns the
-    number of flushes.
+    number of flushes (contract D4, D10).
 
     On a local filesystem, with two or more files, one ``syncfs`` of the capture directory's
     filesystem replaces one ``fsync`` per file plus the directory's: the batch pays one flush instead

@@ -74,7 +74,7 @@ def usable_weight_version(text: str) -> str | None:
 def declare(dirs: DirFds, version: str, fsync: Fsync, at: float | None = None) -> None:
     """Append one declaration (the caller validated ``version``) and make it durable: under the file's
     exclusive ``flock`` (so two declaring processes never interleave a line), then ``fsync`` the file, and
-    the state directory when this created the file."""
+    the state directory when this created the file (contract L20)."""
     line = orjson.dumps({"version": version, "at": time.time() if at is None else at}) + b"\n"
     state_fd = dirs.state_fd()
     flags = os.O_RDWR | os.O_APPEND | os.O_CREAT

@@ -110,7 +110,7 @@ class WriterFailures:
             self.fail(rollout_id, group, exc)
 
     def fail(self, rollout_id: str, items: list[_Item], exc: OSError, reason: str | None = None) -> None:
-        reason = reason or describe_error(exc)
+        reason = reason or describe_error(exc)  # logged, counted and marked (contract D5)
         self._stats.failures += len(items)
         self._stats.last_failure = reason
         self._logger.error("capture of %d call(s) of rollout %s failed: %s", len(items), rollout_id, reason)
@@ -194,7 +194,7 @@ class WriterFailures:
 
     def _keep(self, rollout_id: str, model_call_ids: list[str], reason: str, exc: OSError) -> None:
         """The marker refused the mark: record the loss in the reserve (blocks taken ahead of need), keep it
-        in memory, and retry it (:meth:`retry`)."""
+        in memory, and retry it (:meth:`retry`) (contract D13)."""
         offset = None
         try:
             with self._state.dirs(lock_timeout=self._lock_timeout) as dirs:
@@ -258,7 +258,8 @@ class WriterFailures:
             self._logger.error("could not update the loss reserve: %s", exc)
 
     def _adopt(self) -> None:
-        """Write the pending marks of reserves whose writers are gone (a crash), then remove those."""
+        """Write the pending marks of reserves whose writers are gone (a crash), then remove those
+        (contract D15)."""
         try:
             with self._state.dirs(create=False, lock_timeout=self._lock_timeout) as dirs:
                 for orphan in orphans(dirs, self._reserve.name):
@@ -292,7 +293,8 @@ class WriterFailures:
 
     def after_close(self, rollout_id: str, model_call_id: str, item: _Item | None) -> None:
         """A call handed to the writer after ``close``: counted, logged the first time, its rollout marked
-        incomplete (off the caller's thread: the caller may be an event loop), its waiter failed."""
+        incomplete (off the caller's thread: the caller may be an event loop), its waiter failed
+        (contract D12)."""
         self._stats.failures += 1
         self._stats.after_close += 1
         reason = "capture writer closed: the call ended after the writer stopped"
