@@ -1,18 +1,9 @@
-"""One process's lifecycle state for one capture directory: everything lives in ``<dir>/.otel-capture/``,
-which NeMo Gym never looks at.
-
-* ``locks/NN.lock``: striped rollout locks (:mod:`.locks`);
-* ``journal.lock`` and ``fences.journal``: the fence journal (:mod:`.journal`);
-* ``inflight/<id>.calls``: calls in flight, for freezes in other processes (:mod:`.inflight`);
-* ``trash/``: record files that a retire or delete took out of the directory (a ``rename``, as atomic as
-  an ``unlink`` and much cheaper than freeing a synced file's blocks); a background task unlinks them;
-* ``losses/<writer>.losses``: each writer's loss reserve (:mod:`.losses`).
-
-All of it but the in-flight markers and the reserves is made whole ahead of need (:meth:`DirState.prepare`,
-when a writer or a lifecycle operation first opens the directory): from then on a freeze, a read and a
-mark of a rollout that has a file need no new inode, so a filesystem out of inodes cannot stop them.
-
-Every path is opened through :class:`.fs.DirFds` (no link followed). ``docs/lifecycle.md`` has the protocol.
+"""One process's lifecycle state for one capture directory, shared by every store and writer of the
+process: the stripe locks, the fence journal's view, the calls in flight, the declared weight versions.
+It all lives in ``<dir>/.otel-capture/`` (the entries are named in :mod:`.names`), which NeMo Gym never
+looks at, and all of it but the in-flight markers and the loss reserves is made whole ahead of need
+(:meth:`DirState.prepare`) (contract L15), so a filesystem out of inodes cannot stop a freeze, a read or
+a mark. Every path is opened through :class:`.fs.DirFds` (no link followed) (contract D24).
 """
 
 from __future__ import annotations

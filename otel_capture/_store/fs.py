@@ -1,16 +1,10 @@
-"""The store's only way to touch the filesystem: no path is followed through a link, no open can block,
-and every file is checked to be what the store made before it is read or written.
+"""The store's no-follow I/O: the one way it touches the filesystem (contract D21, D24, D25).
 
-* The capture directory's own path is the user's choice and is followed (``/data/calls`` may be a link to
-  a bigger disk). Every path inside it is opened relative to a directory descriptor with ``O_NOFOLLOW``:
-  ``.otel-capture`` and its subdirectories one component at a time (:class:`DirFds`), files by name.
-* Every file is opened ``O_NONBLOCK`` (a FIFO never blocks the open) and ``fstat``-ed: anything but a
-  regular file, or a data file with more than one link (a hard link to a file outside), is a
-  :class:`DamagedEntryError` naming the entry and what it is.
-* Opens that race a creator retry a bounded number of times, and every ``flock`` wait ends: it is polled
-  with ``LOCK_NB`` up to a deadline (:func:`flock_within`), then a :class:`LockTimeoutError`.
-
-``docs/durability.md`` ("A hostile directory") lists each guarantee with its test.
+The capture directory's own path is the user's choice and is followed; every path inside it is opened
+relative to a directory descriptor with ``O_NOFOLLOW`` (:class:`DirFds`: ``.otel-capture`` and its
+subdirectories one component at a time), ``O_NONBLOCK``, and ``fstat``-ed: anything but a regular file
+(of one link, for a file the store writes) is a :class:`DamagedEntryError`. Opens that race a creator
+retry a bounded number of times; every ``flock`` wait ends (:func:`flock_within`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
-"""Calls in flight: begun, not yet recorded. Two views of one thing.
+"""Calls in flight: begun, not yet recorded. Two views of one thing (contract D19, L10).
 
 * :class:`InflightCalls`: this process's calls, in memory, with the epoch each was admitted at.
 * :class:`InflightMarkers`: every process's calls, in ``.otel-capture/inflight/<id>.calls``: ``+<call>``
   when a call begins, ``-<call>`` when it is recorded or marked incomplete, written under the rollout's
-  stripe without ``fsync`` (a marker matters while its process lives), so that a freeze in *another*
-  process sees calls in flight. A file whose calls have all ended is removed: one file per rollout with a
-  call in flight, not one per rollout ever seen. See ``docs/lifecycle.md``.
+  stripe without ``fsync`` (a marker matters while its process lives). A file whose calls have all ended
+  is removed: one file per rollout with a call in flight, not one per rollout ever seen.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
-"""The fence journal: ``.otel-capture/fences.journal``, and this process's view of it.
+"""The fence journal: ``.otel-capture/fences.journal``, and this process's view of it
+(contract L11, L12, L13).
 
 Append-only, one JSON line per lifecycle event (``freeze``, ``retire``, ``delete``), each with a
-journal-wide ``seq``. A rollout's state is its last event: ``freeze`` → Frozen, ``retire`` → Retired,
-``delete`` (or no event) → Absent/Live. One append + one ``fsync`` makes a whole batch of fences durable,
-instead of one fence file (and one fsync) per rollout. ``journal.lock`` serialises appends and compaction.
-
-Readers keep an in-memory view and refresh it with one ``lstat``: unchanged size, inode and change time
-means nothing to read; a larger size means read only the new tail; a new inode (compaction) means reload. Once more
-than a third of the lines are superseded (a drop's freeze line, a deleted rollout's earlier events, a
-delete older than :data:`DELETE_RETENTION_S`), the next append rewrites the journal with only the fences
-in force and the recent deletes: amortised O(1) per event, and at most 1.5 lines per line in force.
-
-A delete line is kept for :data:`DELETE_RETENTION_S` (it carries its wall-clock time ``at``): it is what
-makes a call admitted before the delete late in every process, and a compaction that dropped it at once
-would let such a call write into the reused id. See ``docs/lifecycle.md``.
+journal-wide ``seq``; a rollout's state is its last event. One append + one ``fsync`` makes a whole batch
+of fences durable; ``journal.lock`` serialises appends and compaction. Readers keep a view in memory and
+refresh it with one ``lstat`` (same size, inode and change time: nothing to read; larger: read the new
+tail; a new inode, a compaction: reload). A delete line is kept :data:`DELETE_RETENTION_S` (contract L12).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""Striped rollout locks: ``.otel-capture/locks/NN.lock``, chosen by ``crc32(rollout_id) % 64``.
+"""Striped rollout locks: ``.otel-capture/locks/NN.lock``, chosen by ``crc32(rollout_id) % 64`` (contract L4).
 
-A rollout's writers and lifecycle operations hold its stripe (``flock(LOCK_EX)`` plus an in-process lock,
-because ``flock`` does not exclude two threads sharing one open file) for the whole fence check + append,
-or fence + removal. Lock files are created on first use and never deleted, so two processes can never
-lock different inodes. Order: stripes (sorted) first, then the journal's lock. Every wait for a stripe
-ends after the operation's lock timeout (:class:`LockTimeoutError`). See ``docs/lifecycle.md``.
+A stripe is ``flock(LOCK_EX)`` plus an in-process lock (``flock`` does not exclude two threads sharing one
+open file). Lock files are never deleted, so two processes never lock different inodes. Order: stripes
+(sorted), then the journal's lock. Every wait ends at the lock timeout (contract D21).
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
-"""The loss reserve: where a writer says a call was lost when even its incomplete mark cannot be written.
+"""The loss reserve: where a writer says a call was lost when even its incomplete mark cannot be written
+(no inode for a marker, no block for its line) (contract D13, D14, D15, D16).
 
-A lost call is normally named in ``<id>.capture.incomplete``. That file may be impossible to write: the
-filesystem is out of inodes (the rollout has no marker yet and none can be created) or out of blocks (the
-marker exists, empty, and takes no more bytes). So that such a loss is never indistinguishable from "no
-calls", each writer makes, when it opens the directory and before it needs it, one reserve file:
-
-* ``.otel-capture/losses/<pid>-<random>.losses``, created and given :data:`RESERVE_BYTES` of blocks
-  (``posix_fallocate``) at once, so writing an entry into it later needs no inode and no free block.
-* An entry is one line, written with one ``pwrite`` into the reserved bytes and ``fsync``-ed:
-  ``!{"rollout_id", "calls", "reason", "at"}``. Once the writer has written the calls' marker lines after
-  all (it retries), it turns the ``!`` into ``.`` in place (one byte, no new block): reported.
-* The bytes after the last entry are zeros. The last :data:`OVERFLOW_BYTES` are kept for one entry that
-  says the reserve filled up (``"overflow": true``: more calls were lost than it names; the writer's log
-  and ``WriterStats.unreported`` name them).
-* The writer holds ``flock(LOCK_SH)`` on its reserve for as long as it runs: a reserve nobody holds belongs
-  to a writer that is gone, and another writer adopts it (writes its pending marks, then unlinks it).
-
-Readers (``check``, ``show``, a freeze, the attachment) read every reserve without a lock: an entry is
-complete once its line ends in ``\\n`` and parses; a pending entry (``!``) is a loss not yet reported in its
-rollout's marker, and ``otel-capture check`` exits non-zero while one exists.
+* ``.otel-capture/losses/<pid>-<random>.losses``, given :data:`RESERVE_BYTES` of blocks at creation
+  (``posix_fallocate``), so an entry later needs no inode and no free block.
+* An entry is one line ``!{"rollout_id", "calls", "reason", "at"}``, one ``pwrite`` and ``fsync``; once
+  its marks are in the marker, its ``!`` becomes ``.`` in place (reported). A pending entry is a
+  :class:`Loss`. The last :data:`OVERFLOW_BYTES` hold one overflow entry (``"overflow": true``).
+* The writer holds ``flock(LOCK_SH)`` on its reserve while it runs; a reserve nobody holds is an orphan,
+  adopted by the next writer. Readers read every reserve without a lock.
 """
 
 from __future__ import annotations

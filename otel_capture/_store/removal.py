@@ -1,10 +1,8 @@
-"""Taking a rollout's files out of the capture directory, and emptying the trash: by directory descriptor
-and entry name, so a link is moved or unlinked itself and never followed (``docs/durability.md``, "A
-hostile directory").
+"""Taking a rollout's files out of the capture directory, and emptying the trash, by directory descriptor
+and entry name: a link is moved or unlinked itself, never followed (contract D24, L14).
 
-Retire and delete rename record files into ``.otel-capture/trash/`` (as atomic as an ``unlink`` once the
-directory is synced, and about 30 µs against 1 ms to free a synced file's blocks on a virtual ext4 disk);
-a background task unlinks them later. A trash that is not a real directory (a planted link) is never
+Retire and delete rename record files into ``.otel-capture/trash/`` (a rename, far cheaper than freeing a
+synced file's blocks); a background task unlinks them. A trash that is not a real directory is never
 used: the files are then unlinked in place.
 """
 

@@ -263,7 +263,7 @@ class CaptureStore(CaptureBackend):
         """The rollout's calls begun and not yet recorded, in this process and in every process whose
         writer has written their in-flight marker, each with when that marker was written (UTC Unix
         seconds; ``None`` for a call of this process without one yet, or a marker written without it).
-        A call begun less than the writer's marker delay (20 ms) ago in another process is not seen."""
+        A call begun less than the writer's marker delay ago in another process is not seen (contract D19)."""
         rid = validate_rollout_id(rollout_id)
         self._state.journal.refresh()
         pending = self._pending(rid)
@@ -543,7 +543,7 @@ class CaptureStore(CaptureBackend):
                 calls.append(IncompleteCall(mcid, loss.describe()))
         return calls
 
-    # -- the declared weight version and calls in flight (docs/lifecycle.md) ------------------------
+    # -- the declared weight version and calls in flight ----------------------------------------------
 
     def set_weight_version(self, version: str | int) -> None:
         """Declare the weight (policy) version in force from now on for every call captured in this

@@ -1,21 +1,6 @@
-"""The capture lifecycle's vocabulary, shared by every backend (docs/lifecycle.md).
-
-Exceptions::
-
-    RuntimeError
-    └── CaptureFrozenError       a write or begin_call on a frozen rollout
-        └── CaptureRetiredError  a write, begin_call, mark_incomplete or freeze on a retired rollout
-    ValueError
-    ├── InvalidRolloutIdError    a rollout id that breaks the grammar (the whole batch is refused)
-    └── CaptureStateError        a rollout whose lifecycle state cannot be read (that rollout only)
-    OSError
-    ├── DamagedEntryError        a path of the store that is a link, a FIFO, a hard link...: never used
-    ├── LockTimeoutError         a file's flock still held by another process after the lock timeout
-    └── PermissionError
-        └── UnsafeDirectoryError a capture directory other users can write (unless opted in)
-
-``CaptureRetiredError`` subclasses ``CaptureFrozenError`` so that ``except CaptureFrozenError`` catches
-every "this rollout takes no more writes" refusal, and both subclass ``RuntimeError`` for old callers.
+"""The capture lifecycle's vocabulary, shared by every backend: the rollout states (contract L1), a
+removal's result, a snapshot (the read model a collector builds its attachment from). The typed
+refusals (contract L2) are in :mod:`otel_capture._errors`, with the whole exception tree.
 """
 
 from __future__ import annotations
@@ -60,9 +45,7 @@ class CaptureSnapshot:
     ``records`` are the model-call lines (``<id>.capture.jsonl``) read as the readers read them, and
     ``tokens`` the token lines (``<id>.tokens.jsonl``), parsed, in append order. A file store's snapshot
     keeps them as the files' bytes and parses each one when it is asked for: read-only sequences that
-    compare equal to a tuple of the values, costing about the files' size (``docs/lifecycle.md``,
-    "Memory"). ``version`` counts every
-    durable line of the rollout (records, token lines, incomplete marks); ``drop`` succeeds only with this
+    compare equal to a tuple of the values, costing about the files' size (contract L19). ``version`` counts every durable line of the rollout (records, token lines, incomplete marks); ``drop`` succeeds only with this
     exact ``snapshot_id`` and ``version``, so a mark after the freeze (which changes ``version``) makes a
     stale drop fail.
 

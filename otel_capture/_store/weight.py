@@ -1,17 +1,10 @@
 """The weight (policy) version a trainer declares for a capture directory, and each process's view of it.
 
-``<dir>/.otel-capture/weight_versions`` is append-only, one JSON line per declaration
-``{"version": "7", "at": <UTC Unix seconds>}``: the trainer appends one when it syncs weights
-(:meth:`~otel_capture.CaptureStore.set_weight_version`, ``otel-capture weight-version DIR 7``), under an
-exclusive ``flock`` of the file and with an ``fsync`` (a declaration a crash could take back would let
-records name a version the trainer never kept). The version in force at a time ``t`` is the last
-declaration whose ``at`` is at most ``t``: a record's ``weight_version`` is the one in force when its call
-started, its ``weight_version_at_end`` the one in force when it finished.
-
-Writers read it as they read the fence journal (:mod:`.journal`): a view kept in memory and refreshed once
-per batch with one ``stat`` (same inode and size: nothing to read; a larger size: read only the new tail).
-Every writer on every node sharing the directory sees a declaration at its next batch. See
-``docs/lifecycle.md``, "The declared weight version".
+``.otel-capture/weight_versions``: one JSON line per declaration, ``{"version": "7", "at": <UTC Unix
+seconds>}``, appended under the file's ``flock`` and synced (contract L20). The version in force at ``t``
+is the last declaration whose ``at`` is at most ``t``. Writers keep a view refreshed once per batch with
+one ``stat``, as they keep the fence journal's. The rule of a usable version, the caller's included, is
+:func:`validate_weight_version`.
 """
 
 from __future__ import annotations

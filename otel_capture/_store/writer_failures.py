@@ -1,15 +1,8 @@
-"""How :class:`.writer.JsonlWriter` ends the calls whose line did not reach the disk, and makes sure each
-such loss is said somewhere a reader looks.
-
-A failed batch or append fails its calls and marks the rollout incomplete with the reason; an abandoned
-call is counted and marked; a discarded call (a redirect) has its ``-`` marker written if its ``+`` was.
-When the mark itself cannot be written (no inode for a new marker, no block for its line, the directory
-gone), the loss goes to the writer's loss reserve (:mod:`.losses`, made ahead of need), is kept in memory,
-and is retried until the marker takes it; only then is its reserve entry turned to reported. A call that
-comes after the writer is closed is counted, logged once and marked incomplete too.
-
-:class:`WriterFailures` is owned by the writer (composition): it is given the directory's state, the
-writer's counters, the completions it resolves calls through, and the writer's logger.
+"""How :class:`.writer.JsonlWriter` ends the calls whose line did not reach the disk
+(contract D5, D12, D13, D20): failed, counted, and marked incomplete with the reason; a mark that cannot
+be written is a pending loss, kept in the loss reserve (:mod:`.losses`) and in memory and retried until
+the marker takes it. :class:`WriterFailures` is owned by the writer: it is given the directory's state,
+the writer's counters, the completions it resolves calls through, and the writer's logger.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ class WriterStats:
     after_close: int = 0
     """Calls handed to the writer after it was closed: each is also in ``failures`` and marked incomplete."""
     unreported: int = 0
-    """Lost calls whose incomplete mark is not in their rollout's marker yet (retried; ``docs/durability.md``)."""
+    """Lost calls whose incomplete mark is not in their rollout's marker yet (retried) (contract D13)."""
 
 
 @dataclass(slots=True)
