@@ -14,8 +14,9 @@ them. This is its face: outside ``_store/``, code imports from here, never from 
   :func:`choose_sync`: how its writer makes a batch durable, chosen by its filesystem (:mod:`.fstype`);
 - the lifecycle's types and errors (:mod:`.types`).
 
-Below it are only the record codec (:mod:`otel_capture._records`), the id grammar, the settings and the
-sink's ``LoopWaiter``; the durability contract is at the top of :mod:`.writer`.
+Below it are only the record codec (:mod:`otel_capture._records`), the id grammar, the errors and the
+settings: importing the store loads no tracing SDK. Its rooms are listed in ``docs/architecture.md``;
+the contract it keeps is ``docs/durability.md`` and ``docs/lifecycle.md``, cited where each clause is kept.
 """
 
 from __future__ import annotations

@@ -294,16 +294,22 @@ def read_locked(
     except FileNotFoundError:
         return None
     try:
-        flock_within(fd, fcntl.LOCK_SH, timeout, label)  # every read under NeMo Gym's lock (contract D8)
-        try:
-            data = read_all(fd)
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        if fsync is not None:
-            fsync(fd)
-        return data
+        return read_shared(fd, label, timeout, fsync)
     finally:
         os.close(fd)
+
+
+def read_shared(fd: int, label: str, timeout: float, fsync: Fsync | None = None) -> bytes:
+    """An open file's bytes, read whole under ``flock(LOCK_SH)``: every read of a rollout's file, the
+    readers' and the freeze's, goes through here (contract D8). ``fsync``: make what was read durable."""
+    flock_within(fd, fcntl.LOCK_SH, timeout, label)
+    try:
+        data = read_all(fd)
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    if fsync is not None:
+        fsync(fd)
+    return data
 
 
 def read_all(fd: int) -> bytes:

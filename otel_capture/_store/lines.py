@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from .._errors import DamagedEntryError
 from .._records.codec import split_lines
-from .fs import flock_within, open_file, read_all
+from .fs import flock_within, open_file, read_shared
 
 _logger = logging.getLogger(__name__)
 
@@ -106,11 +106,7 @@ def read_lines(path: Path, lock_timeout: float) -> RawLines | None:
     if fd is None:
         return None
     try:
-        flock_within(fd, fcntl.LOCK_SH, lock_timeout, path.name)
-        try:
-            data = read_all(fd)
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+        data = read_shared(fd, path.name, lock_timeout)
     finally:
         os.close(fd)
     return RawLines(*split_lines(data))

@@ -11,10 +11,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import uuid
 
 from .._errors import DamagedEntryError
-from .fs import DirFds
+from .dirstate import DirState
+from .fs import DirFds, describe_error
+from .journal import Hook
 from .names import INFLIGHT_DIR, INFLIGHT_SUFFIX, RECORD_SUFFIXES, TRASH_DIR
+from .types import RemovalResult
 
 _logger = logging.getLogger(__name__)
 
@@ -81,3 +85,33 @@ def purge_trash(dirs: DirFds) -> int:
             shutil.rmtree(name, dir_fd=trash)
         removed += 1
     return removed
+
+
+def remove_fenced(
+    state: DirState, dirs: DirFds, expected: dict[str, int], result: RemovalResult, hook: Hook
+) -> dict[str, str]:
+    """Phase 2 of a retire (contract L7): stripe by stripe, take out the records of each rollout still
+    fenced by the retire line ``expected`` names (a rollout deleted and reused since keeps its new
+    records). Returns ``{rollout_id: "removed" | "absent"}``; a failure goes to ``result["failed"]``. The
+    caller syncs the directory."""
+    by_stripe: dict[int, list[str]] = {}
+    for rid in expected:
+        by_stripe.setdefault(state.locks.stripe(rid), []).append(rid)
+    outcome: dict[str, str] = {}
+    token = uuid.uuid4().hex[:16]
+    trash = trash_fd(dirs)
+    for stripe, rids in sorted(by_stripe.items()):
+        with state.locks.hold(dirs, [stripe]):
+            state.journal.refresh()
+            for rid in rids:
+                fence = state.journal.fence(rid)
+                if fence is None or fence.kind != "retired" or fence.seq != expected[rid]:
+                    outcome[rid] = "absent"  # deleted and reused since phase 1: keep its records
+                    continue
+                try:
+                    outcome[rid] = "removed" if unlink_records(dirs, rid, token, trash) else "absent"
+                except OSError as exc:
+                    result["failed"][rid] = describe_error(exc)
+                    _logger.error("could not remove the records of retired rollout %s: %s", rid, exc)
+                hook("retire_removed_one")
+    return outcome

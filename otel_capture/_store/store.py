@@ -42,7 +42,7 @@ from .lines import RawLines, StreamedLines, read_lines, stream_lines
 from .losses import Loss, pending_for, pending_losses
 from .marker import read_marks
 from .names import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, RECORD_SUFFIXES, TOKENS_SUFFIX
-from .removal import purge_trash, trash_fd, unlink_records
+from .removal import purge_trash, remove_fenced, trash_fd, unlink_records
 from .snapshot import count_version, read_contents
 from .sync import fsync_dir
 from .types import (
@@ -381,30 +381,10 @@ class CaptureStore(CaptureBackend):
             yield event
 
     def _remove_records(self, dirs: DirFds, expected: dict[str, int], result: RemovalResult) -> None:
-        """Phase 2: stripe by stripe, remove the records of each rollout still fenced by ``expected``
+        """Phase 2 of a retire (:func:`.removal.remove_fenced`), then one directory sync for the batch
         (contract L7, L14)."""
-        state = self._state
-        by_stripe: dict[int, list[str]] = {}
-        for rid in expected:
-            by_stripe.setdefault(state.locks.stripe(rid), []).append(rid)
-        outcome: dict[str, str] = {}
-        token = uuid.uuid4().hex[:16]
-        trash = trash_fd(dirs)
         try:
-            for stripe, rids in sorted(by_stripe.items()):
-                with state.locks.hold(dirs, [stripe]):
-                    state.journal.refresh()
-                    for rid in rids:
-                        fence = state.journal.fence(rid)
-                        if fence is None or fence.kind != "retired" or fence.seq != expected[rid]:
-                            outcome[rid] = "absent"  # deleted and reused since phase 1: keep its records
-                            continue
-                        try:
-                            outcome[rid] = "removed" if unlink_records(dirs, rid, token, trash) else "absent"
-                        except OSError as exc:
-                            result["failed"][rid] = describe_error(exc)
-                            _logger.error("could not remove the records of retired rollout %s: %s", rid, exc)
-                        self._hook("retire_removed_one")
+            outcome = remove_fenced(self._state, dirs, expected, result, self._hook)
         except BaseException:
             self._sync_after_error()
             raise
