@@ -12,7 +12,10 @@ them. This is its face: outside ``_store/``, code imports from here, never from 
 - :func:`check_directory`: whether a capture directory is safe to use (others cannot write to it);
   :func:`pending_losses`: calls a writer could not record and could not yet mark on disk (:mod:`.losses`);
   :func:`choose_sync`: how its writer makes a batch durable, chosen by its filesystem (:mod:`.fstype`);
-- the lifecycle's types and errors (:mod:`.types`).
+- the lifecycle's types and errors (:mod:`.types`);
+- :class:`LoopWaiter`, a call's completion signal (the writer resolves it), :class:`DeclaredVersions`
+  and :func:`usable_weight_version` (weight versions), and the uncorrelated counts
+  (:class:`UncorrelatedCounter`, :func:`counter_for`, :func:`read_uncorrelated`).
 
 Below it are only the record codec (:mod:`otel_capture._records`), the id grammar, the errors and the
 settings: importing the store loads no tracing SDK. Its rooms are listed in ``docs/architecture.md``;
@@ -51,7 +54,8 @@ from .types import (
     empty_result,
     validate_rollout_ids,
 )
-from .weight import usable_weight_version
+from .uncorrelated import UncorrelatedCounter, counter_for, read_uncorrelated
+from .weight import DeclaredVersions, usable_weight_version
 from .writer import LIBC_SYNCFS, JsonlWriter, WriterStats
 from .writer_items import LoopWaiter
 
@@ -69,6 +73,7 @@ __all__ = [
     "CaptureStateError",
     "CaptureStore",
     "DamagedEntryError",
+    "DeclaredVersions",
     "InMemoryCaptureBackend",
     "IncompleteCall",
     "JsonlWriter",
@@ -78,16 +83,19 @@ __all__ = [
     "RemovalResult",
     "RolloutState",
     "SyncChoice",
+    "UncorrelatedCounter",
     "UnsafeDirectoryError",
     "WriterStats",
     "aggregate_model_call_metrics",
     "check_directory",
     "choose_sync",
+    "counter_for",
     "empty_result",
     "iter_model_call_records",
     "pending_losses",
     "read_available_model_call_records",
     "read_model_call_records",
+    "read_uncorrelated",
     "scan_available_model_call_records",
     "usable_weight_version",
     "validate_rollout_ids",
