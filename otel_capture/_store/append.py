@@ -245,6 +245,7 @@ def fenced_mark_incomplete(
     fsync: Fsync,
     check: Callable[[str], Fence | None],
     file_mode: int = FILE_MODE,
+    end_refused: bool = True,
 ) -> Fence | None:
     """Durably mark ``(model_call_id, reason)`` calls as not captured: one JSON line each in
     ``<id>.capture.incomplete`` (NeMo Gym only checks that the file exists), and the calls end (their
@@ -252,7 +253,9 @@ def fenced_mark_incomplete(
 
     Under the rollout's stripe, after ``check`` (which refreshes the journal and returns the fence): a
     retired rollout's marker would outlive its removed records, so nothing is written and the fence is
-    returned for the caller to refuse or ignore. A frozen rollout is marked: its snapshot may list a line
+    returned for the caller to refuse or ignore; the calls then end too unless ``end_refused`` is false
+    (``CaptureStore.mark_incomplete``: a refused mark leaves the call admitted where it was, so its line
+    after a delete is still late, as (contract L9) says). A frozen rollout is marked: its snapshot may list a line
     whose sync failed, and the changed version makes a stale ``drop`` fail. The one path shared by the
     writer thread (a failed batch, an unbuildable record) and ``CaptureStore.mark_incomplete``.
 
@@ -262,6 +265,7 @@ def fenced_mark_incomplete(
     """
     data = mark_lines(calls)
     mcids = [mcid for mcid, _ in calls]
+    refused = False
     with state.locks.hold_ids(dirs, [rollout_id], or_unlocked=True):
         try:
             try:
@@ -270,6 +274,7 @@ def fenced_mark_incomplete(
                 _logger.error("rollout %s: %s; marking it incomplete whatever its fence", rollout_id, exc)
                 fence = None
             if fence is not None and fence.kind == "retired":
+                refused = True
                 return fence
             name = rollout_id + INCOMPLETE_SUFFIX
             fd, created = open_append(dirs.root_fd(), name, name, file_mode)
@@ -284,7 +289,8 @@ def fenced_mark_incomplete(
                 _end_markers(state, dirs, rollout_id, mcids)
             return fence
         finally:
-            state.calls.end(rollout_id, mcids)
+            if end_refused or not refused:
+                state.calls.end(rollout_id, mcids)
 
 
 def _end_markers(state: DirState, dirs: DirFds, rollout_id: str, mcids: list[str]) -> None:

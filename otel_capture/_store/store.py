@@ -215,7 +215,13 @@ class CaptureStore(CaptureBackend):
         rid = validate_rollout_id(rollout_id)
         with self._dirs() as dirs:
             fence = fenced_mark_incomplete(
-                self._state, dirs, rid, [(model_call_id, reason)], fsync=self._fsync, check=self._check
+                self._state,
+                dirs,
+                rid,
+                [(model_call_id, reason)],
+                fsync=self._fsync,
+                check=self._check,
+                end_refused=False,
             )
         if fence is not None and fence.kind == "retired":
             raise fence_error(rid, fence)
