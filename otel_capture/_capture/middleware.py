@@ -63,7 +63,7 @@ from .._settings import (
     JSONL_EXPORTER,
     CaptureSettings,
 )
-from .._store.uncorrelated import UncorrelatedCounter, counter_for
+from .._store import UncorrelatedCounter, counter_for
 from .._telemetry import ServerMetrics, SpanGate
 from .._version import __version__
 from .call import InFlightCall
