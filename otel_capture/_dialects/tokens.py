@@ -34,79 +34,86 @@ from __future__ import annotations
 from typing import Any
 
 from .completions import legacy_log_probs
+from .token_values import id_list, log_prob, log_prob_list, token_id
 
 
-def _int_list(value: Any) -> list[int] | None:
-    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return value
-    return None
-
-
-def _float_list(value: Any) -> list[float] | None:
-    if isinstance(value, list) and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
-    ):
-        return [float(v) for v in value]
-    return None
-
-
-def _token_id(entry: dict[str, Any]) -> int | None:
-    value = entry.get("id")
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    token = entry.get("token")
-    if isinstance(token, str) and token.startswith("token_id:") and token[9:].isdigit():
-        return int(token[9:])
-    return None
-
-
-def _from_logprob_entries(entries: Any) -> tuple[list[int] | None, list[float] | None]:
-    """Ids (only when every entry has one) and log-probs from a list of ``{token, logprob, ...}``."""
+def _from_logprob_entries(entries: Any) -> tuple[list[int | None] | None, list[float | None] | None]:
+    """Ids (when any entry has one) and log-probs from a list of ``{token, logprob, ...}``; an odd entry
+    (not an object, a log-prob ``null``/NaN/±inf, no id among entries that have one) is ``None`` there."""
     if not isinstance(entries, list) or not entries:
         return None, None
-    log_probs: list[float] = []
-    ids: list[int] | None = []
+    log_probs: list[float | None] = []
+    ids: list[int | None] = []
     for entry in entries:
         if not isinstance(entry, dict):
-            return None, None
-        value = entry.get("logprob")
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            return None, None
-        log_probs.append(float(value))
-        token_id = _token_id(entry)
-        if ids is not None:
-            if token_id is None:
-                ids = None
-            else:
-                ids.append(token_id)
-    return ids, log_probs
+            log_probs.append(None)
+            ids.append(None)
+            continue
+        log_probs.append(log_prob(entry.get("logprob")))
+        found = token_id(entry.get("id"))
+        ids.append(found if found is not None else _spelled_id(entry.get("token")))
+    return (ids if any(i is not None for i in ids) else None), log_probs
+
+
+def _spelled_id(token: object) -> int | None:
+    """Only vLLM's ``"token_id:N"`` spelling of a token is an id (a token ``"7"`` is the text 7)."""
+    return token_id(token) if isinstance(token, str) else None
+
+
+def _usage_count(usage: Any, key: str) -> int | None:
+    value = usage.get(key) if isinstance(usage, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _echo_prompt_length(choices: list[Any], usage: Any) -> int | None:
+    """With ``echo`` and neither token ids nor the prompt's ids, how many entries of each choice's legacy
+    lists are the prompt's: the usage's ``prompt_tokens``, when every choice's lists start with the echo's
+    ``null`` and their lengths less the prompt add up to the usage's ``completion_tokens`` (one prompt
+    echoed in every choice); ``None`` otherwise (then nothing is kept rather than prompt and output mixed)."""
+    prompt, completion = _usage_count(usage, "prompt_tokens"), _usage_count(usage, "completion_tokens")
+    if prompt is None or completion is None:
+        return None
+    lengths = []
+    for choice in choices:
+        logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
+        values = logprobs.get("token_logprobs") if isinstance(logprobs, dict) else None
+        if not isinstance(values, list) or not values or values[0] is not None:
+            return None
+        lengths.append(len(values))
+    return prompt if sum(lengths) - prompt * len(lengths) == completion else None
 
 
 def _generation(
-    index: int, token_ids: list[int] | None, log_probs: list[float] | None
+    index: int, token_ids: list[int | None] | None, log_probs: list[float | None] | None
 ) -> dict[str, Any] | None:
     if token_ids is None and log_probs is None:
         return None
     return {"index": index, "token_ids": token_ids, "log_probs": log_probs}
 
 
-def _chat_generations(choices: Any) -> list[dict[str, Any]]:
+def _chat_generations(choices: Any, usage: Any) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     if not isinstance(choices, list):
         return found
+    echo_prompt: int | None = None
+    if any(
+        isinstance(c, dict) and c.get("token_ids") is None and c.get("prompt_token_ids") is None
+        for c in choices
+    ):
+        echo_prompt = _echo_prompt_length(choices, usage)
     for position, choice in enumerate(choices):
         if not isinstance(choice, dict):
             continue
         raw_index = choice.get("index")
         index = raw_index if isinstance(raw_index, int) else position
-        token_ids = _int_list(choice.get("token_ids"))
+        token_ids = id_list(choice.get("token_ids"))
         log_probs = None
         logprobs = choice.get("logprobs")
         if isinstance(logprobs, dict):
             if isinstance(logprobs.get("token_logprobs"), list):  # /v1/completions' legacy lists
-                prompt = _int_list(choice.get("prompt_token_ids"))
+                prompt = id_list(choice.get("prompt_token_ids"))
                 ids, log_probs = legacy_log_probs(
-                    logprobs, token_ids, None if prompt is None else len(prompt)
+                    logprobs, token_ids, echo_prompt if prompt is None else len(prompt)
                 )
             else:
                 ids, log_probs = _from_logprob_entries(logprobs.get("content"))
@@ -117,14 +124,14 @@ def _chat_generations(choices: Any) -> list[dict[str, Any]]:
     return found
 
 
-def _choice_prompts(choices: Any, generations: list[dict[str, Any]]) -> list[int] | None:
+def _choice_prompts(choices: Any, generations: list[dict[str, Any]]) -> list[int | None] | None:
     """vLLM's ``/v1/completions`` puts ``prompt_token_ids`` on each choice: the one prompt of them all; for
     a request of several prompts (choices of different prompts) each generation carries its own."""
     if not isinstance(choices, list):
         return None
-    prompts: dict[int, list[int]] = {}
+    prompts: dict[int, list[int | None]] = {}
     for position, choice in enumerate(choices):
-        if isinstance(choice, dict) and (ids := _int_list(choice.get("prompt_token_ids"))) is not None:
+        if isinstance(choice, dict) and (ids := id_list(choice.get("prompt_token_ids"))) is not None:
             raw_index = choice.get("index")
             prompts[raw_index if isinstance(raw_index, int) else position] = ids
     distinct = {tuple(ids) for ids in prompts.values()}
@@ -136,17 +143,17 @@ def _choice_prompts(choices: Any, generations: list[dict[str, Any]]) -> list[int
     return None
 
 
-def _responses_generations(output: Any) -> tuple[list[dict[str, Any]], list[int] | None]:
+def _responses_generations(output: Any) -> tuple[list[dict[str, Any]], list[int | None] | None]:
     found: list[dict[str, Any]] = []
-    prompt: list[int] | None = None
+    prompt: list[int | None] | None = None
     if not isinstance(output, list):
         return found, prompt
     for position, item in enumerate(output):
         if not isinstance(item, dict):
             continue
-        prompt = prompt or _int_list(item.get("prompt_token_ids"))
-        token_ids = _int_list(item.get("generation_token_ids"))
-        log_probs = _float_list(item.get("generation_log_probs"))
+        prompt = prompt or id_list(item.get("prompt_token_ids"))
+        token_ids = id_list(item.get("generation_token_ids"))
+        log_probs = log_prob_list(item.get("generation_log_probs"))
         contents = item.get("content")
         if token_ids is None and log_probs is None and isinstance(contents, list):
             for part in contents:
@@ -160,23 +167,23 @@ def _responses_generations(output: Any) -> tuple[list[dict[str, Any]], list[int]
     return found, prompt
 
 
-def _raw_message_tokens(messages: Any) -> list[int] | None:
+def _raw_message_tokens(messages: Any) -> list[int | None] | None:
     """vLLM's ``input_messages`` / ``output_messages`` (``enable_response_messages``): the ``tokens`` of
     its ``raw_message_tokens`` entries joined; ``None`` when there is none or one is not a list of ids."""
     if not isinstance(messages, list) or not messages:
         return None
-    joined: list[int] = []
+    joined: list[int | None] = []
     for message in messages:
         if not isinstance(message, dict) or message.get("type") != "raw_message_tokens":
             return None
-        tokens = _int_list(message.get("tokens"))
+        tokens = id_list(message.get("tokens"))
         if tokens is None:
             return None
         joined += tokens
     return joined
 
 
-def _with_output_ids(generations: list[dict[str, Any]], output: Any, ids: list[int]) -> None:
+def _with_output_ids(generations: list[dict[str, Any]], output: Any, ids: list[int | None]) -> None:
     """Put a Responses call's generated ids (``output_messages``) beside its log-probs: into the one
     generation without ids, or a new generation (the first message item's position) when there is none.
     Several generations without ids cannot be told apart: left as they are."""
@@ -201,8 +208,8 @@ def extract_tokens(response: dict[str, Any] | None) -> dict[str, Any] | None:
     """``{"prompt_token_ids", "generations"}`` from a response object; ``None`` when it carries none."""
     if not isinstance(response, dict):
         return None
-    prompt = _int_list(response.get("prompt_token_ids"))
-    generations = _chat_generations(response.get("choices"))
+    prompt = id_list(response.get("prompt_token_ids"))
+    generations = _chat_generations(response.get("choices"), response.get("usage"))
     if prompt is None:
         prompt = _choice_prompts(response.get("choices"), generations)
     if "output" in response:

@@ -1,0 +1,52 @@
+"""One token id or one log-prob as an answer spells it, read whatever it holds: the value, or ``None``
+(written ``null`` on the tokens line) for an odd entry, so one odd entry never costs the rest of its list
+(``docs/tokens.md``, "Odd entries").
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["id_list", "log_prob", "log_prob_list", "token_id"]
+
+_SPELLED = "token_id:"
+_MAX_ID_DIGITS = 19  # an id is far below 2**63; a longer run of digits is not one (and int() of 5000 raises)
+
+
+def token_id(value: object) -> int | None:
+    """An id: an integer (not a bool), or vLLM's ``return_tokens_as_token_ids`` spelling
+    ``"token_id:<int>"`` decoded; ``None`` for anything else."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.startswith(_SPELLED):
+        digits = value[len(_SPELLED) :]
+        if digits.isascii() and digits.isdigit() and len(digits) <= _MAX_ID_DIGITS:
+            return int(digits)
+    return None
+
+
+def log_prob(value: object) -> float | None:
+    """A log-prob: a finite number (not a bool) as a float; ``None`` for ``null``, NaN, ±inf or anything
+    else."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past a float's range
+        return None
+    return number if math.isfinite(number) else None
+
+
+def id_list(value: object) -> list[int | None] | None:
+    """A list of ids, each entry read by :func:`token_id`; ``None`` when ``value`` is not a list or none
+    of its entries is an id (``["a"]`` is not a list of ids with one odd entry)."""
+    if not isinstance(value, list):
+        return None
+    ids = [token_id(v) for v in value]
+    return ids if not ids or any(i is not None for i in ids) else None
+
+
+def log_prob_list(value: object) -> list[float | None] | None:
+    """A list of log-probs, each entry read by :func:`log_prob`; ``None`` when ``value`` is not a list. A
+    list of NaN only is kept, all ``null``: that its log-probs were sent and are unusable is the news."""
+    return [log_prob(v) for v in value] if isinstance(value, list) else None
