@@ -20,6 +20,7 @@ from .._dialects.mismatch import token_mismatch
 from .._dialects.missing import tokens_missing
 from .._dialects.sse import SSEDecoder, SSEEvent
 from .._dialects.stream import close_cut_json, loads_nonstandard
+from .._dialects.tokens import extract_tokens
 from .._records import SCHEMA_VERSION, call_failed, encode_record_line
 from .._settings import CaptureSettings
 from .._telemetry.semconv import content_attributes, request_attributes, response_attributes
@@ -146,24 +147,18 @@ def classify_exception(exc: BaseException) -> str:
     return "exception"
 
 
-def _tokens_missing(
+def _token_checks(
     request: dict[str, Any] | None, response: dict[str, Any] | None, dialect: str
-) -> str | None:
+) -> tuple[str | None, str | None]:
+    """``(tokens_missing, token_mismatch)`` of an answer (``docs/tokens.md``), its tokens read once."""
     try:
-        return tokens_missing(request, response, dialect)
+        found = extract_tokens(response)
+        return tokens_missing(request, response, dialect, found), token_mismatch(
+            request, response, dialect, found
+        )
     except Exception:  # capture never fails a call; a body this cannot read is a bug, logged
-        _logger.debug("could not tell whether the tokens asked for are there", exc_info=True)
-        return None
-
-
-def _token_mismatch(
-    request: dict[str, Any] | None, response: dict[str, Any] | None, dialect: str
-) -> str | None:
-    try:
-        return token_mismatch(request, response, dialect)
-    except Exception:  # capture never fails a call; a body this cannot read is a bug, logged
-        _logger.debug("could not check the answer's token invariants", exc_info=True)
-        return None
+        _logger.debug("could not check the answer's tokens", exc_info=True)
+        return None, None
 
 
 class InFlightCall:
@@ -322,8 +317,9 @@ class InFlightCall:
             category = "capture_parse_error"
         self.error_category = category
         if category in (None, "incomplete"):  # an answer: are the tokens it was asked for there?
-            self.tokens_missing = _tokens_missing(self.request_obj, self.response_obj, self.dialect)
-            self.token_mismatch = _token_mismatch(self.request_obj, self.response_obj, self.dialect)
+            self.tokens_missing, self.token_mismatch = _token_checks(
+                self.request_obj, self.response_obj, self.dialect
+            )
 
     def release_bodies(self) -> None:
         """Once the line is built: a call waiting until its record is durable holds only its line, not

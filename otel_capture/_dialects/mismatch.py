@@ -83,12 +83,15 @@ def _prompt_against_usage(
     return f"prompt: {have} token ids for {expected} prompt tokens (usage)"
 
 
-def token_mismatch(request: object, response: object, dialect: str) -> str | None:
-    """Which token invariants the answer breaks, as text (reasons joined by ``; ``), or ``None``. Never
-    raises on odd bodies."""
+def token_mismatch(
+    request: object, response: object, dialect: str, found: dict[str, Any] | None = None
+) -> str | None:
+    """Which token invariants the answer breaks, as text (reasons joined by ``; ``), or ``None``.
+    ``found``: the response's :func:`.tokens.extract_tokens`, when the caller has it (read once per call).
+    Never raises on odd bodies."""
     if not isinstance(response, dict) or dialect == "messages":
         return None
-    found = extract_tokens(response)
+    found = found or extract_tokens(response)
     if found is None:
         return None
     request = request if isinstance(request, dict) else {}

@@ -112,15 +112,18 @@ def _prompt_log_probs(response: dict[str, Any]) -> bool:
     )
 
 
-def tokens_missing(request: object, response: object, dialect: str) -> str | None:
+def tokens_missing(
+    request: object, response: object, dialect: str, found: dict[str, Any] | None = None
+) -> str | None:
     """Why the answer lacks tokens its request asked for, or ``None`` (nothing asked, or all there).
+    ``found``: the response's :func:`.tokens.extract_tokens`, when the caller has it (read once per call).
     Never raises on odd bodies: an unreadable shape gives ``None``."""
     if not isinstance(request, dict) or not isinstance(response, dict) or dialect == "messages":
         return None
     ids_asked, probs_asked, prompt_asked = _asked(request, dialect)
     if not ids_asked and not probs_asked and prompt_asked is None:
         return None
-    found = extract_tokens(response) or {"prompt_token_ids": None, "generations": []}
+    found = found or extract_tokens(response) or {"prompt_token_ids": None, "generations": []}
     generations = found["generations"]
     expected = _expected_outputs(response, dialect)
     reasons: list[str] = []
