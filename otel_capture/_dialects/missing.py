@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from .derive import token_stats
+from .token_values import token_id
 from .tokens import extract_tokens
 
 __all__ = ["tokens_missing"]
@@ -85,8 +86,8 @@ def _choice_indices(response: dict[str, Any], dialect: str) -> list[int]:
     indices = []
     for position, choice in enumerate(choices):
         if isinstance(choice, dict):
-            index = choice.get("index")
-            indices.append(index if isinstance(index, int) and not isinstance(index, bool) else position)
+            index = token_id(choice.get("index"))
+            indices.append(index if index is not None else position)
     return indices
 
 

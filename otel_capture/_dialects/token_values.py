@@ -10,18 +10,21 @@ import math
 __all__ = ["id_list", "log_prob", "log_prob_list", "token_id"]
 
 _SPELLED = "token_id:"
-_MAX_ID_DIGITS = 19  # an id is far below 2**63; a longer run of digits is not one (and int() of 5000 raises)
+_ID_LIMIT = (
+    2**63
+)  # an id is far below it; past it orjson cannot write the line (and int() of 5000 digits raises)
+_MAX_ID_DIGITS = 19
 
 
 def token_id(value: object) -> int | None:
-    """An id: an integer (not a bool), or vLLM's ``return_tokens_as_token_ids`` spelling
-    ``"token_id:<int>"`` decoded; ``None`` for anything else."""
+    """An id: a non-negative integer below 2**63 (not a bool), or vLLM's ``return_tokens_as_token_ids``
+    spelling ``"token_id:<int>"`` decoded; ``None`` for anything else."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return value
+        return value if 0 <= value < _ID_LIMIT else None
     if isinstance(value, str) and value.startswith(_SPELLED):
         digits = value[len(_SPELLED) :]
         if digits.isascii() and digits.isdigit() and len(digits) <= _MAX_ID_DIGITS:
-            return int(digits)
+            return token_id(int(digits))
     return None
 
 

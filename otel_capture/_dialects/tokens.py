@@ -60,6 +60,12 @@ def _spelled_id(token: object) -> int | None:
     return token_id(token) if isinstance(token, str) else None
 
 
+def _index(choice: dict[str, Any], position: int) -> int:
+    """A choice's ``index`` (an id-like integer), else its position in ``choices``."""
+    index = token_id(choice.get("index"))
+    return index if index is not None else position
+
+
 def _usage_count(usage: Any, key: str) -> int | None:
     value = usage.get(key) if isinstance(usage, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
@@ -104,8 +110,7 @@ def _chat_generations(choices: Any, usage: Any) -> list[dict[str, Any]]:
     for position, choice in enumerate(choices):
         if not isinstance(choice, dict):
             continue
-        raw_index = choice.get("index")
-        index = raw_index if isinstance(raw_index, int) else position
+        index = _index(choice, position)
         token_ids = id_list(choice.get("token_ids"))
         log_probs = None
         logprobs = choice.get("logprobs")
@@ -132,8 +137,7 @@ def _choice_prompts(choices: Any, generations: list[dict[str, Any]]) -> list[int
     prompts: dict[int, list[int | None]] = {}
     for position, choice in enumerate(choices):
         if isinstance(choice, dict) and (ids := id_list(choice.get("prompt_token_ids"))) is not None:
-            raw_index = choice.get("index")
-            prompts[raw_index if isinstance(raw_index, int) else position] = ids
+            prompts[_index(choice, position)] = ids
     distinct = {tuple(ids) for ids in prompts.values()}
     if len(distinct) == 1:
         return next(iter(prompts.values()))
