@@ -250,7 +250,18 @@ def test_odd_ids_are_named() -> None:
 
 def test_token_id_reads_the_spellings_and_nothing_else() -> None:
     assert token_id(7) == 7 and token_id("token_id:236761") == 236761
-    for odd in (True, None, 1.0, -1, 2**63, "7", "token_id:", "token_id:-1", "token_id:٣", "token_id:" + "9" * 5000):
+    for odd in (
+        True,
+        None,
+        1.0,
+        -1,
+        2**63,
+        "7",
+        "token_id:",
+        "token_id:-1",
+        "token_id:٣",
+        "token_id:" + "9" * 5000,
+    ):
         assert token_id(odd) is None, odd
     assert id_list(["token_id:1", 2, None]) == [1, 2, None]
     assert id_list(["a", "b"]) is None and id_list([]) == [] and id_list("x") is None
