@@ -51,9 +51,16 @@ def loads_nonstandard(data: str | bytes) -> Any:
     if not any(word in text for word in _NONSTANDARD):
         return None
     try:
-        return json.loads(text)
+        return json.loads(text, parse_int=_int64)
     except (ValueError, RecursionError):
         return None
+
+
+def _int64(digits: str) -> int | float:
+    """An integer as orjson reads it: past 64 bits a float (which orjson can write back; a larger int it
+    cannot, and the record line would fail)."""
+    value = int(digits)
+    return value if -(2**63) <= value < 2**64 else float(value)
 
 
 def _loads(data: str) -> JsonDict | None:

@@ -21,7 +21,7 @@ from otel_capture._dialects.stream import loads_nonstandard
 from otel_capture._dialects.token_values import id_list, log_prob, log_prob_list, token_id
 from otel_capture._dialects.tokens import extract_tokens
 from otel_capture._records import tokens_line
-from otel_capture._records.codec import decode_record_line
+from otel_capture._records.codec import decode_record_line, encode_record_line
 from otel_capture._settings import CaptureSettings
 
 JsonDict = dict[str, Any]
@@ -277,5 +277,9 @@ def test_log_prob_is_a_finite_number_or_none() -> None:
 def test_python_json_nan_and_infinity_are_read_strict_json_is_unchanged() -> None:
     assert loads_nonstandard('{"a": NaN, "b": -Infinity}') is not None
     assert loads_nonstandard('{"a": 1') is None and loads_nonstandard("{'NaN'}") is None
-    parsed = parse_object(b'{"logprob": NaN, "x": Infinity}')
+    parsed = parse_object(b'{"logprob": NaN, "x": Infinity, "big": 123456789012345678901234567890}')
     assert parsed is not None and math.isnan(parsed["logprob"]) and parsed["x"] == math.inf
+    assert parsed["big"] == 1.2345678901234568e29  # as orjson reads it: a line can still be written
+    assert encode_record_line({"response": parsed}) == (
+        b'{"response":{"logprob":null,"x":null,"big":1.2345678901234568e+29}}\n'
+    )
