@@ -9,7 +9,8 @@ Checked on what the tokens line holds (:func:`.tokens.extract_tokens`):
 - Chat Completions and Completions, with a usage: the generated tokens of all choices (each choice's ids,
   else its log-probs) add up to ``usage.completion_tokens`` (the usage counts all choices together), when
   every choice has some; with ``best_of`` above ``n`` the usage also counts the candidates not returned,
-  so only more tokens than it counts is a mismatch; the prompt's ids are ``usage.prompt_tokens`` (a
+  so only more tokens than it counts is a mismatch; log-probs without ids may also leave out the hidden
+  reasoning tokens, and are not counted for an answer with tool calls (OpenAI's cover the text only); the prompt's ids are ``usage.prompt_tokens`` (a
   request of several prompts: each prompt's ids once, choice ``i`` answering prompt ``i // n``).
 
 Responses are checked for the first two only: their usage counts reasoning and tool-call tokens that the
@@ -54,13 +55,28 @@ def _output_against_usage(
     if completion is None or not isinstance(choices, list) or len(generations) < len(choices) or not choices:
         return None  # no usage, or a choice without tokens (missing.py's, when they were asked for)
     with_ids = all(g["token_ids"] is not None for g in generations)
+    if not with_ids and _tool_calls(choices):
+        return None  # log-probs cover a message's text, not its tool calls' tokens (OpenAI)
     have = sum(len(g["token_ids"] if g["token_ids"] is not None else g["log_probs"]) for g in generations)
     n = _count(request.get("n")) or 1
     best_of = _count(request.get("best_of"))
     if have == completion or (best_of is not None and best_of > n and have < completion):
         return None
+    details = response["usage"].get("completion_tokens_details")
+    hidden = _count(details.get("reasoning_tokens")) if isinstance(details, dict) else None
+    if not with_ids and hidden and have == completion - hidden:
+        return None  # reasoning the answer does not show has no log-probs (OpenAI)
     what = "token ids" if with_ids else "generated tokens (token ids, else log-probs)"
     return f"output: {have} {what} for {completion} completion tokens (usage)"
+
+
+def _tool_calls(choices: list[Any]) -> bool:
+    return any(
+        isinstance(choice, dict)
+        and isinstance(message := choice.get("message"), dict)
+        and bool(message.get("tool_calls"))
+        for choice in choices
+    )
 
 
 def _prompt_against_usage(

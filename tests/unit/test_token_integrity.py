@@ -17,6 +17,8 @@ from support import FIXTURES_ROOT, RECORDED, sse_chunks
 from otel_capture._capture.call import InFlightCall, parse_object
 from otel_capture._dialects.mismatch import token_mismatch
 from otel_capture._dialects.missing import tokens_missing
+from otel_capture._dialects.reassembly import accumulator_for
+from otel_capture._dialects.sse import SSEDecoder
 from otel_capture._dialects.stream import loads_nonstandard
 from otel_capture._dialects.token_values import id_list, log_prob, log_prob_list, token_id
 from otel_capture._dialects.tokens import extract_tokens
@@ -283,3 +285,28 @@ def test_python_json_nan_and_infinity_are_read_strict_json_is_unchanged() -> Non
     assert encode_record_line({"response": parsed}) == (
         b'{"response":{"logprob":null,"x":null,"big":1.2345678901234568e+29}}\n'
     )
+
+
+def test_openai_log_probs_keep_the_invariants_with_hidden_reasoning_and_tool_calls() -> None:
+    # a real OpenAI stream with log-probs (recorded by openai-python): as many as its completion tokens
+    raw = (
+        RECORDED / "openai-python/chat_completions_sse/content_logprobs_events.83b060bae42e.sse"
+    ).read_bytes()
+    decoder, accumulator = SSEDecoder(), accumulator_for("chat")
+    for event in decoder.feed(raw) + decoder.close():
+        accumulator.add(event)
+    answer = accumulator.result()
+    assert answer is not None and answer["usage"]["completion_tokens"] == 2
+    assert token_mismatch({"logprobs": True}, answer, "chat") is None
+    # OpenAI's log-probs leave out the reasoning it does not show, and do not cover tool calls
+    hidden = copy.deepcopy(answer)
+    hidden["usage"]["completion_tokens"] = 10
+    assert token_mismatch({"logprobs": True}, hidden, "chat") == (
+        "output: 2 generated tokens (token ids, else log-probs) for 10 completion tokens (usage)"
+    )
+    hidden["usage"]["completion_tokens_details"] = {"reasoning_tokens": 8}
+    assert token_mismatch({"logprobs": True}, hidden, "chat") is None
+    tools = copy.deepcopy(answer)
+    tools["usage"]["completion_tokens"] = 30
+    tools["choices"][0]["message"]["tool_calls"] = [{"id": "c", "type": "function"}]
+    assert token_mismatch({"logprobs": True}, tools, "chat") is None
