@@ -21,6 +21,10 @@ Shapes read (whichever are present; nothing is invented):
   and ``output_messages`` (the generated ids), lists of ``{"type": "raw_message_tokens", "tokens": [...]}``
   joined in order, the generated ids put beside the output items' log-probs.
 
+An odd entry (a log-prob ``null``, NaN or ±inf; an id that is not one) is ``None`` and the rest of its list is
+kept (:mod:`.token_values`); that it is odd, and whether the lists agree with each other and the usage, is
+:mod:`.mismatch`'s (``docs/tokens.md``, "Odd entries" and "Token integrity").
+
 A streamed response is read from its reassembled object (:mod:`.reassembly`), which keeps what the
 non-streaming body carries: vLLM's first-chunk ``prompt_token_ids`` and per-chunk ``choices[i].token_ids``
 joined, the chunks' ``logprobs.content`` joined, and a Responses stream's final response (or, for a stream

@@ -82,6 +82,8 @@ def tokens_line(response: dict[str, Any] | None, *, rollout_id: str, model_call_
          "prompt_token_ids": [...] | null,
          "generations": [{"index": 0, "token_ids": [...] | null, "log_probs": [...] | null}, ...]}
 
+    An entry of a list may be ``null`` (an odd one: a NaN log-prob...; ``docs/tokens.md``, "Odd entries").
+
     What is read from which response shape is the dialects' (:func:`otel_capture._dialects.tokens.
     extract_tokens`)."""
     found = extract_tokens(response)
