@@ -310,3 +310,16 @@ def test_openai_log_probs_keep_the_invariants_with_hidden_reasoning_and_tool_cal
     tools["usage"]["completion_tokens"] = 30
     tools["choices"][0]["message"]["tool_calls"] = [{"id": "c", "type": "function"}]
     assert token_mismatch({"logprobs": True}, tools, "chat") is None
+
+
+def test_echo_with_token_id_tokens_keeps_the_output_ids() -> None:
+    # echo and return_tokens_as_token_ids: the ids are the spelled tokens after the prompt's
+    body = json.loads((CASES / "completions_echo.json").read_text())
+    logprobs = body["choices"][0]["logprobs"]
+    prompt_ids = COMPLETION["choices"][0]["prompt_token_ids"]
+    output_ids = COMPLETION["choices"][0]["token_ids"]
+    logprobs["tokens"] = [f"token_id:{i}" for i in prompt_ids + output_ids]
+    found = extract_tokens(body)
+    assert found is not None
+    assert found["generations"] == [{"index": 0, "token_ids": output_ids, "log_probs": COMPLETION_LOG_PROBS}]
+    assert token_mismatch({"echo": True, "logprobs": 2}, body, "completions") is None
