@@ -87,7 +87,7 @@ class ModelCallJsonlExporter(SpanExporter):
 
     def begin_call(self, rollout_id: str, model_call_id: str) -> None:
         """A captured call has started: a freeze before its record lands reports the rollout incomplete."""
-        if self._writer is not None and not self._shutdown:
+        if self._writer is not None:  # after shutdown the writer itself keeps no call in flight
             self._writer.begin(rollout_id, model_call_id)
 
     def write_call(self, call: FinishedCall) -> None:
@@ -107,8 +107,9 @@ class ModelCallJsonlExporter(SpanExporter):
         )
 
     def abandon_call(self, rollout_id: str, model_call_id: str, reason: str) -> None:
-        """A begun call whose record could not be built: counted, logged, its rollout marked incomplete."""
-        if self._writer is not None and not self._shutdown:
+        """A begun call whose record could not be built: counted, logged, its rollout marked incomplete,
+        after shutdown too: the closed writer counts and marks it as it does a late line (contract D12)."""
+        if self._writer is not None:
             self._writer.abandon(rollout_id, model_call_id, reason)
 
     def discard_call(self, rollout_id: str, model_call_id: str) -> None:
@@ -127,7 +128,8 @@ class ModelCallJsonlExporter(SpanExporter):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """True once every record handed to this exporter before the call is on disk and fsynced, or
-        has failed and been marked incomplete; False if that did not happen within the timeout."""
+        has failed and been marked incomplete (contract D3, D5); False if that did not happen within the
+        timeout."""
         if self._writer is None:
             return True
         return self._writer.flush(timeout_millis / 1000)

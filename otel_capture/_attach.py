@@ -14,8 +14,8 @@ The flow of a collector (NeMo Gym's ``rollout_collection``):
 
 A call still in flight when the wait ends is frozen out: its line, when it comes, is dropped by the fence
 (the proxy counts it in ``late_write_dropped``) and the attachment names it in a gap. So is a call that
-arrives after the freeze. A call begun less than the writer's marker delay (20 ms) before the freeze in
-another process has no in-flight marker yet: nothing names it, and its line is dropped by the fence.
+arrives after the freeze. A call begun in another process less than the writer's marker delay before the
+freeze has no in-flight marker yet: nothing names it, and its line is dropped by the fence (contract D19).
 
 **Several directories** (one per node) are read together. When a rollout's records come from one
 directory, ``call_index`` is exactly NeMo Gym's (the line's position in its file, damaged lines counted).
@@ -42,8 +42,8 @@ Ours, added where they tell more (NeMo Gym's readers ignore unknown codes):
 - ``model_call_capture_in_flight``, ``detail: "<model_call_id>: began by <UTC time>, still in flight after
   <wait_s> s (<dir>)"`` (one per call; also ``model_call_capture_incomplete``): the call had not ended when
   the wait did. The time bounds its start from above: the earlier of when its in-flight marker was written
-  (at most the marker delay, 20 ms, and one writer batch after it began; the marker holds only the call's
-  id and that time) and when the wait first saw it in flight;
+  (the marker delay and at most one writer batch after it began (contract D19); the marker holds only
+  the call's id and that time) and when the wait first saw it in flight;
 - ``model_call_capture_not_dropped``, ``detail: "<dir>: <why>"`` (``drop=True`` only): that directory's
   snapshot was not dropped (it changed after the freeze, say a call marked incomplete since); the rollout
   stays frozen there, its records kept: retire it once the attachment is safe;

@@ -7,7 +7,7 @@ Registered in the entry-point group ``opentelemetry_instrumentor`` as ``otel_cap
 the ``fastapi.FastAPI`` name, so apps built by code that imported the class before instrumentation (as
 vLLM does) are captured too. The stack it builds::
 
-    LeanServerSpanMiddleware (HTTP server span, stable HTTP conventions, set once; docs/performance.md)
+    LeanServerSpanMiddleware (HTTP server span, stable HTTP conventions, set once: _telemetry/server_span.py)
       ServerErrorMiddleware (the app's own)
         ModelCallCaptureMiddleware
           the app's user middleware, exception handling, router
@@ -22,8 +22,9 @@ as contrib's presence did. A mounted sub-app is not captured twice: the outermos
 request's scope.
 
 The server span honours the excluded-URL variables as contrib does (``OTEL_PYTHON_FASTAPI_EXCLUDED_URLS``,
-``OTEL_PYTHON_STARLETTE_EXCLUDED_URLS``, ``OTEL_PYTHON_EXCLUDED_URLS``). It puts no request or response
-headers on spans: the header-capture variables are not read in zero-code mode (docs/performance.md).
+``OTEL_PYTHON_STARLETTE_EXCLUDED_URLS``, ``OTEL_PYTHON_EXCLUDED_URLS``), and puts on spans the request
+and response headers the header-capture variables (``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_*``) name,
+credentials always ``[REDACTED]`` (contract D37).
 
 At lifespan shutdown the tracer and meter providers are flushed before the server is told shutdown is
 complete: uvicorn re-raises SIGTERM after its graceful shutdown, which ends the process without running

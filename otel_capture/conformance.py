@@ -1,4 +1,4 @@
-"""The capture-lifecycle conformance kit: prove that a backend follows ``docs/lifecycle.md``.
+"""The capture-lifecycle conformance kit: prove that a backend follows ``docs/lifecycle.md`` (contract L18).
 
 ::
 

@@ -256,7 +256,7 @@ class InFlightCall:
 
     def _keep_cut(self, event: SSEEvent) -> None:
         """An event over the cap keeps its first ``max_body_bytes``: its JSON closed there, the record
-        flagged ``truncated`` (what the model said up to the cap, not an empty answer)."""
+        flagged ``truncated`` (what the model said up to the cap, not an empty answer) (contract D36)."""
         self.response.truncated = True
         closed = close_cut_json(event.data)
         if closed is not None:

@@ -3,7 +3,7 @@
 Some upstreams compress whatever ``Accept-Encoding`` says. The record keeps what the model produced, so a
 gzip, deflate or br body is decoded chunk by chunk with the standard library's ``zlib`` and the ``brotli``
 package (a core dependency): the same streaming decompressors httpx and aiohttp wrap. Any other encoding is
-recorded as sent, with one warning per encoding.
+recorded as sent, with one warning per encoding (contract D30).
 """
 
 from __future__ import annotations

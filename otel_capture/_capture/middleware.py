@@ -262,7 +262,8 @@ class ModelCallCaptureMiddleware:
                 terminal = call.on_body(body)
                 # The end of a response is whichever comes first: the dialect's terminal event, the byte
                 # that completes Content-Length (a client may stop reading there, before any final empty
-                # message), or the last body message.
+                # message), or the last body message. It is held until the record is durable (contract D1);
+                # every chunk before it went out as it came (contract D2).
                 if (
                     terminal
                     or not message.get("more_body", False)
@@ -295,7 +296,7 @@ class ModelCallCaptureMiddleware:
                 start.now()
                 # A disconnect after the app produced the whole response is not a cancelled call.
                 await self._finish(call, span, attributes, exception, cancelled and not state.holding, sink)
-            # Capture never changes the response: what was held goes out now, durable or not.
+            # Capture never changes the response: what was held goes out now, durable or not (contract D5).
             for message in state.held:
                 await send(message)
         if exception is not None:
@@ -392,7 +393,10 @@ class ModelCallCaptureMiddleware:
                     call.model_call_id,
                     call.line(context.trace_id, context.span_id),
                     tokens_line(
-                        call.response_obj, rollout_id=call.rollout_id, model_call_id=call.model_call_id
+                        call.response_obj,
+                        rollout_id=call.rollout_id,
+                        model_call_id=call.model_call_id,
+                        request=call.request_obj,
                     ),
                     LoopWaiter(loop, loop.create_future()),
                     (call.weight_version, call.started_at, call.completed_at),
@@ -421,12 +425,13 @@ class ModelCallCaptureMiddleware:
             deadlines = self._deadlines = _Deadlines(finished.waiter.loop, self.settings.durable_timeout_s)
         deadlines.add(future)
         try:
+            # the terminal chunk waits for this: durable, failed or past its deadline (contract D1, D3)
             await future  # resolved with the rest of its batch: one wake-up per batch
         except asyncio.CancelledError:
             raise
         except (
             _NotDurableInTime
-        ):  # a stalled writer (a hung disk) never holds the call: answer, mark it failed
+        ):  # a stalled writer (a hung disk) never holds the call: answer, mark it failed (contract D6)
             reason = f"capture_error: record not durable within {self.settings.durable_timeout_s:g} s"
             notify(
                 _logger, logging.ERROR, "rollout %s, call %s: %s", call.rollout_id, call.model_call_id, reason

@@ -12,7 +12,7 @@ provider set later is found), and every call takes the same route through it:
    when the answer was a redirect (``3xx``): not the model call, so no line and no incomplete mark, only
    the call's end (the call the client makes next is the model call);
 3. the middleware awaits the call's :class:`LoopWaiter`, which the writer resolves with the rest of its
-   batch (one event-loop wake-up per batch), before it releases the terminal chunk.
+   batch (one event-loop wake-up per batch), before it releases the terminal chunk (contract D1, D3).
 
 See ``docs/architecture.md`` for the whole data path.
 """

@@ -1,17 +1,12 @@
 """``otel-capture check DIR``: verify a capture directory and say what is damaged.
 
-Damage is a line that is not a valid record, a torn tail (a final line without its newline: a writer
-died inside its ``write``), or an entry named like a rollout's file that is not a regular file of its own
-(a link, a FIFO, a hard link: skipped, never followed or waited on). An incomplete marker is not damage,
-it is a capture failure that was recorded as it should be; it is reported, and fails the check only with
-``strict``.
+Damage is a line that is not a valid record, a torn tail (contract D7), or an entry named like a rollout's
+file that is not a regular file of its own (skipped, never followed or waited on) (contract D25). An
+incomplete marker is not damage, it is a capture failure recorded as it should be: it is reported, and
+fails the check only with ``strict``.
 
-A loss that is *not yet* in its rollout's marker fails the check: a writer could not write the mark (the
-filesystem was out of inodes or blocks) and holds it in its loss reserve (``.otel-capture/losses/``,
-created with its blocks ahead of need), retrying it. The check reads every reserve (it is a separate
-process: the reserve on disk is how it knows) and names each such loss; once the writer has written the
-mark into the marker, the entry is turned to reported and the check passes again. Losses a writer could not
-even put in its reserve (it could not make one) are in its log and ``WriterStats.unreported`` only.
+A loss that is *not yet* in its rollout's marker fails the check (contract D14): the check is a separate
+process, so it reads every writer's loss reserve on disk and names each loss still pending there.
 
 Model calls served without a rollout id (never recorded) are reported too: the serving processes count
 them in the directory (:mod:`otel_capture._store.uncorrelated`); they fail the check only with ``strict``.
@@ -144,7 +139,7 @@ def format_check(results: list[RolloutCheck]) -> list[str]:
 
 def sync_report(directory: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> str:
     """The sync a writer started now on ``directory`` would use, and why (the filesystem's type, or
-    ``OTEL_CAPTURE_SYNC``): on a network or FUSE filesystem only a per-file ``fsync`` reaches the server."""
+    ``OTEL_CAPTURE_SYNC``) (contract D4)."""
     env = os.environ if environ is None else environ
     allowed = env.get(ENV_SYNC, "auto").strip().lower() != "fsync" and LIBC_SYNCFS is not None
     return choose_sync(Path(directory), syncfs_allowed=allowed).describe()

@@ -230,17 +230,19 @@ def _proxy(args: argparse.Namespace) -> int:
 
     from .._proxy.app import bind_socket, build_proxy_app, display_url, server_options, socket_url
     from .._proxy.guards import limit_client_buffers
-    from .._settings import ENV_CAPTURE_DIR, ENV_UPSTREAM, CaptureSettings, WriterSettings
+    from .._settings import ENV_CAPTURE_DIR, ENV_UPSTREAM, CaptureSettings, WriterSettings, upstream_url
 
+    # every setting refused before listening: a ConfigurationError (a ValueError) is one line and exit 1
+    upstream_url("--upstream", args.upstream)
     settings = CaptureSettings.from_environ()
     writer = WriterSettings.from_environ(directory=args.capture_dir)
-    if writer.directory is not None:  # refused before listening: a directory others can write never starts
+    if writer.directory is not None:  # refused before listening (contract D26)
         from .._store import check_directory
 
         check_directory(writer.directory, allow_shared=writer.allow_shared_directory)
     proxy = _proxy_settings(args)
     sock = limit_client_buffers(bind_socket(args.host, args.port))
-    if args.host not in ("127.0.0.1", "::1", "localhost"):
+    if args.host not in ("127.0.0.1", "::1", "localhost"):  # (contract D39)
         print(
             f"otel-capture: warning: binding {args.host}: the proxy is reachable from other machines",
             file=sys.stderr,
@@ -311,7 +313,8 @@ def _server_class() -> type:
 
     class Server(uvicorn.Server):
         """uvicorn's server, minus re-raising the signal after its graceful shutdown: SIGINT and SIGTERM
-        end the proxy with exit code 0 once in-flight calls are done and records are flushed."""
+        end the proxy with exit code 0 once in-flight calls are done and records are flushed
+        (contract D11)."""
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:

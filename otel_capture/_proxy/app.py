@@ -1,14 +1,15 @@
 """The capture proxy: the capture middleware in front of any OpenAI/Anthropic-compatible server.
 
 ``UpstreamProxy`` is a pure ASGI app that forwards each request to the upstream over one pool of
-aiohttp connections (``_Pool`` in :mod:`._proxy_pool`: aiohttp's connector and response parser, without
+aiohttp connections (``_Pool`` in :mod:`.pool`: aiohttp's connector and response parser, without
 ``ClientSession``'s per-request work), streaming both ways without buffering. ``build_proxy_app`` wraps it
 in the capture middleware and, outside that, the request-size limit and the lean HTTP server span
 (``LeanServerSpanMiddleware``), which redacts query values and credential headers itself.
 
 A call ends when it is over, whatever the other side does: the upstream gets ``upstream_timeout`` seconds
 for each byte; a client that leaves is noticed while the upstream thinks, not only while it streams; a
-captured stream ends for the client at its last event even if the upstream holds the response open.
+captured stream ends for the client at its last event even if the upstream holds the response open
+(contract D28, D29).
 """
 
 from __future__ import annotations
@@ -35,7 +36,13 @@ from yarl import URL
 from .._asgi import ASGIApp, Message, Receive, Scope, Send
 from .._capture.middleware import SCOPE_RESPONSE_COMPLETE, ModelCallCaptureMiddleware
 from .._correlation.routing import server_span_details, unprefixed_raw_path
-from .._settings import CaptureSettings, ProxySettings, WriterSettings, upstream_from_environ
+from .._settings import (
+    CaptureSettings,
+    ProxySettings,
+    WriterSettings,
+    upstream_from_environ,
+    upstream_url,
+)
 from .._telemetry.provider import build_tracer_provider
 from .._telemetry.server_span import LeanServerSpanMiddleware
 from .guards import CallLimit, RequestSizeLimit, limit_client_buffers
@@ -169,13 +176,13 @@ class UpstreamProxy:
         for k, v in trace_headers.items():
             if "\r" not in v and "\n" not in v:
                 lines += (k.encode("latin-1"), b": ", v.encode("latin-1"), b"\r\n")
-        lines.append(b"accept-encoding: identity\r\n")
+        lines.append(b"accept-encoding: identity\r\n")  # (contract D30)
         lines.append(auth)
         if body or method not in _BODYLESS_METHODS:
             lines += (b"content-length: ", str(len(body)).encode(), b"\r\n")
         headers = b"".join(lines)
         # The client may leave at any time, also while the upstream has not answered yet: one watcher per
-        # call cancels this task then (no per-chunk wait on two futures).
+        # call cancels this task then (no per-chunk wait on two futures) (contract D28).
         task = asyncio.current_task()
         assert task is not None
         watch = _ClientWatch(task)
@@ -198,7 +205,7 @@ class UpstreamProxy:
     ) -> None:
         try:
             response = await self._request(method, target, headers, body)
-        except asyncio.TimeoutError as exc:
+        except asyncio.TimeoutError as exc:  # no byte before the headers within the timeout (contract D28)
             message = f"upstream {self.shown_upstream} timed out: {exc!r} (upstream timeout {self.timeout} s)"
             await _send_error(send, 504, "upstream_timeout", message)
             return
@@ -227,7 +234,7 @@ class UpstreamProxy:
     async def _request(self, method: str, target: bytes, headers: bytes, body: bytes) -> _Response:
         """Send; a request the upstream dropped before any byte of the answer (it closed the kept-alive
         connection while idle, just as the request went out) goes once more on a fresh connection, as HTTP
-        clients do. The body is in memory, so sending it again is safe."""
+        clients do. The body is in memory, so sending it again is safe (contract D31)."""
         if self._closed:
             raise aiohttp.ClientConnectionError("the proxy is shutting down")
         if self._pool is None:
@@ -262,7 +269,8 @@ class UpstreamProxy:
                 break
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
             if may_stop and scope.get(SCOPE_RESPONSE_COMPLETE):
-                break  # the capture saw the stream's last event: the call is over, whatever the upstream does
+                # the capture saw the stream's last event: the call is over, whatever the upstream does
+                break  # (contract D29)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
@@ -318,7 +326,7 @@ async def _send_error(send: Send, status: int, kind: str, message: str) -> None:
 class _FinishCallsFirst:
     """Holds the lifespan's shutdown, which flushes and closes the record writer, until the HTTP calls in
     flight have returned (within ``_DRAIN_BOUND``): when a shutdown passes its bound uvicorn cancels them,
-    and each still hands its ``cancelled`` record to the writer on its way out."""
+    and each still hands its ``cancelled`` record to the writer on its way out (contract D11)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -366,6 +374,7 @@ def build_proxy_app(
     every acknowledged record is flushed, when the server's lifespan ends. Settings not passed are read
     from the environment.
     """
+    upstream = upstream_url("upstream", upstream)  # its parts go into every request head
     settings = settings if settings is not None else CaptureSettings.from_environ()
     proxy = proxy if proxy is not None else ProxySettings.from_environ()
     shutdown: list[Callable[[], None]] = []

@@ -23,7 +23,7 @@ _TRIM_DELAY_S = 1.0  # idle this long after the last call: the allocator gives f
 class RequestSizeLimit:
     """Answers ``413`` to a request whose body is over ``max_bytes``: at once when its Content-Length says
     so, else as soon as the bytes read pass the limit (a chunked body), so an oversized body never sits in
-    memory. Below it the app reads the body it would have read."""
+    memory. Below it the app reads the body it would have read (contract D32)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -99,11 +99,12 @@ class CallLimit:
     """At most ``max_calls`` calls forwarded at once; :meth:`enter` says whether one more may go. What each
     call holds is bounded (the relay's buffers and the record's copy of what the client was sent, up to the
     body cap), so this bounds the proxy's memory under clients that read slowly or not at all. Refusals are
-    counted (``refused``) and logged the first time, then at most once a minute with their number.
+    counted (``refused``) and logged the first time, then at most once a minute with their number
+    (contract D34).
 
     When the last call ends, memory freed by the calls goes back to the system (``malloc_trim``, glibc):
     the many mid-sized buffers a burst of streams leaves behind are otherwise kept by the allocator and the
-    process stays at its peak."""
+    process stays at its peak (contract D33)."""
 
     def __init__(self, max_calls: int) -> None:
         self.max_calls = max_calls
@@ -189,7 +190,7 @@ _MALLOC_TRIM = _malloc_trim()
 # fixed instead of autotuned up to net.ipv4.tcp_wmem's maximum (4 MiB), so a client that stops reading holds
 # at most this much sent-but-unread in the proxy's kernel, and the proxy's writes then wait (uvicorn's
 # flow control, which pauses the relay and so the upstream read). Enough to keep a fast client's loopback
-# or LAN connection full (a model stream is far slower than this per round trip).
+# or LAN connection full (a model stream is far slower than this per round trip). (contract D33)
 CLIENT_SEND_BUFFER = 256 * 1024
 
 

@@ -26,14 +26,15 @@ _CONNECTIONS = 256  # open upstream connections at most (calls beyond wait for o
 _CONNECT_TIMEOUT = 30.0
 # The upstream's response head: each header line (and the status line) up to 64 KiB, at most 128 header
 # lines (aiohttp's count), so at most ~8 MiB of head per call in the worst case; a longer one gets the
-# client a 502 naming the limit (``UpstreamHeadTooLarge``), never a connection kept half-read.
+# client a 502 naming the limit (``UpstreamHeadTooLarge``), never a connection kept half-read (contract D35).
 MAX_HEADER_LINE_BYTES = 64 * 1024
 MAX_HEADERS = 128
 
 
 def _stale(exc: BaseException) -> bool:
     """The upstream closed the connection before any byte of the answer (aiohttp's error for a kept-alive
-    connection the upstream closed while idle, just as the request went out); not a refused connect."""
+    connection the upstream closed while idle, just as the request went out); not a refused connect
+    (contract D31)."""
     return isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)) and not isinstance(
         exc, aiohttp.ClientConnectorError
     )

@@ -1,17 +1,17 @@
 """``LeanServerSpanMiddleware``: the HTTP server span at the cost a model server's hot path can afford.
 
 A drop-in for contrib's ``opentelemetry.instrumentation.asgi.OpenTelemetryMiddleware`` with
-``exclude_spans=["receive", "send"]`` (``docs/performance.md``, "A lean server span"): the same span (kind
-``SERVER``, or ``INTERNAL`` below a span already current; the caller's W3C ``traceparent`` and ``baggage``
-extracted with the global propagator and current for the app), named by ``default_span_details`` (by
-default ``METHOD route`` without the ``/ng-rollout/<id>`` prefix), with the same exclusion list and the
-same response propagator. What differs, each to save CPU per request:
+``exclude_spans=["receive", "send"]``: the same span (kind ``SERVER``, or ``INTERNAL`` below a span
+already current; the caller's W3C ``traceparent`` and ``baggage`` extracted with the global propagator
+and current for the app), named by ``default_span_details`` (by default ``METHOD route`` without the
+``/ng-rollout/<id>`` prefix), with the same exclusion list and the same response propagator. What
+differs, each to save CPU per request:
 
 - the stable HTTP semantic conventions only (as contrib emits with ``OTEL_SEMCONV_STABILITY_OPT_IN=http``),
   computed once and passed to ``start_span`` in one dict; the status code (and ``error.type``) set once,
   when the response ends;
 - ``url.query`` with every value ``REDACTED`` (names kept), headers only when the constructor names them,
-  credential headers (:data:`otel_capture._settings.SECRET_HEADERS`) always ``[REDACTED]``;
+  credential headers (:data:`otel_capture._settings.SECRET_HEADERS`) always ``[REDACTED]`` (contract D37);
 - one metric, ``http.server.request.duration``, recorded once, and only when the meter provider has a
   reader (the distro installs an SDK provider without one under ``OTEL_METRICS_EXPORTER=none``, where
   contrib still records three histograms and two counters per request) or is not the SDK's (a vendor's;

@@ -1,7 +1,7 @@
 """The HTTP server span zero-code mode adds (``LeanServerSpanMiddleware``), as a tracing backend and a
 metrics backend see it, through a real uvicorn: the stable HTTP semantic conventions and nothing else,
 the caller's trace and baggage continued, errors, excluded URLs, its one metric, header capture with
-credentials redacted, and the response propagator. See docs/performance.md, "A lean server span"."""
+credentials redacted, and the response propagator. See otel_capture/_telemetry/server_span.py."""
 
 from __future__ import annotations
 

@@ -69,3 +69,21 @@ def test_calls_that_end_after_the_writer_closed_are_counted_logged_once_and_mark
     assert len(logged) == 1  # once, not once per call
     assert store.read_lines("late") is None  # no record line: the writer was gone
     assert store.freeze_now("late").incomplete
+
+
+def test_a_call_abandoned_after_the_exporter_shut_down_is_counted_and_marked(tmp_path: Path) -> None:
+    """A call whose record could not be built (or missed its durability deadline) after the exporter shut
+    down is still counted and its rollout marked, as a late line is: the exporter passes it on."""
+    exporter = ModelCallJsonlExporter(tmp_path / "calls")
+    exporter.begin_call("gone", "c" * 32)
+    exporter.shutdown()
+    exporter.abandon_call("gone", "c" * 32, "record could not be built")
+    store = CaptureStore(tmp_path / "calls")
+    deadline = time.monotonic() + BOUND
+    while not store.incomplete_path("gone").exists():
+        assert time.monotonic() < deadline, "the abandoned call was not marked incomplete"
+        time.sleep(0.05)
+    marks = [orjson.loads(line) for line in store.incomplete_path("gone").read_bytes().splitlines()]
+    assert [mark["model_call_id"] for mark in marks] == ["c" * 32]
+    assert exporter.stats.after_close == 1
+    assert store.freeze_now("gone").incomplete
