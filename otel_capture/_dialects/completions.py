@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 from .stream import JsonDict, _ChoicesAccumulator
-from .token_values import log_prob, token_id
+from .token_values import log_prob_list, spelled_ids
 
 __all__ = [
     "LEGACY_LOGPROB_LISTS",
@@ -153,12 +153,8 @@ def legacy_log_probs(
             start = prompt_length
         else:
             return None, None
-    ids: list[int | None] | None = None
-    if tokens is not None:
-        found = [token_id(t) for t in tokens[start:]]
-        if any(i is not None for i in found):
-            ids = found
-    return ids, [log_prob(v) for v in values[start:]]
+    ids = spelled_ids(tokens[start:]) if tokens is not None else None
+    return ids, log_prob_list(values[start:])
 
 
 # -- the semconv messages -------------------------------------------------------------------------------

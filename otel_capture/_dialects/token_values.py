@@ -6,14 +6,17 @@
 from __future__ import annotations
 
 import math
+from itertools import repeat
+from typing import Any
 
-__all__ = ["id_list", "log_prob", "log_prob_list", "token_id"]
+__all__ = ["id_list", "log_prob", "log_prob_list", "spelled_ids", "token_id"]
 
 _SPELLED = "token_id:"
 _ID_LIMIT = (
     2**63
 )  # an id is far below it; past it orjson cannot write the line (and int() of 5000 digits raises)
 _MAX_ID_DIGITS = 19
+_INT, _FLOAT, _NONE, _STR = {int}, {float}, {type(None)}, {str}
 
 
 def token_id(value: object) -> int | None:
@@ -45,6 +48,11 @@ def id_list(value: object) -> list[int | None] | None:
     of its entries is an id (``["a"]`` is not a list of ids with one odd entry)."""
     if not isinstance(value, list):
         return None
+    types = set(map(type, value))
+    if types == _INT and min(value) >= 0 and max(value) < _ID_LIMIT:
+        return value  # the usual list, read at C speed
+    if types == _NONE:
+        return None
     ids = [token_id(v) for v in value]
     return ids if not ids or any(i is not None for i in ids) else None
 
@@ -52,4 +60,17 @@ def id_list(value: object) -> list[int | None] | None:
 def log_prob_list(value: object) -> list[float | None] | None:
     """A list of log-probs, each entry read by :func:`log_prob`; ``None`` when ``value`` is not a list. A
     list of NaN only is kept, all ``null``: that its log-probs were sent and are unusable is the news."""
-    return [log_prob(v) for v in value] if isinstance(value, list) else None
+    if not isinstance(value, list):
+        return None
+    if set(map(type, value)) == _FLOAT and math.isfinite(sum(value)):
+        return value  # the usual list (a NaN or an infinity makes the sum one), read at C speed
+    return [log_prob(v) for v in value]
+
+
+def spelled_ids(tokens: list[Any]) -> list[int | None] | None:
+    """The ids of tokens spelled ``"token_id:<int>"`` (vLLM's ``return_tokens_as_token_ids``), ``None`` for
+    a token spelled otherwise; ``None`` when no token is so spelled (a token ``"7"`` is the text 7)."""
+    if set(map(type, tokens)) == _STR and not any(map(str.startswith, tokens, repeat(_SPELLED))):
+        return None  # the usual text tokens, looked at at C speed
+    ids = [token_id(t) if isinstance(t, str) else None for t in tokens]
+    return ids if any(i is not None for i in ids) else None

@@ -44,30 +44,30 @@ from typing import Any
 
 from .completions import legacy_log_probs
 from .generate import generate_prompt_ids, is_sglang_body, sglang_generations
-from .token_values import id_list, log_prob, log_prob_list, token_id
+from .token_values import id_list, log_prob_list, spelled_ids, token_id
+
+_DICT = {dict}
 
 
 def _from_logprob_entries(entries: Any) -> tuple[list[int | None] | None, list[float | None] | None]:
     """Ids (when any entry has one) and log-probs from a list of ``{token, logprob, ...}``; an odd entry
-    (not an object, a log-prob ``null``/NaN/±inf, no id among entries that have one) is ``None`` there."""
+    (not an object, a log-prob ``null``/NaN/±inf, no id among entries that have one) is ``None`` there.
+    An entry's id is its ``id`` (llama.cpp), else its ``"token_id:N"`` token (vLLM)."""
     if not isinstance(entries, list) or not entries:
         return None, None
-    log_probs: list[float | None] = []
-    ids: list[int | None] = []
-    for entry in entries:
-        if not isinstance(entry, dict):
-            log_probs.append(None)
-            ids.append(None)
-            continue
-        log_probs.append(log_prob(entry.get("logprob")))
-        found = token_id(entry.get("id"))
-        ids.append(found if found is not None else _spelled_id(entry.get("token")))
-    return (ids if any(i is not None for i in ids) else None), log_probs
-
-
-def _spelled_id(token: object) -> int | None:
-    """Only vLLM's ``"token_id:N"`` spelling of a token is an id (a token ``"7"`` is the text 7)."""
-    return token_id(token) if isinstance(token, str) else None
+    if set(map(type, entries)) != _DICT:
+        entries = [entry if isinstance(entry, dict) else {} for entry in entries]
+    log_probs = log_prob_list([entry.get("logprob") for entry in entries])
+    ids = id_list([entry.get("id") for entry in entries])
+    if ids is None or None in ids:
+        spelled = spelled_ids([entry.get("token") for entry in entries])
+        if spelled is not None:
+            ids = (
+                spelled
+                if ids is None
+                else [i if i is not None else s for i, s in zip(ids, spelled, strict=True)]
+            )
+    return ids, log_probs
 
 
 def _index(choice: dict[str, Any], position: int) -> int:

@@ -20,7 +20,7 @@ from otel_capture._dialects.missing import tokens_missing
 from otel_capture._dialects.reassembly import accumulator_for
 from otel_capture._dialects.sse import SSEDecoder
 from otel_capture._dialects.stream import loads_nonstandard
-from otel_capture._dialects.token_values import id_list, log_prob, log_prob_list, token_id
+from otel_capture._dialects.token_values import id_list, log_prob, log_prob_list, spelled_ids, token_id
 from otel_capture._dialects.tokens import extract_tokens
 from otel_capture._records import tokens_line
 from otel_capture._records.codec import decode_record_line, encode_record_line
@@ -267,6 +267,15 @@ def test_token_id_reads_the_spellings_and_nothing_else() -> None:
         assert token_id(odd) is None, odd
     assert id_list(["token_id:1", 2, None]) == [1, 2, None]
     assert id_list(["a", "b"]) is None and id_list([]) == [] and id_list("x") is None
+    assert spelled_ids(["a", "token_id:3"]) == [None, 3] and spelled_ids([1, "token_id:2"]) == [None, 2]
+    assert spelled_ids(["7", "a"]) is None  # a token "7" is the text 7
+    # log-prob entries: an entry's id, else its spelled token; odd entries null, the rest kept
+    entries = [{"id": 5, "logprob": -1.0}, {"token": "token_id:6", "logprob": None}, 3, {"logprob": -2}]
+    found = extract_tokens({"choices": [{"index": 0, "logprobs": {"content": entries}}]})
+    assert found is not None
+    assert found["generations"] == [
+        {"index": 0, "token_ids": [5, 6, None, None], "log_probs": [-1.0, None, None, -2.0]}
+    ]
 
 
 def test_log_prob_is_a_finite_number_or_none() -> None:
