@@ -264,6 +264,8 @@ class ModelCallCaptureMiddleware:
             call.finish(exception=exception, cancelled=cancelled)
             if call.tokens_missing is not None:
                 self._metrics.count_tokens_missing(call.dialect)
+            if call.token_mismatch is not None:
+                self._metrics.count_token_mismatch(call.dialect)
             recording = span.is_recording()
             if recording or attributes is not None:
                 end_attributes = call.end_attributes()
