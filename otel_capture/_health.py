@@ -222,9 +222,9 @@ def _record_checks(records: Sequence[ModelCallRecord]) -> list[dict[str, Any]]:
             "answered without usage (prompt or completion tokens unknown)",
         ),
     ]
-    mismatched = [r for r in records if getattr(r, "token_mismatch", None)]
+    mismatched = [r for r in records if r.token_mismatch]
     if mismatched:
-        details = [f"{r.model_call_id}: {getattr(r, 'token_mismatch', '')}" for r in mismatched]
+        details = [f"{r.model_call_id}: {r.token_mismatch}" for r in mismatched]
         found.append(_check("token_mismatch", (r.model_call_id for r in mismatched), _some(details)))
     missing = [r for r in records if r.tokens_missing]
     if missing:

@@ -105,6 +105,9 @@ class ModelCallRecord(BaseModel):
     failure: dict[str, Any] | None = None
     # why the token ids or log-probs the request asked for are not all in the answer (docs/tokens.md)
     tokens_missing: str | None = None
+    # which token invariant the answer breaks, odd entries, log-probs against ids, ids against the usage
+    # (docs/tokens.md, "Token integrity")
+    token_mismatch: str | None = None
     # Which server wrote the line (docs/attachment.md, "Writers"): ``{"host", "pid", "layer"}``, ``layer``
     # ``proxy`` or ``in_process``, and for the proxy ``upstream``, the URL it forwarded to (no credentials);
     # and the upstream's ``x-request-id`` response header, when its answer had one.

@@ -43,7 +43,8 @@ class ScriptedModel:
     """An OpenAI-compatible chat server whose answer is chosen by the last message's text: ``ok``,
     ``zero`` (no token generated), ``long`` (stopped at the request's ``max_tokens``), ``nousage``,
     ``fail`` (500), ``overflow`` (vLLM's 400 for a prompt over the context), ``replayed`` (the same
-    ``x-request-id`` every time), ``hold`` (waits at :attr:`gate`, then ``ok``). Streams when asked."""
+    ``x-request-id`` every time), ``hold`` (waits at :attr:`gate`, then ``ok``), ``mismatch`` (vLLM's
+    token ids, one more than the usage counts). Streams when asked."""
 
     def __init__(self) -> None:
         self.gate = Gate()
@@ -91,6 +92,9 @@ class ScriptedModel:
         }
         if word != "nousage":
             answer["usage"] = usage
+        if word == "mismatch":  # vLLM's return_token_ids, one id more than the usage counts
+            answer["prompt_token_ids"] = [1, 2, 3, 4, 5]
+            answer["choices"][0]["token_ids"] = [11, 12, 13]
         await _send(send, 200, b"application/json", request_id, [json.dumps(answer).encode()])
 
 
@@ -240,18 +244,15 @@ def test_tokens_missing(proxy_url: str, capture_dir: Path) -> None:
     assert "logprobs" in check["detail"]
 
 
-@pytest.mark.skipif(
-    "token_mismatch" not in ModelCallRecord.model_fields,
-    reason="the record's token_mismatch field comes with branch tokens (issue 31 item 2)",
-)
 def test_token_mismatch(proxy_url: str, capture_dir: Path) -> None:
-    call(proxy_url, "mismatch", "ok", extra_body={"return_token_ids": True}, logprobs=True)
+    # three generated ids where the usage counts two completion tokens
+    call(proxy_url, "mismatch", "mismatch", extra_body={"return_token_ids": True})
     [record] = records(capture_dir, "mismatch")
     result = rollout_health(capture_dir, "mismatch")
-    if getattr(record, "token_mismatch", None):
-        assert fired(result)["token_mismatch"]["calls"] == [record.model_call_id]
-    else:  # the scripted answer breaks no invariant the tokens branch checks: it must not fire either
-        assert "token_mismatch" not in fired(result)
+    assert result["verdict"] == "unhealthy"
+    check = fired(result)["token_mismatch"]
+    assert check["calls"] == [record.model_call_id]
+    assert record.token_mismatch is not None and record.token_mismatch in check["detail"]
 
 
 def test_in_flight(proxy_url: str, model: ScriptedModel, capture_dir: Path) -> None:
