@@ -26,6 +26,8 @@ from otel_capture import (
     ProxySettings,
     WriterSettings,
     aggregate_model_call_metrics,
+    attach_model_call_capture,
+    build_model_call_capture,
     read_model_call_records,
     rollout_health,
     start_proxy,
@@ -171,6 +173,8 @@ def test_a_healthy_rollout_stays_healthy(
     call(proxy_url, "good", "ok")
 
     assert rollout_health(capture_dir, "good") == {"verdict": "healthy", "checks": []}
+    record: dict[str, Any] = {"_ng_rollout_id": "good"}
+    assert attach_model_call_capture(record, capture_dir)["health"] == {"verdict": "healthy", "checks": []}
     code, out = cli(str(capture_dir), capsys=capsys)
     assert (code, out) == (0, ["Rollout health: 1 checked, 1 healthy, 0 unhealthy, 0 unobserved"])
 
@@ -271,6 +275,26 @@ def test_in_flight(proxy_url: str, model: ScriptedModel, capture_dir: Path) -> N
     assert mcid == records(capture_dir, "busy")[1].model_call_id
 
 
+def test_the_attachment_names_a_call_frozen_out_in_flight(
+    proxy_url: str, model: ScriptedModel, capture_dir: Path
+) -> None:
+    call(proxy_url, "late", "ok")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        held = pool.submit(call, proxy_url, "late", "hold")
+        try:
+            assert model.gate.reached.wait(TIMEOUT)
+            record: dict[str, Any] = {"_ng_rollout_id": "late"}
+            attachment = attach_model_call_capture(record, capture_dir, wait_s=0)  # the collector gives up
+        finally:
+            model.gate.open()
+        held.result(TIMEOUT)
+    health = attachment["health"]
+    assert health["verdict"] == "unhealthy"
+    [mcid] = fired(health)["in_flight"]["calls"]
+    assert mcid not in [c["model_call_id"] for c in attachment["calls"]]
+    assert [c["name"] for c in health["checks"]] == ["in_flight"]
+
+
 HOLDER = (
     "import fcntl, os, sys, time\n"
     "fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND)\n"
@@ -300,6 +324,7 @@ def test_lost_calls(upstream: str, capture_dir: Path, capsys: pytest.CaptureFixt
     check = fired(result)["lost_calls"]
     assert len(check["calls"]) == 1 and check["calls"] != [kept.model_call_id]
     assert "locked by another process" in check["detail"]
+    assert build_model_call_capture(capture_dir, "locked")["health"] == result  # the attachment says so too
     code, out = cli(str(capture_dir), capsys=capsys)
     assert (code, out[0]) == (1, "locked: unhealthy: lost_calls")
 
