@@ -18,10 +18,12 @@ from typing import Any
 
 import openai
 import pytest
-from support import Gate, read_body, serve, serve_lifespan
+from support import Gate, Telemetry, read_body, serve, serve_lifespan
 
 from otel_capture import (
+    CaptureSettings,
     CaptureStore,
+    ModelCallCaptureMiddleware,
     ModelCallRecord,
     ProxySettings,
     WriterSettings,
@@ -187,6 +189,18 @@ def test_a_healthy_rollout_stays_healthy(
         "upstream": upstream,
     }
     assert [r.upstream_request_id for r in records(capture_dir, "good")] == [f"req-{n}" for n in range(4)]
+
+
+def test_an_in_process_capture_names_its_process_and_no_upstream(
+    model: ScriptedModel, telemetry: Telemetry
+) -> None:
+    app = ModelCallCaptureMiddleware(model, tracer_provider=telemetry.provider, settings=CaptureSettings())
+    with serve(app) as url:
+        call(url, "inside", "ok")
+    [record] = read_model_call_records(telemetry.store, "inside")
+    assert record.writer == {"host": socket.gethostname(), "pid": os.getpid(), "layer": "in_process"}
+    assert record.upstream_request_id is None  # the server is the writer: there is no upstream
+    assert rollout_health(telemetry.store, "inside") == {"verdict": "healthy", "checks": []}
 
 
 def test_the_writer_never_names_a_key_in_the_upstreams_url(upstream: str, capture_dir: Path) -> None:
