@@ -1,5 +1,5 @@
 """The verdict's rules on records made in the test (``judge_rollout`` is pure): the edges each check's rule
-in docs/attachment.md draws. The checks firing from real calls are tests/integration/test_health.py."""
+in docs/attachment.md draws. The checks firing from real calls are tests/integration/test_health_through_proxy.py."""
 
 from __future__ import annotations
 
