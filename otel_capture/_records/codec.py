@@ -148,7 +148,7 @@ def chunked_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
 def line_spans(data: bytes) -> Iterator[tuple[int, int, int]]:
     """``(physical line number, start, end)`` of each non-blank complete line of ``data`` (the newline
     excluded), one at a time and without copying most lines: the splitter of a file held as one buffer
-    (a freeze's snapshot, the in-flight markers). Agrees with :func:`split_lines` on what a line is."""
+    (a freeze's snapshot, the incomplete marker). Agrees with :func:`split_lines` on what a line is."""
     start = 0
     number = 0
     while (end := data.find(b"\n", start)) != -1:
