@@ -70,7 +70,9 @@ def without_weight_version_header(scope: Scope) -> Scope:
     return dict(scope, headers=[(key, value) for key, value in headers if key.lower() != _HEADER])
 
 
-def _text(value: Any) -> str | None:
+def usable_version(value: Any) -> str | None:
+    """``value`` as a version's text (an ``int`` or ``float`` as its decimal form), or ``None`` when it is
+    not one (another type, empty, longer than 200 characters, not printable)."""
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, (int, float, str)):
@@ -86,10 +88,10 @@ def engine_weight_version(response: dict[str, Any] | None) -> str | None:
         section = response.get(container)
         if isinstance(section, dict):
             for key in ("weight_version", "model_version"):
-                found = _text(section.get(key))
+                found = usable_version(section.get(key))
                 if found is not None:
                     return found
-    return _text(response.get("weight_version"))
+    return usable_version(response.get("weight_version"))
 
 
 def span_weight_attributes(

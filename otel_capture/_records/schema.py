@@ -101,10 +101,19 @@ class ModelCallRecord(BaseModel):
     failure: dict[str, Any] | None = None
     # why the token ids or log-probs the request asked for are not all in the answer (docs/tokens.md)
     tokens_missing: str | None = None
-    # The weight (policy) version (docs/attachment.md, "Weight versions"): what the engine reported in its
-    # answer; the version in force when the call was admitted (the caller's, else the one declared for the
-    # directory); the declared version when it finished, only when that differs (weights changed meanwhile).
+    # The weight (policy) version (docs/attachment.md, "Weight versions"): the engine's when the call was
+    # admitted, as the capture layer observed it, else what the engine reported in its answer
+    # (docs/tokens.md, "The engine's weight version"); when the engine's changed while the call ran, the one
+    # at the end and every one the call saw, oldest first; the engine's pauses the call waited through
+    # ({"mode", "paused_at", "resumed_at"}); where each version on the record came from
+    # ({"weight_version": "caller" | "declared", "engine_weight_version": "engine_update" | ...}); the
+    # version in force when the call was admitted (the caller's, else the one declared for the directory);
+    # the declared version when it finished, only when that differs (weights changed meanwhile).
     engine_weight_version: str | None = None
+    engine_weight_version_at_end: str | None = None
+    engine_weight_versions: list[str] | None = None
+    engine_pauses: list[dict[str, Any]] | None = None
+    weight_version_sources: dict[str, str] | None = None
     weight_version: str | None = None
     weight_version_at_end: str | None = None
 
