@@ -26,14 +26,12 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import Literal, TypeVar
 from urllib.parse import unquote
 
 from ._errors import ConfigurationError
+from ._key_pattern import ApiKeyRolloutPattern
 from ._notices import notify
-
-if TYPE_CHECKING:  # imported where used: _correlation's modules import this one
-    from ._correlation.ids import ApiKeyRolloutPattern
 
 _logger = logging.getLogger(__name__)
 
@@ -237,7 +235,6 @@ def key_rollout_pattern(pattern: object, name: str) -> ApiKeyRolloutPattern:
     """``pattern`` (text, an ``re.Pattern`` or an already checked one) compiled for RE2 and checked
     (:class:`~otel_capture._correlation.ids.ApiKeyRolloutPattern`); else ``ConfigurationError`` naming
     ``name``, the variable or argument it came from."""
-    from ._correlation.ids import ApiKeyRolloutPattern
 
     if isinstance(pattern, ApiKeyRolloutPattern):
         return pattern
@@ -468,6 +465,10 @@ def upstream_url(name: str, url: str) -> str:
         parsed = URL(url)
     except ValueError as exc:
         raise ConfigurationError(name, f"not a URL: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigurationError(
+            name, "the upstream must be an absolute http:// or https:// URL, such as http://127.0.0.1:8000"
+        )
     for part in (parsed.user, parsed.password):
         if part is not None:
             header_value(name + " (its user or password, sent as Basic auth)", part)

@@ -23,7 +23,7 @@ from support import ReplayModelServer, serve
 from otel_capture import CaptureSettings, CaptureStore, read_model_call_records, start_proxy
 from otel_capture._errors import CaptureError, ConfigurationError
 from otel_capture._instrumentor import ModelCallInstrumentor
-from otel_capture._proxy.app import build_proxy_app
+from otel_capture._proxy import build_proxy_app
 
 BOUND = 60  # seconds: a bound on a hang, not a timing assertion
 PATTERN_ENV = "OTEL_CAPTURE_API_KEY_ROLLOUT_PATTERN"
@@ -88,6 +88,22 @@ def test_the_proxy_command_refuses_an_upstream_url_a_head_cannot_carry(tmp_path:
     assert "listening on" not in result.stdout
     (line,) = result.stderr.splitlines()
     assert line.startswith("otel-capture: error: --upstream: character 22 of the URL (U+000D)")
+
+
+@pytest.mark.parametrize("upstream", ["localhost:8000", "127.0.0.1:8000", "ftp://127.0.0.1:8000", "http://"])
+def test_the_proxy_command_refuses_an_upstream_that_is_not_an_http_url_before_listening(
+    tmp_path: Path, upstream: str
+) -> None:
+    """``--upstream localhost:8000`` (no scheme) used to print ``listening on`` and then fail with the URL
+    parser's words; it is refused first, with the form it needs."""
+    result = _cli_proxy(tmp_path, {}, upstream=upstream)
+    assert result.returncode == 1
+    assert "listening on" not in result.stdout
+    (line,) = result.stderr.splitlines()
+    assert line == (
+        "otel-capture: error: --upstream: the upstream must be an absolute http:// or https:// URL, "
+        "such as http://127.0.0.1:8000"
+    )
 
 
 @pytest.mark.parametrize(

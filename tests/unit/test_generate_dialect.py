@@ -22,7 +22,7 @@ from otel_capture._dialects.reassembly import accumulator_for
 from otel_capture._dialects.sse import SSEDecoder
 from otel_capture._records import codec
 from otel_capture._settings import CaptureSettings
-from otel_capture._telemetry.semconv import content_attributes, response_attributes
+from otel_capture._telemetry import content_attributes, response_attributes
 
 GENERATE = FIXTURES_ROOT / "generate"
 PROMPT = [2, 651, 6037, 576, 6081, 603]

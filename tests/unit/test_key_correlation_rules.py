@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from otel_capture import CaptureSettings
-from otel_capture._correlation.ids import ApiKeyRolloutPattern, RolloutRules, match_api_key
-from otel_capture._correlation.routing import Correlation, correlate
+from otel_capture._correlation import Correlation, RolloutRules, correlate
+from otel_capture._correlation.ids import match_api_key
 from otel_capture._errors import ConfigurationError
+from otel_capture._key_pattern import ApiKeyRolloutPattern
 
 PATTERN = ApiKeyRolloutPattern.compile(r"rk-(?P<rollout>[A-Za-z0-9_-]+)\.[A-Za-z0-9]+")
 KEY = "rk-r-7.S3cretPart"

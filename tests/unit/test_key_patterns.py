@@ -10,8 +10,10 @@ import re
 import pytest
 
 from otel_capture import CaptureSettings
-from otel_capture._correlation.ids import ApiKeyRolloutPattern, RolloutRules, match_api_key
+from otel_capture._correlation import RolloutRules
+from otel_capture._correlation.ids import match_api_key
 from otel_capture._errors import CaptureError, ConfigurationError
+from otel_capture._key_pattern import ApiKeyRolloutPattern
 
 ENV = "OTEL_CAPTURE_API_KEY_ROLLOUT_PATTERN"
 # Patterns that backtrack catastrophically with Python's re on a key that almost matches: each holds the
