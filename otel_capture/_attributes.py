@@ -71,6 +71,8 @@ MODEL_CALL_TOKENS_MISSING = "otel_capture.model_call.tokens_missing"
 WEIGHT_VERSION = "otel_capture.weight_version"
 WEIGHT_VERSION_AT_END = "otel_capture.weight_version_at_end"
 ENGINE_WEIGHT_VERSION = "otel_capture.engine_weight_version"
+ENGINE_WEIGHT_VERSION_AT_END = "otel_capture.engine_weight_version_at_end"
+ENGINE_WEIGHT_VERSIONS = "otel_capture.engine_weight_versions"
 
 OPERATION_CHAT = "chat"
 OPERATION_TEXT_COMPLETION = "text_completion"  # /v1/completions

@@ -154,6 +154,11 @@ class EngineWeights:
 
     # -- per call -----------------------------------------------------------------------------------
 
+    @property
+    def unready(self) -> bool:
+        """Whether a call must await :meth:`ready` before its admission (the first, or every batch's)."""
+        return self._ask_info or not self._started
+
     def admit(self) -> Admission:
         """The call admitted now: a snapshot, no allocation beyond it."""
         first_pause = self._pause_count - (self._open is not None)

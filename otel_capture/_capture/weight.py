@@ -110,3 +110,37 @@ def span_weight_attributes(
     if at_end is not None and at_end != declared:  # the weights changed while the call ran
         attributes[A.WEIGHT_VERSION_AT_END] = at_end
     return attributes
+
+
+def declared_at(sink: object, at: float) -> str | None:
+    """The version declared for the directory at ``at`` as this process's writer last read it (no I/O)."""
+    view = getattr(sink, "weight_versions", None)
+    return view.at(at) if view is not None else None
+
+
+def record_weight_fields(
+    engine_fields: dict[str, Any], caller: str | None, started_at: float, sink: object
+) -> dict[str, Any]:
+    """The record's weight fields a call's line carries (beside the caller's ``weight_version``; the
+    declared ones are stamped by the writer): the engine's as observed (:meth:`.engine.EngineWeights.
+    fields`), and in ``weight_version_sources`` where the admitted ``weight_version`` comes from:
+    ``caller``, else ``declared`` when a version is declared for the directory."""
+    source = "caller" if caller is not None else "declared" if declared_at(sink, started_at) else None
+    if source is None:
+        return engine_fields
+    fields = dict(engine_fields)
+    fields["weight_version_sources"] = {**fields.get("weight_version_sources", {}), "weight_version": source}
+    return fields
+
+
+def engine_span_attributes(fields: dict[str, Any]) -> dict[str, Any]:
+    """The span's attributes for the engine's versions in a record's weight fields."""
+    attributes: dict[str, Any] = {}
+    for key, name in (
+        ("engine_weight_version", A.ENGINE_WEIGHT_VERSION),
+        ("engine_weight_version_at_end", A.ENGINE_WEIGHT_VERSION_AT_END),
+        ("engine_weight_versions", A.ENGINE_WEIGHT_VERSIONS),
+    ):
+        if key in fields:
+            attributes[name] = fields[key]
+    return attributes
