@@ -274,7 +274,7 @@ class ModelCallCaptureMiddleware:
         try:
             call.finish(exception=exception, cancelled=cancelled)
             engine = self.engine.fields(admission, engine_weight_version(call.response_obj))
-            call.weight_fields = record_weight_fields(engine, call.weight_version, call.started_at, sink)
+            call.weight_fields = record_weight_fields(engine, call.weight_version)
             if call.tokens_missing is not None:
                 self._metrics.count_tokens_missing(call.dialect)
             recording = span.is_recording()

@@ -112,24 +112,19 @@ def span_weight_attributes(
     return attributes
 
 
-def declared_at(sink: object, at: float) -> str | None:
-    """The version declared for the directory at ``at`` as this process's writer last read it (no I/O)."""
-    view = getattr(sink, "weight_versions", None)
-    return view.at(at) if view is not None else None
-
-
-def record_weight_fields(
-    engine_fields: dict[str, Any], caller: str | None, started_at: float, sink: object
-) -> dict[str, Any]:
-    """The record's weight fields a call's line carries (beside the caller's ``weight_version``; the
-    declared ones are stamped by the writer): the engine's as observed (:meth:`.engine.EngineWeights.
-    fields`), and in ``weight_version_sources`` where the admitted ``weight_version`` comes from:
-    ``caller``, else ``declared`` when a version is declared for the directory."""
-    source = "caller" if caller is not None else "declared" if declared_at(sink, started_at) else None
-    if source is None:
+def record_weight_fields(engine_fields: dict[str, Any], caller: str | None) -> dict[str, Any]:
+    """The record's weight fields a call's line carries beside the caller's ``weight_version``: the
+    engine's as observed (:meth:`.engine.EngineWeights.fields`), and ``weight_version_sources``
+    naming ``caller`` for the caller's version. The declared version is stamped by the writer, in the batch
+    that writes the line; a ``weight_version`` whose source is not named is that one
+    (:attr:`~otel_capture._records.schema.ModelCallRecord.weight_version_source`)."""
+    if caller is None:
         return engine_fields
     fields = dict(engine_fields)
-    fields["weight_version_sources"] = {**fields.get("weight_version_sources", {}), "weight_version": source}
+    fields["weight_version_sources"] = {
+        **fields.get("weight_version_sources", {}),
+        "weight_version": "caller",
+    }
     return fields
 
 

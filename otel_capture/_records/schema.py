@@ -118,6 +118,15 @@ class ModelCallRecord(BaseModel):
     weight_version_at_end: str | None = None
 
     @property
+    def weight_version_source(self) -> str | None:
+        """Where ``weight_version`` came from: ``caller`` (named so on the line), else ``declared`` (the
+        writer stamps the directory's declared version without naming it); ``None`` without a version."""
+        if self.weight_version is None:
+            return None
+        named = (self.weight_version_sources or {}).get("weight_version")
+        return named if named is not None else "declared"
+
+    @property
     def failed(self) -> bool:
         """Whether the call failed (:func:`call_failed`)."""
         return call_failed(self.status_code, self.error_category, self.response_status)
