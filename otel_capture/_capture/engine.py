@@ -100,7 +100,7 @@ class Pause:
         return {"mode": self.mode, "paused_at": self.paused_at, "resumed_at": self.resumed_at}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made per call, and a frozen one's __init__ costs more
 class Admission:
     """What the engine held when a call was admitted: its version and where it came from, and the
     positions of the change and pause logs then."""

@@ -4,7 +4,8 @@
 * the caller's: the ``x-weight-version`` header, else the W3C baggage entry ``weight.version``
   (:func:`caller_weight_version`); the header is removed before the request goes on
   (:func:`without_weight_version_header`), as ``x-rollout-id`` is;
-* the engine's, from its answer (:func:`engine_weight_version`): SGLang's native ``meta_info.weight_version``,
+* the engine's as this capture layer observed it (:mod:`.engine`), else from its answer
+  (:func:`engine_weight_version`): SGLang's native ``meta_info.weight_version``,
   its OpenAI-compatible ``metadata.weight_version`` (non-streamed answers only: its stream chunks carry no
   ``metadata``), ``metadata.model_version``, and a top-level ``weight_version`` (where a vLLM build that
   reports one is expected to put it; released vLLM reports none).

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.vllm
 
 TIMEOUT = 300
 # long enough that the trainer's calls (milliseconds) land while it streams (seconds on two cores)
-LONG = {"max_tokens": 200, "ignore_eos": True, "temperature": 0}
+LONG = {"max_tokens": 24, "ignore_eos": True, "temperature": 0}
 
 
 @pytest.fixture(params=["zero-code", "proxy"])
