@@ -324,6 +324,7 @@ class _FinishCallsFirst:
         self._calls = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self._shutting_down = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -333,6 +334,16 @@ class _FinishCallsFirst:
         self._idle.clear()
         try:
             await self.app(scope, receive, send)
+        except asyncio.CancelledError:
+            if not self._shutting_down:
+                raise
+            # The documented end of a call past --shutdown-timeout: its record says `cancelled`; the log
+            # gets one line, not the server's stack trace of an exception in the app.
+            notify(
+                _logger,
+                logging.WARNING,
+                "shutdown: a call still running after the shutdown timeout was cancelled (recorded as cancelled)",
+            )
         finally:
             self._calls -= 1
             if not self._calls:
@@ -342,6 +353,7 @@ class _FinishCallsFirst:
         async def receive_lifespan() -> Message:
             message = await receive()
             if message["type"] == "lifespan.shutdown":
+                self._shutting_down = True
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._idle.wait(), _DRAIN_BOUND)
             return message

@@ -101,6 +101,9 @@ class ModelCallRecord(BaseModel):
     failure: dict[str, Any] | None = None
     # why the token ids or log-probs the request asked for are not all in the answer (docs/tokens.md)
     tokens_missing: str | None = None
+    # which token invariant the answer breaks, odd entries, log-probs against ids, ids against the usage
+    # (docs/tokens.md, "Token integrity")
+    token_mismatch: str | None = None
     # The weight (policy) version (docs/attachment.md, "Weight versions"): the engine's when the call was
     # admitted, as the capture layer observed it, else what the engine reported in its answer
     # (docs/tokens.md, "The engine's weight version"); when the engine's changed while the call ran, the one
