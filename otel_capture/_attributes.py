@@ -73,6 +73,8 @@ MODEL_CALL_TOKEN_MISMATCH = "otel_capture.model_call.token_mismatch"
 WEIGHT_VERSION = "otel_capture.weight_version"
 WEIGHT_VERSION_AT_END = "otel_capture.weight_version_at_end"
 ENGINE_WEIGHT_VERSION = "otel_capture.engine_weight_version"
+ENGINE_WEIGHT_VERSION_AT_END = "otel_capture.engine_weight_version_at_end"
+ENGINE_WEIGHT_VERSIONS = "otel_capture.engine_weight_versions"
 
 OPERATION_CHAT = "chat"
 OPERATION_TEXT_COMPLETION = "text_completion"  # /v1/completions

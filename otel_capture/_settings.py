@@ -55,6 +55,7 @@ ENV_LOCK_TIMEOUT = "OTEL_CAPTURE_LOCK_TIMEOUT_S"
 ENV_API_KEY_ROLLOUT_PATTERN = "OTEL_CAPTURE_API_KEY_ROLLOUT_PATTERN"
 ENV_SESSION_ID_AS_ROLLOUT = "OTEL_CAPTURE_SESSION_ID_AS_ROLLOUT"
 ENV_UPSTREAM_API_KEY = "OTEL_CAPTURE_UPSTREAM_API_KEY"
+ENV_ENGINE_WEIGHT_INFO = "OTEL_CAPTURE_ENGINE_WEIGHT_INFO"
 # standard
 ENV_TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
 JSONL_EXPORTER = "model_call_jsonl"  # the records' exporter, by its entry-point name
@@ -143,6 +144,10 @@ class CaptureSettings:
     ``OTEL_CAPTURE_UPSTREAM_API_KEY``. Never shown in a repr, a log or an error. A header value: one with a
     control character (CR, LF, NUL...) or a character outside latin-1 raises
     :class:`~otel_capture._errors.ConfigurationError`."""
+    engine_weight_info: bool = False
+    """Ask the engine its weight version (``GET /weight_info``, else SGLang's ``/get_weight_version``) once
+    per batch of calls admitted together (off by default): for a proxy in front of a server whose weight
+    updates do not pass through it (``docs/tokens.md``). ``OTEL_CAPTURE_ENGINE_WEIGHT_INFO``."""
 
     @property
     def content_on_spans(self) -> bool:
@@ -162,6 +167,7 @@ class CaptureSettings:
         api_key_rollout_pattern: str | re.Pattern[str] | None = None,
         session_id_as_rollout: bool | None = None,
         upstream_api_key: str | None = None,
+        engine_weight_info: bool | None = None,
     ) -> CaptureSettings:
         env = os.environ if environ is None else environ
         given_pattern = (
@@ -211,6 +217,7 @@ class CaptureSettings:
                 session_id_as_rollout, env, (ENV_SESSION_ID_AS_ROLLOUT,), _bool, False
             ),
             upstream_api_key=_pick(upstream_api_key, env, (ENV_UPSTREAM_API_KEY,), _header_value, None),
+            engine_weight_info=_pick(engine_weight_info, env, (ENV_ENGINE_WEIGHT_INFO,), _bool, False),
         )
 
     def __post_init__(self) -> None:

@@ -216,6 +216,7 @@ class InFlightCall:
         self.session_id = session_id
         self.weight_version = weight_version  # the caller's (x-weight-version or baggage), if it sent one
         self._scope = scope  # what the app below writes there for the record (SCOPE_UPSTREAM...)
+        self.weight_fields: dict[str, Any] | None = None  # the engine's versions, sources: set at finish
         # One clock reading starts both the record's latency and the span (start_time_ns, end_time_ns): a
         # span's duration in a tracing backend is the record's latency_ms
         self.start_time_ns = time.time_ns()
@@ -432,6 +433,8 @@ class InFlightCall:
         engine_version = engine_weight_version(self.response_obj)
         if engine_version is not None:
             record["engine_weight_version"] = engine_version
+        if self.weight_fields:
+            record.update(self.weight_fields)
         if self.weight_version is not None:
             record["weight_version"] = self.weight_version
         return encode_record_line(record)

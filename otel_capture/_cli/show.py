@@ -182,18 +182,21 @@ def _call_row(record: ModelCallRecord) -> list[str]:
 
 def weight_cell(record: ModelCallRecord) -> str:
     """The call's weight version: ``7``; ``7->8`` when the declared version changed while it ran; the
-    engine's own when it differs, ``7 (engine 6)``; ``-`` when none is known."""
-    admitted, at_end, engine = (
-        record.weight_version,
-        record.weight_version_at_end,
-        record.engine_weight_version,
-    )
+    engine's when it differs or changed, ``7 (engine 6)``, ``7 (engine 6->7)``, and the engine's pauses the
+    call waited through, ``(..., 1 pause)``; ``-`` when none is known."""
+    admitted, at_end = record.weight_version, record.weight_version_at_end
     cell = admitted or MISSING
     if at_end:
         cell += f"->{at_end}"
-    if engine and engine != admitted:
-        cell += f" (engine {engine})"
-    return cell
+    notes = []
+    engine = record.engine_weight_version
+    if engine and (engine != admitted or record.engine_weight_version_at_end):
+        end = record.engine_weight_version_at_end
+        notes.append(f"engine {engine}->{end}" if end else f"engine {engine}")
+    if record.engine_pauses:
+        count = len(record.engine_pauses)
+        notes.append(f"{count} pause" if count == 1 else f"{count} pauses")
+    return f"{cell} ({', '.join(notes)})" if notes else cell
 
 
 def trace_link(trace_url: str, trace_id: str | None) -> str:

@@ -113,12 +113,30 @@ class ModelCallRecord(BaseModel):
     # and the upstream's ``x-request-id`` response header, when its answer had one.
     writer: dict[str, Any] | None = None
     upstream_request_id: str | None = None
-    # The weight (policy) version (docs/attachment.md, "Weight versions"): what the engine reported in its
-    # answer; the version in force when the call was admitted (the caller's, else the one declared for the
-    # directory); the declared version when it finished, only when that differs (weights changed meanwhile).
+    # The weight (policy) version (docs/attachment.md, "Weight versions"): the engine's when the call was
+    # admitted, as the capture layer observed it, else what the engine reported in its answer
+    # (docs/tokens.md, "The engine's weight version"); when the engine's changed while the call ran, the one
+    # at the end and every one the call saw, oldest first; the engine's pauses the call waited through
+    # ({"mode", "paused_at", "resumed_at"}); where each version on the record came from
+    # ({"weight_version": "caller" | "declared", "engine_weight_version": "engine_update" | ...}); the
+    # version in force when the call was admitted (the caller's, else the one declared for the directory);
+    # the declared version when it finished, only when that differs (weights changed meanwhile).
     engine_weight_version: str | None = None
+    engine_weight_version_at_end: str | None = None
+    engine_weight_versions: list[str] | None = None
+    engine_pauses: list[dict[str, Any]] | None = None
+    weight_version_sources: dict[str, str] | None = None
     weight_version: str | None = None
     weight_version_at_end: str | None = None
+
+    @property
+    def weight_version_source(self) -> str | None:
+        """Where ``weight_version`` came from: ``caller`` (named so on the line), else ``declared`` (the
+        writer stamps the directory's declared version without naming it); ``None`` without a version."""
+        if self.weight_version is None:
+            return None
+        named = (self.weight_version_sources or {}).get("weight_version")
+        return named if named is not None else "declared"
 
     @property
     def failed(self) -> bool:

@@ -22,7 +22,7 @@ from otel_capture._records.schema import (
 )
 from otel_capture._settings import CaptureSettings
 
-SAMPLE: dict[type, Any] = {int: 7, str: "x", bool: True, dict: {"error": {"message": "m"}}}
+SAMPLE: dict[type, Any] = {int: 7, str: "x", bool: True, dict: {"error": {"message": "m"}}, list: ["7", "8"]}
 
 
 def _lines() -> list[bytes]:
