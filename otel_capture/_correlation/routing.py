@@ -18,17 +18,16 @@ from .. import _attributes as A
 from .._asgi import Scope
 from .._dialects import DIALECT_PATHS, Dialect
 from .._notices import notify
+from .._rollout_id import ROLLOUT_ID_RULE, is_valid_rollout_id
 from .._settings import ENV_API_KEY_ROLLOUT_PATTERN
 from .ids import (
     CAPTURED_HEADER,
     CAPTURED_VALUE,
     NO_RULES,
     ROLLOUT_ID_HEADER,
-    ROLLOUT_ID_RULE,
     ROLLOUT_PATH_PREFIX,
     SESSION_ID_HEADER,
     RolloutRules,
-    is_valid_rollout_id,
     match_api_key,
     rollout_id_from_baggage,
     rollout_id_from_header,
@@ -264,9 +263,11 @@ def _dialect_of_route(method: object, path: str) -> Dialect | None:
         return None
     if len(path) > 1 and path.endswith("/"):
         path = path[:-1]
-    if not path.startswith("/v1/"):
-        path = "/v1" + path  # servers (llama.cpp) and gateways serve /chat/completions etc. without /v1 too
-    return DIALECT_PATHS.get(path)
+    found = DIALECT_PATHS.get(path)  # as listed (SGLang's /generate, vLLM's /inference/v1/generate)
+    if found is None and not path.startswith("/v1/"):
+        # servers (llama.cpp) and gateways serve /chat/completions etc. without /v1 too
+        found = DIALECT_PATHS.get("/v1" + path)
+    return found
 
 
 def server_span_details(scope: Scope) -> tuple[str, dict[str, Any]]:

@@ -8,7 +8,8 @@ set they cost nothing. Their attributes are the low-cardinality span attributes 
 
 Two counters of ours, by dialect: ``otel_capture.uncorrelated_calls``, model calls served without a rollout
 id (so not recorded): a missing prefix or header shows there at once (``docs/gateways.md``); and
-``otel_capture.tokens_missing_calls``, calls answered without the token ids or log-probs they asked for
+``otel_capture.tokens_missing_calls``, calls answered without the token ids or log-probs they asked for,
+and ``otel_capture.token_mismatch_calls``, calls whose token ids and log-probs break an invariant
 (``docs/tokens.md``).
 """
 
@@ -21,12 +22,19 @@ from typing import Any
 from opentelemetry import metrics
 
 from .. import _attributes as A
+from .._sdk_private import (
+    has_metric_readers,
+    is_meter_provider_stand_in,
+    measurement_consumer,
+    meter_provider_pending,
+)
 from .._version import __version__
 
 _logger = logging.getLogger(__name__)
 
 UNCORRELATED_CALLS = "otel_capture.uncorrelated_calls"
 TOKENS_MISSING_CALLS = "otel_capture.tokens_missing_calls"
+TOKEN_MISMATCH_CALLS = "otel_capture.token_mismatch_calls"
 _MAX_ATTRIBUTE_SETS = 1024  # past it (many models or hosts), further sets are built per call
 
 
@@ -34,26 +42,24 @@ class MeterGate:
     """Whether measurements on a meter provider go anywhere now, looked at per call (a reader, or the real
     provider behind the API's stand-in, can come later). Not for an SDK provider without a reader (the
     distro's under ``OTEL_METRICS_EXPORTER=none``), the API's stand-in before a provider is set, or the no-op
-    provider; any other provider (a vendor's) is assumed to record."""
+    provider; any other provider (a vendor's) is assumed to record. What it reads of the SDK and the API is
+    private (:mod:`otel_capture._sdk_private`)."""
 
-    __slots__ = ("_consumer", "_noop", "_proxy")
+    __slots__ = ("_consumer", "_noop", "_stand_in")
 
     def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
         provider = meter_provider or metrics.get_meter_provider()
         # an SDK provider keeps its readers in its measurement consumer
-        self._consumer = getattr(provider, "_measurement_consumer", None)
+        self._consumer = measurement_consumer(provider)
         # the API's stand-in forwards to the provider set later: until then, nothing is recorded
-        self._proxy = provider if hasattr(provider, "_real_meter_provider") else None
+        self._stand_in = provider if is_meter_provider_stand_in(provider) else None
         self._noop = isinstance(provider, metrics.NoOpMeterProvider)
 
     @property
     def recording(self) -> bool:
-        if self._consumer is not None and not getattr(self._consumer, "_reader_storages", True):
+        if self._consumer is not None and not has_metric_readers(self._consumer):
             return False
-        return not (
-            self._noop
-            or (self._proxy is not None and getattr(self._proxy, "_real_meter_provider", 0) is None)
-        )
+        return not (self._noop or (self._stand_in is not None and meter_provider_pending(self._stand_in)))
 
 
 class ServerMetrics:
@@ -92,6 +98,11 @@ class ServerMetrics:
             TOKENS_MISSING_CALLS,
             unit="{call}",
             description="Model calls answered without all the token ids or log-probs they asked for.",
+        )
+        self.token_mismatch_calls = meter.create_counter(
+            TOKEN_MISMATCH_CALLS,
+            unit="{call}",
+            description="Model calls whose token ids or log-probs break an invariant (token_mismatch).",
         )
 
     @property
@@ -140,3 +151,10 @@ class ServerMetrics:
             self.tokens_missing_calls.add(1, {A.MODEL_CALL_DIALECT: dialect})
         except Exception:
             _logger.exception("counting a call without its tokens failed")
+
+    def count_token_mismatch(self, dialect: str) -> None:
+        """Count one call whose tokens break an invariant. Never raises."""
+        try:
+            self.token_mismatch_calls.add(1, {A.MODEL_CALL_DIALECT: dialect})
+        except Exception:
+            _logger.exception("counting a call with mismatched tokens failed")
