@@ -184,7 +184,7 @@ def _parser() -> argparse.ArgumentParser:
         "directory, as a trainer does when it syncs new weights: every writer sharing the directory, on any "
         "node, stamps it on the records of calls it admits from its next batch (weight_version, and "
         "weight_version_at_end when the weights changed while a call ran). Without VERSION, print the "
-        "version declared last (exit 1 if none was).",
+        "version declared last (exit 1 if none was). A missing DIR is created as a writer creates it (0700).",
     )
     weight.add_argument("dir", metavar="DIR", help="the capture directory")
     weight.add_argument(
@@ -519,12 +519,12 @@ def _weight_version(args: argparse.Namespace) -> int:
     from .._store import CaptureStore
 
     store = CaptureStore(args.dir)
+    if args.version is not None:  # made as a writer makes it when missing: 0700, refused when shared
+        store.set_weight_version(args.version)
+        return EXIT_OK
     if not store.root.is_dir():
         print(f"otel-capture: error: {args.dir} is not a directory", file=sys.stderr)
         return EXIT_ERROR
-    if args.version is not None:
-        store.set_weight_version(args.version)
-        return EXIT_OK
     current = store.weight_version()
     if current is None:
         print(f"otel-capture: no weight version declared for {args.dir}", file=sys.stderr)
