@@ -17,9 +17,9 @@ from otel_capture import CaptureStore, read_model_call_records
 from otel_capture._capture.weight import caller_weight_version
 from otel_capture._cli.main import main
 from otel_capture._records import encode_record_line
-from otel_capture._store import JsonlWriter
+from otel_capture._store import DeclaredVersions, JsonlWriter
 from otel_capture._store.dirstate import dir_state
-from otel_capture._store.weight import DeclaredVersions, declare
+from otel_capture._store.weight import declare
 
 GARBAGE = 20 * 1024 * 1024
 
