@@ -357,18 +357,29 @@ def _server_class() -> type:
 
 def _check(args: argparse.Namespace) -> int:
     from .._store import CaptureStore
-    from .check import check_answer, check_capture_dir, format_check, sync_report, uncorrelated_line
+    from .check import (
+        check_answer,
+        check_capture_dir,
+        check_state,
+        format_check,
+        local_loss_lines,
+        sync_report,
+        uncorrelated_line,
+    )
 
     store = CaptureStore(args.dir)
     if not store.root.is_dir():
         print(f"otel-capture: error: {args.dir} is not a directory", file=sys.stderr)
+        for line in local_loss_lines(store):  # kept on this node while it is unreachable (contract D44)
+            print(line)
         return EXIT_ERROR
-    results = check_capture_dir(store)
+    state = check_state(store)  # the directory's own state: reserve entries, losses in memory only
+    results = check_capture_dir(store, state.reserves)
     uncorrelated = uncorrelated_line(store)
-    strict_failed = any(r.incomplete for r in results) or uncorrelated is not None
-    failed = any(r.damaged for r in results) or (args.strict and strict_failed)
-    print(check_answer(results, uncorrelated, strict=args.strict))  # the answer first, the details after
-    *problems, summary = format_check(results)
+    strict_failed = any(r.incomplete for r in results) or uncorrelated is not None or state.strict_failed
+    failed = any(r.damaged for r in results) or state.damaged or (args.strict and strict_failed)
+    print(check_answer(results, uncorrelated, strict=args.strict, state=state))  # the answer first
+    *problems, summary = format_check(results, state)
     for line in problems:
         print(line)
     print(sync_report(store.root))

@@ -75,10 +75,10 @@ def upstream() -> Iterator[str]:
 class _Proxies:
     """``otel-capture proxy`` processes on one directory; every one still running is killed at the end."""
 
-    def __init__(self, upstream: str, root: Path, env: dict[str, str]) -> None:
+    def __init__(self, upstream: str, root: Path, env: dict[str, str], log: Path) -> None:
         self.upstream, self.root, self.env = upstream, root, env
         self.running: list[subprocess.Popen[str]] = []
-        self.log = root.parent / f"{root.name}-proxies.log"  # every proxy's stderr, appended
+        self.log = log  # every proxy's stderr, appended (on a disk with room)
 
     def start(self) -> str:
         with self.log.open("ab") as log:
@@ -101,11 +101,11 @@ class _Proxies:
 
 
 @pytest.fixture
-def proxies(upstream: str) -> Iterator[Callable[[Path, dict[str, str]], _Proxies]]:
+def proxies(upstream: str, tmp_path: Path) -> Iterator[Callable[[Path, dict[str, str]], _Proxies]]:
     made: list[_Proxies] = []
 
     def make(root: Path, env: dict[str, str]) -> _Proxies:
-        made.append(_Proxies(upstream, root, env))
+        made.append(_Proxies(upstream, root, env, tmp_path / f"proxies-{len(made)}.log"))
         return made[-1]
 
     yield make
@@ -143,6 +143,8 @@ def _exhaust_inodes(disk: Path) -> list[Path]:
 
 
 def _marked(root: Path, rollout_id: str) -> list[str]:
+    """The call ids of the rollout's marker lines, in order (a call whose in-flight marker was refused too
+    is named twice, once per reason)."""
     path = root / f"{rollout_id}.capture.incomplete"
     if not path.exists():
         return []
@@ -191,7 +193,7 @@ def test_a_writer_restarted_on_a_full_disk_takes_the_reserve_its_predecessor_han
     run.start()  # the next writer writes the dead one's marks by itself
     _until(lambda: _check(root, env).returncode == 0, "check still fails after the inodes returned")
     for rid in lost:
-        assert len(_marked(root, rid)) == 1, rid
+        assert len(set(_marked(root, rid))) == 1, (rid, (root / f"{rid}.capture.incomplete").read_text())
     run.stop(signal.SIGTERM)
 
 
@@ -218,7 +220,7 @@ def test_a_first_writer_on_a_full_disk_keeps_its_losses_in_the_node_local_reserv
     run.start()
     _until(lambda: _check(root, env).returncode == 0, "check still fails after the inodes returned")
     for rid in lost:
-        assert len(_marked(root, rid)) == 1, rid
+        assert len(set(_marked(root, rid))) == 1, (rid, (root / f"{rid}.capture.incomplete").read_text())
     run.stop(signal.SIGTERM)
 
 
@@ -239,7 +241,7 @@ def test_check_says_when_only_a_running_writer_s_memory_knows_a_loss(
     for filler in fillers:
         filler.unlink()
     _until(lambda: _check(root, env).returncode == 0, "check still fails after the inodes returned")
-    assert len(_marked(root, "new0")) == 1
+    assert len(set(_marked(root, "new0"))) == 1
     run.stop(signal.SIGTERM)
 
 
@@ -273,7 +275,7 @@ def test_a_node_cut_off_from_the_shared_directory_keeps_its_losses_locally_until
         subprocess.run(["umount", str(root)], check=True)  # reachable again
     _until(lambda: _check(root, env).returncode == 0, "check still fails once the directory is writable")
     for rid in lost:
-        assert len(_marked(root, rid)) == 1, rid
+        assert len(set(_marked(root, rid))) == 1, (rid, (root / f"{rid}.capture.incomplete").read_text())
         assert "EROFS" in (root / f"{rid}.capture.incomplete").read_text(), rid
     run.stop(signal.SIGTERM)
     assert _check(root, env).returncode == 0

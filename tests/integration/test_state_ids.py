@@ -50,6 +50,10 @@ def _marked(root: Path, rollout_id: str) -> list[str]:
     return [orjson.loads(line)["model_call_id"] for line in path.read_bytes().splitlines() if line.strip()]
 
 
+def _set_aside(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in (root / ".otel-capture" / "losses").glob("*.set-aside")}
+
+
 def _one_call(root: Path, rollout_id: str, mcid: str) -> None:
     writer = JsonlWriter(root)
     try:
@@ -95,13 +99,13 @@ def test_reserve_entries_naming_bad_rollout_ids_are_set_aside_once_and_nothing_i
     assert "r1: lost" not in after.stdout and "r2: lost" not in after.stdout
     # the loss of "stuck" is named where it was set aside; its marker (a directory) is damage (D25)
     assert "stuck" in after.stdout and "c-" in after.stdout
-    set_aside = sorted((root / ".otel-capture" / "losses").iterdir())
-    kept = {p.name: p.read_bytes() for p in set_aside}
+    kept = _set_aside(root)
+    assert kept  # the dead writer's reserve, renamed: its entries are named from there
 
     # a second writer neither adopts nor marks nor logs any of it again
     _one_call(root, "other", "o2")
     assert "escape3" not in caplog.text and "set aside" not in caplog.text
-    assert {p.name: p.read_bytes() for p in sorted((root / ".otel-capture" / "losses").iterdir())} == kept
+    assert _set_aside(root) == kept
     assert _marked(root, "r1") == ["c-0"] and _marked(root, "r2") == [f"c-{len(bad) + 2}"]
     assert sorted(p for p in tmp_path.rglob("*") if root not in (p, *p.parents)) == outside_before
 
