@@ -138,20 +138,22 @@ class WriterFailures:
         )
 
     def _local_dir(self, *, create: bool) -> int | None:
-        if self._local_fd is None:
+        """The node-local reserve's directory (made ``0700`` when ``create``), or ``None`` when absent."""
+        for _ in range(2 if create else 1):  # twice: another writer's stop may remove it in between
+            if self._local_fd is not None:
+                break
             if create:
                 os.makedirs(self._local_path, mode=0o700, exist_ok=True)
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 self._local_fd = os.open(
                     self._local_path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
                 )
-            except FileNotFoundError:
-                return None
         return self._local_fd
 
     def _open_local(self) -> None:
         dir_fd = self._local_dir(create=True)
-        assert dir_fd is not None  # made just above, or raised
+        if dir_fd is None:
+            raise FileNotFoundError(f"{self._local_path}: removed as it was made")
         self._local.open_in(dir_fd, self._fsync)
 
     # -- ending calls ----------------------------------------------------------------------------------
@@ -441,6 +443,7 @@ class WriterFailures:
         if self._local_fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._local_fd)
+                os.rmdir(self._local_path)  # only when empty: nothing of this directory is kept here
             self._local_fd = None
 
     # -- after close -------------------------------------------------------------------------------------
