@@ -119,6 +119,8 @@ class StateCheck:
 
 
 def check_state(store: CaptureStore) -> StateCheck:
+    """Every reserve of the directory, this node's node-local one included, and whether a running writer
+    holds losses in memory only (read once: the rollouts' check takes its pending losses from it)."""
     return StateCheck(read_reserves(store.root), held_in_memory(store.root))
 
 

@@ -421,7 +421,7 @@ class JsonlWriter:
         try:
             with self._state.dirs(lock_timeout=self._lock_timeout) as dirs:
                 self._failures.prepare(dirs, identity)
-        except OSError as exc:  # made by a later pass, or by the failure that needs it
+        except Exception as exc:  # made by a later pass; a bug here must not stop the thread (contract D3)
             _logger.debug("could not prepare %s: %s", self.root, exc)
             self._failures.no_reserve(exc)
 

@@ -28,7 +28,7 @@ from .dirstate import DirState
 from .fs import DirFds, describe_error
 from .journal import Fence
 from .losses import Label, LossReserve, local_reserve_dir, orphans, shared_label
-from .names import LOSSES_DIR
+from .names import INCOMPLETE_SUFFIX, LOSSES_DIR
 from .writer_items import Completions, WriterStats, _Abandon, _Discard, _Item
 
 RETRY_S = 0.5
@@ -117,7 +117,7 @@ class WriterFailures:
             return
         try:
             self._open_local()
-        except OSError as local_exc:
+        except Exception as local_exc:  # never fails the batch: its losses are kept in memory, and said
             if not self._said_local:
                 self._said_local = True
                 self._logger.error(
@@ -126,7 +126,7 @@ class WriterFailures:
                     self._state.root,
                     exc,
                     self._local_path,
-                    describe_error(local_exc),
+                    local_exc,
                 )
             return
         self._logger.warning(
@@ -289,13 +289,13 @@ class WriterFailures:
                     offset = self._reserve.record(rollout_id, model_call_ids, reason, self._fsync)
                     if offset is not None:
                         return self._reserve, offset
-        except OSError as reserve_exc:
+        except Exception as reserve_exc:  # kept in memory at worst: a bug here must not lose the loss
             self._logger.error("could not record the loss in the directory's loss reserve: %s", reserve_exc)
         try:
             if not self._local.is_open:
                 self._open_local()
             offset = self._local.record(rollout_id, model_call_ids, reason, self._fsync)
-        except OSError as local_exc:
+        except Exception as local_exc:
             self._logger.error("could not record the loss in the node-local reserve either: %s", local_exc)
             return None, None
         return (self._local, offset) if offset is not None else (None, None)
@@ -380,16 +380,20 @@ class WriterFailures:
             with self._state.dirs(create=False, lock_timeout=self._lock_timeout) as dirs:
                 here = dirs.state_fd(LOSSES_DIR)
                 left = self._adopt_in(here, self._reserve.name, shared_label, hand_on=True)
+        except FileNotFoundError:
+            pass  # no reserve was ever made there
         except OSError as exc:
-            self._logger.debug("no reserves to adopt in %s: %s", self._state.root, exc)
+            self._logger.debug("could not adopt the reserves in %s yet: %s", self._state.root, exc)
+            left = True  # tried again at the next retry
         try:
             local_fd = self._local_dir(create=False)
+            if local_fd is not None:
+                local = self._local_path
+                label: Label = lambda name: str(local / name)  # noqa: E731
+                left |= self._adopt_in(local_fd, self._local.name, label, hand_on=False)
         except OSError as exc:
-            self._logger.debug("no node-local reserves to adopt in %s: %s", self._local_path, exc)
-            local_fd = None
-        if local_fd is not None:
-            local = self._local_path
-            left |= self._adopt_in(local_fd, self._local.name, lambda name: str(local / name), hand_on=False)
+            self._logger.debug("could not adopt the node-local reserves in %s yet: %s", self._local_path, exc)
+            left = True
         self._orphans_left = left
 
     def _adopt_in(self, dir_fd: int, own: str, label: Label, *, hand_on: bool) -> bool:
@@ -405,8 +409,10 @@ class WriterFailures:
                     if not loss.problem and loss.rollout_id:
                         try:
                             self._write_marks(loss.rollout_id, list(loss.model_call_ids), loss.reason)
-                        except DamagedEntryError as exc:  # not a regular file of its own: never written
-                            loss = dataclasses.replace(loss, problem=str(exc))
+                        except DamagedEntryError as exc:
+                            if exc.label != loss.rollout_id + INCOMPLETE_SUFFIX:
+                                raise  # damage elsewhere (a lock file, the journal): not this entry's
+                            loss = dataclasses.replace(loss, problem=str(exc))  # its marker: never written
                     if loss.problem:
                         self._logger.error(
                             "%s: an entry is set aside (check names it; no writer adopts it again): %s; "
