@@ -52,6 +52,7 @@ ENV_MAX_REQUEST_BYTES = "OTEL_CAPTURE_MAX_REQUEST_BYTES"
 ENV_SHUTDOWN_TIMEOUT = "OTEL_CAPTURE_SHUTDOWN_TIMEOUT"
 ENV_MAX_CONCURRENT_CALLS = "OTEL_CAPTURE_MAX_CONCURRENT_CALLS"
 ENV_LOCK_TIMEOUT = "OTEL_CAPTURE_LOCK_TIMEOUT_S"
+ENV_LOCAL_RESERVE_DIR = "OTEL_CAPTURE_LOCAL_RESERVE_DIR"
 ENV_API_KEY_ROLLOUT_PATTERN = "OTEL_CAPTURE_API_KEY_ROLLOUT_PATTERN"
 ENV_SESSION_ID_AS_ROLLOUT = "OTEL_CAPTURE_SESSION_ID_AS_ROLLOUT"
 ENV_UPSTREAM_API_KEY = "OTEL_CAPTURE_UPSTREAM_API_KEY"
@@ -317,6 +318,17 @@ def lock_timeout_from_environ(environ: Mapping[str, str] | None = None) -> float
     """``OTEL_CAPTURE_LOCK_TIMEOUT_S``: the default of ``CaptureStore(lock_timeout_s=)``."""
     env = os.environ if environ is None else environ
     return _pick(None, env, (ENV_LOCK_TIMEOUT,), _positive_float, DEFAULT_LOCK_TIMEOUT_S)
+
+
+def local_reserve_dir_from_environ(environ: Mapping[str, str] | None = None) -> Path:
+    """``OTEL_CAPTURE_LOCAL_RESERVE_DIR``, else ``$XDG_STATE_HOME/otel-capture/losses``, else
+    ``~/.local/state/otel-capture/losses``: where a node keeps the losses its capture directory cannot
+    take (contract D44)."""
+    env = os.environ if environ is None else environ
+    if env.get(ENV_LOCAL_RESERVE_DIR):
+        return Path(env[ENV_LOCAL_RESERVE_DIR])
+    state = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "otel-capture" / "losses"
 
 
 @dataclass(frozen=True, slots=True)

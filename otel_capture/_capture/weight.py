@@ -38,13 +38,13 @@ def caller_weight_version(headers: dict[str, list[bytes]]) -> str | None:
     call is served and recorded with the declared version instead); so are repeated headers that differ."""
     values = headers.get(WEIGHT_VERSION_HEADER)
     if values:
-        distinct = {v.decode("latin-1").strip() for v in values}
+        distinct = {v.decode("utf-8", "surrogateescape").strip() for v in values}  # undecodable: unprintable
         found = _usable(distinct.pop()) if len(distinct) == 1 else None
         if found is None:
             _logger.warning("ignoring an unusable %s header %r", WEIGHT_VERSION_HEADER, values[0][:64])
         return found
     for raw in headers.get("baggage", ()):
-        for member in raw.decode("latin-1").split(","):
+        for member in raw.decode("utf-8", "surrogateescape").split(","):
             key, sep, value = member.partition("=")
             if sep and key.strip() == BAGGAGE_WEIGHT_VERSION_KEY:
                 found = _usable(unquote(value.split(";", 1)[0]))

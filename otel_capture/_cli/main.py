@@ -190,7 +190,7 @@ def _parser() -> argparse.ArgumentParser:
         "directory, as a trainer does when it syncs new weights: every writer sharing the directory, on any "
         "node, stamps it on the records of calls it admits from its next batch (weight_version, and "
         "weight_version_at_end when the weights changed while a call ran). Without VERSION, print the "
-        "version declared last (exit 1 if none was).",
+        "version declared last (exit 1 if none was). A missing DIR is created as a writer creates it (0700).",
     )
     weight.add_argument("dir", metavar="DIR", help="the capture directory")
     weight.add_argument(
@@ -365,18 +365,29 @@ def _server_class() -> type:
 
 def _check(args: argparse.Namespace) -> int:
     from .._store import CaptureStore
-    from .check import check_answer, check_capture_dir, format_check, sync_report, uncorrelated_line
+    from .check import (
+        check_answer,
+        check_capture_dir,
+        check_state,
+        format_check,
+        local_loss_lines,
+        sync_report,
+        uncorrelated_line,
+    )
 
     store = CaptureStore(args.dir)
     if not store.root.is_dir():
         print(f"otel-capture: error: {args.dir} is not a directory", file=sys.stderr)
+        for line in local_loss_lines(store):  # kept on this node while it is unreachable (contract D44)
+            print(line)
         return EXIT_ERROR
-    results = check_capture_dir(store)
+    state = check_state(store)  # the directory's own state: reserve entries, losses in memory only
+    results = check_capture_dir(store, state.reserves)
     uncorrelated = uncorrelated_line(store)
-    strict_failed = any(r.incomplete for r in results) or uncorrelated is not None
-    failed = any(r.damaged for r in results) or (args.strict and strict_failed)
-    print(check_answer(results, uncorrelated, strict=args.strict))  # the answer first, the details after
-    *problems, summary = format_check(results)
+    strict_failed = any(r.incomplete for r in results) or uncorrelated is not None or state.strict_failed
+    failed = any(r.damaged for r in results) or state.damaged or (args.strict and strict_failed)
+    print(check_answer(results, uncorrelated, strict=args.strict, state=state))  # the answer first
+    *problems, summary = format_check(results, state)
     for line in problems:
         print(line)
     print(sync_report(store.root))
@@ -527,12 +538,12 @@ def _weight_version(args: argparse.Namespace) -> int:
     from .._store import CaptureStore
 
     store = CaptureStore(args.dir)
+    if args.version is not None:  # made as a writer makes it when missing: 0700, refused when shared
+        store.set_weight_version(args.version)
+        return EXIT_OK
     if not store.root.is_dir():
         print(f"otel-capture: error: {args.dir} is not a directory", file=sys.stderr)
         return EXIT_ERROR
-    if args.version is not None:
-        store.set_weight_version(args.version)
-        return EXIT_OK
     current = store.weight_version()
     if current is None:
         print(f"otel-capture: no weight version declared for {args.dir}", file=sys.stderr)

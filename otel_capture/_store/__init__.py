@@ -10,7 +10,8 @@ them. This is its face: outside ``_store/``, code imports from here, never from 
   :class:`WriterStats` and ``LIBC_SYNCFS``;
 - the readers (:mod:`.reading`): the records of a rollout, strict or tolerant, and Gym's aggregate;
 - :func:`check_directory`: whether a capture directory is safe to use (others cannot write to it);
-  :func:`pending_losses`: calls a writer could not record and could not yet mark on disk (:mod:`.losses`);
+  :func:`pending_losses` (:func:`read_reserves`, :func:`held_in_memory`): calls a writer could not record
+  and could not yet mark on disk (:mod:`.losses`);
   :func:`choose_sync`: how its writer makes a batch durable, chosen by its filesystem (:mod:`.fstype`);
 - the lifecycle's types and errors (:mod:`.types`), ``ROLLOUT_STATES`` among them;
 - :class:`LoopWaiter`, a call's completion signal (the writer resolves it), :class:`DeclaredVersions`
@@ -35,7 +36,7 @@ from .._errors import (
 from .backend import VERBS, CaptureBackend
 from .fs import check_directory
 from .fstype import SyncChoice, choose_sync
-from .losses import Loss, pending_losses
+from .losses import Loss, Reserves, held_in_memory, pending_losses, read_reserves
 from .memory import InMemoryCaptureBackend
 from .reading import (
     AvailableRecords,
@@ -83,6 +84,7 @@ __all__ = [
     "LoopWaiter",
     "Loss",
     "RemovalResult",
+    "Reserves",
     "RolloutState",
     "SyncChoice",
     "UncorrelatedCounter",
@@ -93,10 +95,12 @@ __all__ = [
     "choose_sync",
     "counter_for",
     "empty_result",
+    "held_in_memory",
     "iter_model_call_records",
     "pending_losses",
     "read_available_model_call_records",
     "read_model_call_records",
+    "read_reserves",
     "read_uncorrelated",
     "scan_available_model_call_records",
     "usable_weight_version",

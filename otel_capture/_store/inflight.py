@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .._records.codec import split_lines
+from .._rollout_id import is_valid_rollout_id
 from .fs import DirFds, open_file, read_all, write_all
 from .names import INFLIGHT_DIR, INFLIGHT_SUFFIX, STATE_DIR, state_label
 
@@ -173,7 +174,11 @@ class InflightMarkers:
             names = os.listdir(dirs.state_fd(INFLIGHT_DIR))
         except FileNotFoundError:
             return []
-        return [name[: -len(INFLIGHT_SUFFIX)] for name in names if name.endswith(INFLIGHT_SUFFIX)]
+        found = [name[: -len(INFLIGHT_SUFFIX)] for name in names if name.endswith(INFLIGHT_SUFFIX)]
+        bad = [rid for rid in found if not is_valid_rollout_id(rid)]
+        if bad:  # never a rollout: no file is opened for it (contract D41)
+            _logger.debug("in-flight markers naming invalid rollout ids are skipped: %s", bad[:8])
+        return [rid for rid in found if is_valid_rollout_id(rid)]
 
 
 def read_all_from(fd: int) -> bytes:

@@ -26,6 +26,7 @@ from typing import Any, Literal
 import orjson
 
 from .._errors import CaptureFrozenError, CaptureRetiredError, LockTimeoutError
+from .._rollout_id import is_valid_rollout_id
 from .fs import FILE_MODE, DirFds, damaged, flock_within, open_file, problem, write_all
 from .names import JOURNAL, JOURNAL_LOCK, state_label
 from .sync import Fsync
@@ -142,7 +143,11 @@ class FenceJournal:
             rid = event.get("id")
             if op != "base" and (not isinstance(rid, str) or op not in ("freeze", "retire", "delete")):
                 raise ValueError(f"unknown event {op!r}")
+            if op != "base" and not is_valid_rollout_id(rid):  # read back as the front door reads it (D41)
+                raise _InvalidIdLine(f"an invalid rollout id {str(rid)[:80]!r}")
         except (ValueError, KeyError, TypeError) as exc:
+            if isinstance(exc, _InvalidIdLine):  # never a fence of any rollout; said once per reading process
+                _logger.warning("%s: line %d names %s: skipped (contract D41)", _LABEL, self._lines, exc)
             # A damaged line (a torn append another process terminated, or disk damage): it poisons only
             # the rollout it names, until a later valid event for that rollout supersedes it.
             match = _ID_IN_LINE.search(line)
@@ -343,6 +348,10 @@ class FenceJournal:
         for line in self._raw_corrupt:
             chunk += line + b"\n"
         yield bytes(chunk)
+
+
+class _InvalidIdLine(ValueError):
+    """A journal line naming a rollout id the grammar refuses: damage, not a fence."""
 
 
 def _dumps(event: dict[str, Any]) -> bytes:

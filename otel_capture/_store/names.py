@@ -14,6 +14,8 @@
     inflight/<rollout_id>.calls      calls in flight, for other processes       INFLIGHT_DIR, INFLIGHT_SUFFIX
     trash/                           record files a retire or delete moved out  TRASH_DIR
     losses/<writer>.losses           a writer's loss reserve                    LOSSES_DIR, LOSSES_SUFFIX
+    losses/<random>.spare            a reserve a stopped writer handed on       LOSSES_SPARE_SUFFIX
+    losses/<writer>.set-aside        a reserve whose entries were set aside     LOSSES_SET_ASIDE_SUFFIX
     weight_versions                  the declared weight versions               WEIGHT_VERSIONS
 """
 
@@ -40,6 +42,8 @@ JOURNAL = "fences.journal"
 JOURNAL_LOCK = "journal.lock"
 INFLIGHT_SUFFIX = ".calls"
 LOSSES_SUFFIX = ".losses"
+LOSSES_SPARE_SUFFIX = ".spare"
+LOSSES_SET_ASIDE_SUFFIX = ".set-aside"
 WEIGHT_VERSIONS = "weight_versions"
 
 

@@ -537,8 +537,9 @@ class CaptureStore(CaptureBackend):
         ``.otel-capture/weight_versions``. A record's ``weight_version`` is the version in force when its
         call started (unless the caller sent one), ``weight_version_at_end`` the one when it finished, if
         different. Raises ``ValueError`` for an empty, over-long or unprintable version."""
+        text = validate_weight_version(version)  # before the directory is made: a refusal writes nothing
         with self._dirs() as dirs:
-            declare(dirs, validate_weight_version(version), self._fsync)
+            declare(dirs, text, self._fsync)
 
     def weight_version(self) -> str | None:
         """The version declared last (``None`` before any declaration)."""

@@ -17,6 +17,7 @@ import errno
 import logging
 import os
 import queue
+import stat
 import threading
 import time
 from collections import deque
@@ -78,6 +79,7 @@ class JsonlWriter:
         dir_mode: int = DIR_MODE,
         marker_delay: float = MARKER_DELAY,
         lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+        local_reserve_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.root = Path(root)
         self._allow_shared = allow_shared_directory
@@ -99,6 +101,7 @@ class JsonlWriter:
             lock_timeout=lock_timeout_s,
             fsync=fsync,
             file_mode=file_mode,
+            local_base=local_reserve_dir,  # None: OTEL_CAPTURE_LOCAL_RESERVE_DIR, else ~/.local/state/...
         )
         self._syncfs = syncfs
         # Why a filesystem decides the sync: syncfs does not reach a network or FUSE server (see _sync).
@@ -262,6 +265,7 @@ class JsonlWriter:
 
     def _run(self) -> None:
         name_native_thread(self._thread.name)
+        self._prepare(_existing(self.root))  # its reserve before any call is taken (contract D42)
         stop = False
         while not stop:
             batch: list[_Item] = []
@@ -298,8 +302,8 @@ class JsonlWriter:
                 self._failures.abandon(abandoned)
             for discarded in discards:
                 self._failures.discard(discarded)
+            self._prepare(self._wrote_in)  # before this batch's calls are acknowledged (contract D42)
             self._done.flush()
-            self._prepare()
             try:
                 self._failures.retry(force=bool(barriers))
             except Exception:  # a bug here must not stop the thread: the losses stay kept and counted
@@ -406,18 +410,20 @@ class JsonlWriter:
         (contract D4, D10)."""
         self.stats.fsyncs += sync_batch(fds, created, self.root, self.sync_choice, self._fsync, self._syncfs)
 
-    def _prepare(self) -> None:
-        """Ahead of need: once the first batch's calls are answered (and again in a directory made anew),
-        the state directory and the loss reserve are made, while the filesystem still has room. A batch
-        never waits for it; a directory already prepared costs nothing (contract D13, L15)."""
-        wrote_in = self._wrote_in
-        if wrote_in is None or self._failures.prepared(wrote_in):
+    def _prepare(self, identity: tuple[int, int] | None) -> None:
+        """Ahead of need: at the writer's start in a directory that exists, and before the calls of a batch
+        in a directory not prepared yet are acknowledged (its first, or one made anew), the state directory
+        and the loss reserve (one a stopped writer handed on, else made), while the filesystem still has
+        room; where the directory gives none, the node-local reserve. A directory already prepared costs
+        nothing (contract D13, D42, D44, L15)."""
+        if identity is None or self._failures.prepared(identity):
             return
         try:
             with self._state.dirs(lock_timeout=self._lock_timeout) as dirs:
-                self._failures.prepare(dirs, wrote_in)
-        except OSError as exc:  # made by a later pass, or by the failure that needs it
+                self._failures.prepare(dirs, identity)
+        except Exception as exc:  # made by a later pass; a bug here must not stop the thread (contract D3)
             _logger.debug("could not prepare %s: %s", self.root, exc)
+            self._failures.no_reserve(exc)
 
     def _still_there(self, wrote_in: tuple[int, int]) -> bool:
         """Whether the capture directory's path still leads to the directory the batch wrote in (one
@@ -439,6 +445,15 @@ class JsonlWriter:
         # (contract L9).
         self.stats.late_write_dropped += 1
         self._done.resolve(item, error)
+
+
+def _existing(root: Path) -> tuple[int, int] | None:
+    """The identity of ``root`` when it is a directory, else ``None``."""
+    try:
+        st = os.stat(root)
+    except OSError:
+        return None
+    return _identity(st) if stat.S_ISDIR(st.st_mode) else None
 
 
 def _identity(st: os.stat_result) -> tuple[int, int]:

@@ -182,5 +182,5 @@ def test_the_weight_version_command(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert capsys.readouterr().out == "42\n"
     assert main(["weight-version", str(tmp_path), " bad"]) == 1
     assert "invalid weight version" in capsys.readouterr().err
-    assert main(["weight-version", str(tmp_path / "missing"), "1"]) == 1
+    assert main(["weight-version", str(tmp_path / "missing")]) == 1  # reading creates nothing
     assert not (tmp_path / "missing").exists()
