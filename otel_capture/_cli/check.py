@@ -9,8 +9,9 @@ fails the check only with ``strict``.
 A loss that is *not yet* in its rollout's marker fails the check (contract D14): the check is a separate
 process, so it reads every writer's loss reserve on disk and names each loss still pending there.
 
-Model calls served without a rollout id (never recorded) are reported too: the serving processes count
-them in the directory (:mod:`otel_capture._store.uncorrelated`); they fail the check only with ``strict``.
+Model calls served and never recorded are reported too: without a rollout id, with one outside the
+grammar, or late to a frozen or retired rollout. The serving processes count them in the directory
+(:mod:`otel_capture._store.uncorrelated`); they fail the check only with ``strict``.
 """
 
 from __future__ import annotations
@@ -158,9 +159,10 @@ def sync_report(directory: str | os.PathLike[str], environ: Mapping[str, str] | 
 
 
 def uncorrelated_line(store: CaptureStore) -> str | None:
-    """The line that says how many model calls were served without a rollout id, or ``None``: none were."""
-    summary = read_uncorrelated(store.root)
-    return summary.describe() if summary.calls else None
+    """The lines (one per kind) that say how many model calls were served and not recorded: without a
+    rollout id, with one outside the grammar, late to a frozen or retired rollout; ``None``: none were."""
+    lines = read_uncorrelated(store.root).lines()
+    return "\n".join(lines) if lines else None
 
 
 def _names(rollout_ids: list[str], shown: int = 5) -> str:
@@ -179,6 +181,15 @@ def _damage_kinds(damaged: list[RolloutCheck]) -> str:
     return ", ".join(what for present, what in kinds if present)
 
 
+def _unrecorded_note(uncorrelated: str) -> str:
+    kinds = [
+        (" without a rollout id " in uncorrelated, "without a rollout id"),
+        ("(invalid_id)" in uncorrelated, "with an invalid rollout id"),
+        (" late model call(s) " in uncorrelated, "late to a frozen or retired rollout"),
+    ]
+    return "model calls served and not recorded (" + ", ".join(w for present, w in kinds if present) + ")"
+
+
 def check_answer(results: list[RolloutCheck], uncorrelated: str | None, *, strict: bool) -> str:
     """The first line ``check`` prints: the answer in plain words, ``ok: ...`` or ``NOT OK: ...`` (what is
     wrong, in which rollouts), as the exit status says it; the details follow it."""
@@ -195,7 +206,7 @@ def check_answer(results: list[RolloutCheck], uncorrelated: str | None, *, stric
             f"({_names(without_tokens)})"
         )
     if uncorrelated is not None:
-        notes.append("model calls served without a rollout id, not recorded")
+        notes.append(_unrecorded_note(uncorrelated))
     if damaged:
         names = _names([r.rollout_id for r in damaged])
         answer = (

@@ -54,7 +54,7 @@ from .types import (
     empty_result,
     validate_rollout_ids,
 )
-from .uncorrelated import UncorrelatedCounter, counter_for, read_uncorrelated
+from .uncorrelated import INVALID_ID, NO_ID, UncorrelatedCounter, counter_for, read_uncorrelated
 from .weight import DeclaredVersions, usable_weight_version
 from .writer import LIBC_SYNCFS, JsonlWriter, WriterStats
 from .writer_items import LoopWaiter
@@ -62,7 +62,9 @@ from .writer_items import LoopWaiter
 __all__ = [
     "CAPTURE_SUFFIX",
     "INCOMPLETE_SUFFIX",
+    "INVALID_ID",
     "LIBC_SYNCFS",
+    "NO_ID",
     "TOKENS_SUFFIX",
     "VERBS",
     "AvailableRecords",
