@@ -23,6 +23,7 @@ _logger = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .._store import ROLLOUT_STATES
     from .._version import __version__
 
     parser = argparse.ArgumentParser(
@@ -98,7 +99,8 @@ def _parser() -> argparse.ArgumentParser:
         "says where).",
     )
     ls.add_argument("dir", metavar="DIR", help="the capture directory")
-    ls.add_argument("--state", choices=("live", "frozen", "retired"), help="only rollouts in this state")
+    states = [state for state in ROLLOUT_STATES if state != "absent"]  # ls lists only rollouts that exist
+    ls.add_argument("--state", choices=states, help="only rollouts in this state")
 
     show = commands.add_parser(
         "show",

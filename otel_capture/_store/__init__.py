@@ -12,7 +12,7 @@ them. This is its face: outside ``_store/``, code imports from here, never from 
 - :func:`check_directory`: whether a capture directory is safe to use (others cannot write to it);
   :func:`pending_losses`: calls a writer could not record and could not yet mark on disk (:mod:`.losses`);
   :func:`choose_sync`: how its writer makes a batch durable, chosen by its filesystem (:mod:`.fstype`);
-- the lifecycle's types and errors (:mod:`.types`);
+- the lifecycle's types and errors (:mod:`.types`), ``ROLLOUT_STATES`` among them;
 - :class:`LoopWaiter`, a call's completion signal (the writer resolves it), :class:`DeclaredVersions`
   and :func:`usable_weight_version` (weight versions), and the uncorrelated counts
   (:class:`UncorrelatedCounter`, :func:`counter_for`, :func:`read_uncorrelated`).
@@ -47,6 +47,7 @@ from .reading import (
 )
 from .store import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX, CaptureStore
 from .types import (
+    ROLLOUT_STATES,
     CaptureSnapshot,
     IncompleteCall,
     RemovalResult,
@@ -65,6 +66,7 @@ __all__ = [
     "INVALID_ID",
     "LIBC_SYNCFS",
     "NO_ID",
+    "ROLLOUT_STATES",
     "TOKENS_SUFFIX",
     "VERBS",
     "AvailableRecords",

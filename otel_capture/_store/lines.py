@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .._errors import DamagedEntryError
-from .._records.codec import split_lines
+from .._records.codec import chunked_lines, split_lines
 from .fs import flock_within, open_file, read_shared
 
 _logger = logging.getLogger(__name__)
@@ -59,20 +59,8 @@ class StreamedLines:
             yield chunk
 
     def __iter__(self) -> Iterator[bytes]:
-        pending: list[bytes] = []  # the start of a line that continues in the next chunk
         try:
-            for chunk in self._chunks():
-                start = 0
-                while (end := chunk.find(b"\n", start)) != -1:
-                    if pending:
-                        pending.append(chunk[start:end])
-                        yield b"".join(pending)
-                        pending.clear()
-                    else:
-                        yield chunk[start:end]
-                    start = end + 1
-                if start < len(chunk):
-                    pending.append(chunk[start:])
+            yield from chunked_lines(self._chunks())
         finally:
             self.close()
 

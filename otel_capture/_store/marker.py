@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 
 from .._errors import DamagedEntryError
-from .._records.codec import line_spans
+from .._records.codec import final_tail, line_spans
 from .fs import open_file, read_all
 from .types import IncompleteCall
 
@@ -46,7 +46,7 @@ def parse_marks(data: bytes) -> tuple[list[IncompleteCall], int]:
     torn last line (a mark cut short) still names a lost call; an empty marker names one unnamed call."""
     calls = [parse_mark(data[start:end]) for _, start, end in line_spans(data)]
     lines = len(calls)
-    tail = data[data.rfind(b"\n") + 1 :]
+    tail = final_tail(data)
     if tail.strip():
         calls.append(parse_mark(tail))
     return (calls or [IncompleteCall("", UNNAMED_REASON)]), lines

@@ -20,6 +20,7 @@ from .._records.codec import (
     DamagedLine,
     InvalidLine,
     decode_record_line,
+    final_tail,
     line_spans,
     preview,
 )
@@ -102,9 +103,9 @@ def _parse_lines(
             contents.incomplete.append(IncompleteCall("", f"{name}: {damaged_line(number)}"))
             if name.endswith(CAPTURE_SUFFIX):
                 contents.damaged_lines.append(_invalid_record(data[start:end], number, index))
-    tail = data[data.rfind(b"\n") + 1 :].strip()
+    tail = final_tail(data).strip()
     if tail:
-        contents.incomplete.append(IncompleteCall("", f"{name}: torn final line (a write was cut short)"))
+        contents.incomplete.append(IncompleteCall("", f"{name}: {TORN_REASON}"))
         if name.endswith(CAPTURE_SUFFIX):
             contents.torn_tail = InvalidLine(data.count(b"\n") + 1, TORN_REASON, preview(tail))
     return LazyLines(data, spans, parse)
