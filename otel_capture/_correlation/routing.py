@@ -288,7 +288,14 @@ def server_span_details(scope: Scope) -> tuple[str, dict[str, Any]]:
     path: str = scope.get("path", "")
     if scope.get("type") != "http":
         return path or method, {}
-    route = _PREFIX_IN_TEXT.sub("", path, count=1) or "/"
+    root_path: str = scope.get("root_path", "")
+    raw_root, raw_route = split_root(scope, root_path)
+    prefix_ids, raw_rest = _split_prefixes(raw_route)  # split raw: an id may hold %2F or a space
+    if prefix_ids:  # every prefix, as correlate strips them (a bad id is no part of the name either)
+        route = (root_path if raw_root else "") + (unquote(raw_rest) if "%" in raw_rest else raw_rest)
+    else:
+        route = _PREFIX_IN_TEXT.sub("", path, count=1)
+    route = route or "/"
     attributes: dict[str, Any] = {}
     if _dialect_of_route(scope.get("method"), route) is not None:
         attributes[A.HTTP_ROUTE] = route

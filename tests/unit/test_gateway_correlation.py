@@ -143,3 +143,16 @@ def test_the_notice_says_the_first_time_then_counts_what_it_held_back() -> None:
     assert [always.note() for _ in range(3)] == [0, 1, 1]
     rarely = RateLimitedNotice(3600.0)
     assert [rarely.note() for _ in range(3)] == [0, None, None]
+
+
+def test_the_server_span_is_named_without_any_prefix_even_one_outside_the_grammar() -> None:
+    """An id outside the grammar is served (issue 33), so its server span is named: without the id."""
+    for raw in (
+        b"/ng-rollout/city%209/v1/chat/completions",
+        b"/ng-rollout/a%2Fb/v1/chat/completions",
+        b"/ng-rollout/a/ng-rollout/b/v1/chat/completions",
+        b"/ng-rollout/r-1/v1/chat/completions",
+    ):
+        name, attributes = server_span_details(_scope(raw))
+        assert name == "POST /v1/chat/completions", raw
+        assert attributes == {"http.route": "/v1/chat/completions"}
