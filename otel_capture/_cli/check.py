@@ -26,7 +26,10 @@ from .._settings import WriterSettings
 from .._store import (
     CAPTURE_SUFFIX,
     INCOMPLETE_SUFFIX,
+    INVALID_ID_WORDS,
+    LATE_WORDS,
     LIBC_SYNCFS,
+    NO_ID_WORDS,
     TOKENS_SUFFIX,
     CaptureStore,
     Loss,
@@ -183,9 +186,9 @@ def _damage_kinds(damaged: list[RolloutCheck]) -> str:
 
 def _unrecorded_note(uncorrelated: str) -> str:
     kinds = [
-        (" without a rollout id " in uncorrelated, "without a rollout id"),
-        ("(invalid_id)" in uncorrelated, "with an invalid rollout id"),
-        (" late model call(s) " in uncorrelated, "late to a frozen or retired rollout"),
+        (f" {NO_ID_WORDS} " in uncorrelated, "without a rollout id"),
+        (f" {INVALID_ID_WORDS} " in uncorrelated, "with an invalid rollout id"),
+        (f" {LATE_WORDS} " in uncorrelated, "late to a frozen or retired rollout"),
     ]
     return "model calls served and not recorded (" + ", ".join(w for present, w in kinds if present) + ")"
 

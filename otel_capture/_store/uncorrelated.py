@@ -43,6 +43,10 @@ WRITE_INTERVAL_S = 1.0
 NO_ID = "no_id"
 INVALID_ID = "invalid_id"
 LATE = "late"
+# The words each kind's line opens with (after its number): check's answer names the kinds by them.
+NO_ID_WORDS = "model call(s) without a rollout id"
+INVALID_ID_WORDS = "model call(s) with a rollout id outside the grammar (invalid_id)"
+LATE_WORDS = "late model call(s) to a frozen or retired rollout"
 _MAX_LATE_ROLLOUTS = 1000  # rollout ids named in one file; past it, late calls are counted, not named
 
 
@@ -209,7 +213,7 @@ class UncorrelatedSummary:
         """The line for the calls without a rollout id."""
         dialects = ", ".join(f"{n} {d}" for d, n in sorted(self.by_dialect.items()))
         return (
-            f"{self.calls} model call(s) without a rollout id were served and not recorded ({dialects}; "
+            f"{self.calls} {NO_ID_WORDS} were served and not recorded ({dialects}; "
             f"{self.processes} process(es), the last at {_when(self.last)}): give each call a rollout id "
             "(see docs/gateways.md)"
         )
@@ -217,8 +221,7 @@ class UncorrelatedSummary:
     def describe_invalid(self) -> str:
         dialects = ", ".join(f"{n} {d}" for d, n in sorted(self.invalid.by.items()))
         return (
-            f"{self.invalid.calls} model call(s) with a rollout id outside the grammar (invalid_id) were "
-            f"served and not recorded ({dialects}; the last at {_when(self.invalid.last)}): an id is "
+            f"{self.invalid.calls} {INVALID_ID_WORDS} were served and not recorded ({dialects}; the last at {_when(self.invalid.last)}): an id is "
             "1-200 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit (see docs/gateways.md)"
         )
 
@@ -228,8 +231,7 @@ class UncorrelatedSummary:
         if len(rollouts) > shown:
             named += f" and {len(rollouts) - shown} more rollout(s)"
         return (
-            f"{self.late.calls} late model call(s) to a frozen or retired rollout were answered and not "
-            f"recorded ({named or 'rollouts not named'}; the last at {_when(self.late.last)}): a call made "
+            f"{self.late.calls} {LATE_WORDS} were answered and not recorded ({named or 'rollouts not named'}; the last at {_when(self.late.last)}): a call made "
             "after its rollout was frozen (see docs/lifecycle.md)"
         )
 
