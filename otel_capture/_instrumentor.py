@@ -30,7 +30,9 @@ Zero-code captures a server's ASGI app only: a process that never builds one (a 
 ``vf-eval``, run under ``opentelemetry-instrument`` by mistake) captures nothing. When a capture directory
 is configured and no app was wrapped in the process's life, that is said once at exit
 (:func:`_say_if_nothing_wrapped`), where the host's logging cannot hide it (:func:`notify`), pointing to
-the capture proxy for client-side processes.
+the capture proxy for client-side processes. Only the process the user started says it, not the Pythons it
+starts (they are instrumented too); a supervisor whose workers build the app (``uvicorn --workers``) says
+it although its workers captured (the line names its pid).
 
 At lifespan shutdown the tracer and meter providers are flushed before the server is told shutdown is
 complete: uvicorn re-raises SIGTERM after its graceful shutdown, which ends the process without running
@@ -42,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import os
 from collections.abc import Collection
 from typing import Any
 
@@ -61,6 +64,9 @@ _logger = logging.getLogger(__name__)
 
 _ORIGINAL = "_otel_capture_original_build_middleware_stack"
 SCOPE_SERVER_SPAN = "otel_capture.server_span"
+# Internal, not a setting: the pid of the first instrumented process of a process tree, inherited by the
+# Pythons it starts (see _watch_for_an_app).
+_ROOT_PID = "OTEL_CAPTURE_ZERO_CODE_ROOT_PID"
 
 
 class _Watch:
@@ -192,6 +198,11 @@ def _watch_for_an_app() -> None:
         return
     if directory is None:
         return
+    # Only the process the user started speaks (opentelemetry-instrument execs it). Every Python it starts
+    # (multiprocessing's children and resource tracker, vLLM's engine cores, uvicorn's workers) is
+    # instrumented too, through PYTHONPATH, and serves no app by design; they inherit this mark.
+    if os.environ.setdefault(_ROOT_PID, str(os.getpid())) != str(os.getpid()):
+        return
     _watch.directory = str(directory)
     if not _watch.registered:
         _watch.registered = True
@@ -204,11 +215,12 @@ def _say_if_nothing_wrapped() -> None:
     notify(
         _logger,
         logging.WARNING,
-        "otel-capture zero-code captured nothing: %s is %s, but no Starlette or FastAPI app was built in "
-        "this process. Zero-code captures a model server's ASGI app (opentelemetry-instrument uvicorn "
+        "otel-capture zero-code captured nothing in process %d: %s is %s, but no Starlette or FastAPI app "
+        "was built in it. Zero-code captures a model server's ASGI app (opentelemetry-instrument uvicorn "
         "app:app, vLLM's OpenAI server); for a client-side process (an agent, an eval such as vf-eval) run "
         "the capture proxy in front of the model server (otel-capture proxy --upstream <model server URL>) "
         "and point the client at it; see the README, 'Use it'",
+        os.getpid(),
         ENV_CAPTURE_DIR,
         _watch.directory,
     )

@@ -215,6 +215,16 @@ def test_zero_code_on_a_process_with_no_asgi_app_says_so_once_at_exit(tmp_path: 
     (notice,) = [line for line in ran.stderr.splitlines() if "captured nothing" in line]
     assert str(capture_dir) in notice and "no Starlette or FastAPI app" in notice
     assert "model server's ASGI app" in notice and "otel-capture proxy --upstream" in notice
+    # a multiprocessing child is instrumented too and serves no app by design: only its parent speaks
+    spawning = (
+        "import multiprocessing as mp\n"
+        "if __name__ == '__main__':\n"
+        "    p = mp.get_context('spawn').Process(target=print, args=('child',)); p.start(); p.join()\n"
+        "    print('parent', p.exitcode)"
+    )
+    parent = _instrumented_python(spawning, capture_dir)
+    assert parent.returncode == 0 and parent.stdout.split() == ["child", "parent", "0"], parent.stderr
+    assert len([line for line in parent.stderr.splitlines() if "captured nothing" in line]) == 1
     # a process that builds an app is what zero-code is for: not a word
     served = _instrumented_python(
         "import fastapi; fastapi.FastAPI().build_middleware_stack(); print('built')", capture_dir
