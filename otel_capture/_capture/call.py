@@ -7,9 +7,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import random
+import socket
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -22,6 +25,7 @@ from .._dialects.sse import SSEDecoder, SSEEvent
 from .._dialects.stream import close_cut_json, loads_nonstandard
 from .._dialects.tokens import extract_tokens
 from .._records import SCHEMA_VERSION, call_failed, encode_record_line
+from .._records.schema import REFUSED_OVER_CAPACITY
 from .._settings import CaptureSettings
 from .._telemetry import content_attributes, request_attributes, response_attributes
 from .content_encoding import ResponseDecoding, decoding_for
@@ -30,6 +34,34 @@ from .weight import engine_weight_version
 _logger = logging.getLogger(__name__)
 
 _MODEL_REF_TYPE = "responses_api_models"  # the only type NeMo Gym's reader accepts
+
+# Set in a captured call's scope by the app below the capture when it is the capture proxy (its forwarding,
+# :mod:`otel_capture._proxy.app`): the upstream it forwards to (credentials removed), the upstream's
+# ``x-request-id``, and a local answer's reason (a refusal for capacity). Read when the line is built.
+SCOPE_UPSTREAM = "otel_capture.upstream"
+SCOPE_UPSTREAM_REQUEST_ID = "otel_capture.upstream_request_id"
+SCOPE_LOCAL_RESPONSE = "otel_capture.local_response"
+
+# The record's ``writer``, one per (process, upstream): built once, not per call (os.getpid is a syscall);
+# a forked child starts again with its own process id.
+_WRITERS: dict[str | None, dict[str, Any]] = {}
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_WRITERS.clear)
+
+
+def writer_of(upstream: str | None) -> dict[str, Any]:
+    """The record's ``writer``: this host and process, the capture layer (``proxy`` when there is an
+    ``upstream``, else ``in_process``) and the upstream. The same dict for every call: never changed."""
+    writer = _WRITERS.get(upstream)
+    if writer is None:
+        writer = {"host": socket.gethostname(), "pid": os.getpid()}
+        if upstream is None:
+            writer["layer"] = "in_process"
+        else:
+            writer["layer"] = "proxy"
+            writer["upstream"] = upstream
+        _WRITERS[upstream] = writer
+    return writer
 
 
 class _Body:
@@ -172,6 +204,7 @@ class InFlightCall:
         *,
         session_id: str | None = None,
         weight_version: str | None = None,
+        scope: Mapping[str, Any] | None = None,
     ) -> None:
         # 128 random bits as 32 hex digits, like NeMo Gym's uuid4().hex; from `random` (reseeded after fork,
         # as the OpenTelemetry SDK's span ids are) because os.urandom is a ~10 us syscall per call here
@@ -182,6 +215,7 @@ class InFlightCall:
         self.settings = settings
         self.session_id = session_id
         self.weight_version = weight_version  # the caller's (x-weight-version or baggage), if it sent one
+        self._scope = scope  # what the app below writes there for the record (SCOPE_UPSTREAM...)
         # One clock reading starts both the record's latency and the span (start_time_ns, end_time_ns): a
         # span's duration in a tracing backend is the record's latency_ms
         self.start_time_ns = time.time_ns()
@@ -366,11 +400,21 @@ class InFlightCall:
             record["request_raw"] = self.request.bytes().decode("utf-8", errors="replace")
         if self._raw_response_needed():
             record["response_raw"] = self.response.bytes().decode("utf-8", errors="replace")
+        scope = self._scope or {}
+        refused = scope.get(SCOPE_LOCAL_RESPONSE) == REFUSED_OVER_CAPACITY
+        if refused:
+            record["upstream_attempted"] = False
+            record["response_source"] = "local"
+            record["local_response_reason"] = REFUSED_OVER_CAPACITY
         record["schema_version"] = SCHEMA_VERSION
         record["rollout_id"] = self.rollout_id
         record["trace_id"] = format(trace_id, "032x")
         record["span_id"] = format(span_id, "016x")
-        record["stream"] = self.stream
+        if refused:
+            # answered by the proxy itself (a JSON 503): the call's `stream` is what the client asked for
+            record["stream"] = bool(self.request_obj and self.request_obj.get("stream") is True)
+        else:
+            record["stream"] = self.stream
         record["stream_truncated"] = self.error_category in ("stream_truncated", "cancelled") and self.stream
         if self.request.truncated or self.response.truncated:
             # which body was cut shows in the record itself: its parsed form is null and its raw form is cut
@@ -381,6 +425,10 @@ class InFlightCall:
             record["tokens_missing"] = self.tokens_missing
         if self.token_mismatch is not None:
             record["token_mismatch"] = self.token_mismatch
+        record["writer"] = writer_of(scope.get(SCOPE_UPSTREAM))
+        upstream_request_id = scope.get(SCOPE_UPSTREAM_REQUEST_ID)
+        if upstream_request_id is not None:
+            record["upstream_request_id"] = upstream_request_id
         engine_version = engine_weight_version(self.response_obj)
         if engine_version is not None:
             record["engine_weight_version"] = engine_version

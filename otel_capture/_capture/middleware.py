@@ -416,6 +416,7 @@ class _CapturedExchange:
             middleware.settings,
             session_id=session_id(headers),
             weight_version=caller_weight_version(headers),
+            scope=self._scope,
         )
         self._receive = receive
         self._send = send

@@ -51,7 +51,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("_proxy", ("otel_capture._proxy",)),
     (
         "flat top",
-        ("otel_capture._instrumentor", "otel_capture._attach", "otel_capture.conformance", "otel_capture"),
+        (
+            "otel_capture._instrumentor",
+            "otel_capture._attach",
+            "otel_capture._health",
+            "otel_capture.conformance",
+            "otel_capture",
+        ),
     ),
     ("_cli", ("otel_capture._cli", "otel_capture.__main__")),
 )
