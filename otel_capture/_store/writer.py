@@ -34,6 +34,7 @@ from .fstype import SyncChoice, choose_sync
 from .libc import name_native_thread
 from .locks import LockFiles
 from .sync import LIBC_SYNCFS, sync_batch
+from .uncorrelated import counter_for
 from .weight import DeclaredVersions, WeightStamp, stamp_batch
 from .writer_failures import WriterFailures
 from .writer_items import Completions, LoopWaiter, WriterStats, _Abandon, _Barrier, _Begin, _Discard, _Item
@@ -441,9 +442,10 @@ class JsonlWriter:
             make_root(self.root, self._fsync, self._dir_mode)
 
     def _drop_late(self, item: _Item, error: CaptureFrozenError) -> None:
-        # Quietly: a late call of a frozen or retired rollout is the lifecycle working, not a failure
-        # (contract L9).
+        # Not a failure: a late call of a frozen or retired rollout is the lifecycle working (contract L9).
+        # Not silent either: counted in the directory for check and ls (the middleware logs it, metered).
         self.stats.late_write_dropped += 1
+        counter_for(self.root).count_late(item.rollout_id)
         self._done.resolve(item, error)
 
 

@@ -6,8 +6,10 @@ They go through the OpenTelemetry metrics API, so whatever ``MeterProvider`` is 
 set they cost nothing. Their attributes are the low-cardinality span attributes only
 (:data:`otel_capture._attributes.METRIC_ATTRIBUTES`), never the rollout id.
 
-Two counters of ours, by dialect: ``otel_capture.uncorrelated_calls``, model calls served without a rollout
-id (so not recorded): a missing prefix or header shows there at once (``docs/gateways.md``); and
+Counters of ours, by dialect: ``otel_capture.uncorrelated_calls``, model calls served without a usable
+rollout id (none, or one outside the grammar; so not recorded): a missing prefix or header shows there at
+once (``docs/gateways.md``); ``otel_capture.late_calls``, calls to a frozen or retired rollout, answered
+and their records dropped (``docs/lifecycle.md``);
 ``otel_capture.tokens_missing_calls``, calls answered without the token ids or log-probs they asked for,
 and ``otel_capture.token_mismatch_calls``, calls whose token ids and log-probs break an invariant
 (``docs/tokens.md``).
@@ -33,6 +35,7 @@ from .._version import __version__
 _logger = logging.getLogger(__name__)
 
 UNCORRELATED_CALLS = "otel_capture.uncorrelated_calls"
+LATE_CALLS = "otel_capture.late_calls"
 TOKENS_MISSING_CALLS = "otel_capture.tokens_missing_calls"
 TOKEN_MISMATCH_CALLS = "otel_capture.token_mismatch_calls"
 _MAX_ATTRIBUTE_SETS = 1024  # past it (many models or hosts), further sets are built per call
@@ -94,6 +97,11 @@ class ServerMetrics:
             unit="{call}",
             description="Model calls served without a rollout id, so not recorded.",
         )
+        self.late_calls = meter.create_counter(
+            LATE_CALLS,
+            unit="{call}",
+            description="Model calls to a frozen or retired rollout, answered and not recorded.",
+        )
         self.tokens_missing_calls = meter.create_counter(
             TOKENS_MISSING_CALLS,
             unit="{call}",
@@ -144,6 +152,13 @@ class ServerMetrics:
             self.uncorrelated_calls.add(1, {A.MODEL_CALL_DIALECT: dialect})
         except Exception:
             _logger.exception("counting an uncorrelated model call failed")
+
+    def count_late(self, dialect: str) -> None:
+        """Count one late call to a frozen or retired rollout. Never raises."""
+        try:
+            self.late_calls.add(1, {A.MODEL_CALL_DIALECT: dialect})
+        except Exception:
+            _logger.exception("counting a late model call failed")
 
     def count_tokens_missing(self, dialect: str) -> None:
         """Count one call answered without the tokens it asked for. Never raises."""
