@@ -289,7 +289,7 @@ def _in_process_app(variant: str, capture_dir: str | None, app_kind: str = "asgi
             app = OpenTelemetryMiddleware(starlette_model_app(events), exclude_spans=["receive", "send"])
             return StatsRoute(app, lambda: _writer_stats(_global_sink()))
         if variant == "lean-server-span":
-            from otel_capture._telemetry.server_span import LeanServerSpanMiddleware
+            from otel_capture._telemetry import LeanServerSpanMiddleware
 
             # the lean HTTP server span alone, as the instrumentor adds it since issue #12 (same set-up)
             app = LeanServerSpanMiddleware(starlette_model_app(events))

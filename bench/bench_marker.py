@@ -20,8 +20,9 @@ import tempfile
 from pathlib import Path
 
 from bench import _harness as H
-from otel_capture._capture.sink import LoopWaiter
-from otel_capture._store.writer import MARKER_DELAY, WRITER_THREAD_KERNEL_NAME, JsonlWriter
+from otel_capture._capture import LoopWaiter
+from otel_capture._store import JsonlWriter
+from otel_capture._store.writer import MARKER_DELAY, WRITER_THREAD_KERNEL_NAME
 
 LINE = b'{"model_call_id":"x","dialect":"chat","request":{"model":"m"},"response":{}}' + b" " * 1000 + b"\n"
 

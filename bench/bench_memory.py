@@ -172,8 +172,8 @@ def child_load(root: Path) -> dict[str, Any]:
 
 
 def child_markers(root: Path, rollouts: int) -> dict[str, Any]:
-    from otel_capture._capture.sink import LoopWaiter
-    from otel_capture._store.writer import JsonlWriter
+    from otel_capture._capture import LoopWaiter
+    from otel_capture._store import JsonlWriter
 
     writer = JsonlWriter(root, fsync=lambda fd: None, syncfs=None)
     for i in range(rollouts):

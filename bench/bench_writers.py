@@ -57,8 +57,8 @@ def _lines(writer: int, count: int) -> list[tuple[str, bytes]]:
 def _writer_process(mode: str, root: str, writer: int, count: int, inflight: int, go: Any, out: Any) -> None:
     lines = _lines(writer, count)
     if mode == "ours":
-        from otel_capture._capture.sink import LoopWaiter
-        from otel_capture._store.writer import JsonlWriter
+        from otel_capture._capture import LoopWaiter
+        from otel_capture._store import JsonlWriter
 
         jsonl = JsonlWriter(root)
         go.wait()

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_capture import WriterSettings
-from otel_capture._capture.sink import FinishedCall
+from otel_capture._capture import FinishedCall
 from otel_capture._store import LIBC_SYNCFS, JsonlWriter, WriterStats
 from otel_capture._store.weight import DeclaredVersions
 

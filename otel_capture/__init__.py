@@ -7,36 +7,31 @@ from ._attach import (
     clear_model_call_captures,
     freeze_model_call_capture,
 )
-from ._capture.middleware import ModelCallCaptureMiddleware
-from ._capture.sink import CallSink, FinishedCall, LoopWaiter
-from ._correlation.agent import (
+from ._capture import CallSink, FinishedCall, LoopWaiter, ModelCallCaptureMiddleware
+from ._correlation import (
+    ROLLOUT_ID_PATTERN,
+    async_rollout_baggage_hook,
     base_url_for_run,
     capture_correlation_enabled,
+    current_rollout_id,
+    inject_rollout_baggage,
+    instrument_http_client,
+    is_valid_rollout_id,
     maybe_rollout_id_from_run_body,
     resolve_model_base_url,
+    rollout_baggage_hook,
+    rollout_context,
     rollout_context_for_run,
     rollout_headers,
     rollout_id_from_run,
     url_path_for_request,
     url_path_for_run,
-)
-from ._correlation.baggage import (
-    async_rollout_baggage_hook,
-    inject_rollout_baggage,
-    instrument_http_client,
-    rollout_baggage_hook,
-)
-from ._correlation.ids import (
-    ROLLOUT_ID_PATTERN,
-    current_rollout_id,
-    is_valid_rollout_id,
-    rollout_context,
     validate_rollout_id,
 )
 from ._dialects.tokens import extract_tokens
 from ._errors import CaptureError, InvalidRolloutIdError
 from ._instrumentor import ModelCallInstrumentor
-from ._proxy.app import build_proxy_app, start_proxy
+from ._proxy import build_proxy_app, start_proxy
 from ._records import CaptureReadError, InvalidLine, ModelCallRecord
 from ._settings import CaptureSettings, CorrelationSettings, ProxySettings, WriterSettings
 from ._store import (

@@ -66,8 +66,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TypeAlias
 
-from ._correlation.agent import maybe_rollout_id_from_run_body
-from ._correlation.ids import validate_rollout_id
+from ._correlation import maybe_rollout_id_from_run_body, validate_rollout_id
 from ._records import ModelCallRecord, aggregate_model_call_records
 from ._store import (
     AvailableRecords,

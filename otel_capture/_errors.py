@@ -13,11 +13,12 @@ catches them all. Each one also keeps the built-in base it always had, so older 
     ├── UnsafeDirectoryError (PermissionError) a capture directory others could write to
     ├── WriterClosedError (RuntimeError)      a call reached the writer after it was closed
     ├── CheckFailed (AssertionError)          a conformance check's rule was broken
+    ├── ConfigurationError (ValueError)       a setting refused at start (it names the variable)
     └── DamagedLine (ValueError)              why one line is not a record (the line decoder's answer,
                                               caught by every reader; never raised to a caller)
 
 Capture itself never raises into a model call: these come from the store's API, the readers, the
-collector's helpers and the conformance kit. Every class of the tree is defined here; the modules that
+collector's helpers, the conformance kit, and the settings (at start, never on a call). Every class of the tree is defined here; the modules that
 raise them import them from here and their faces re-export them. Private control-flow signals that never
 leave the module that raises them (the middleware's durability wait, the proxy's read timeout and its
 too-large upstream head) stay beside that code.
@@ -35,6 +36,7 @@ __all__ = [
     "CaptureRetiredError",
     "CaptureStateError",
     "CheckFailed",
+    "ConfigurationError",
     "DamagedEntryError",
     "DamagedLine",
     "InvalidRolloutIdError",
@@ -137,3 +139,17 @@ class WriterClosedError(CaptureError, RuntimeError):
 
 class CheckFailed(CaptureError, AssertionError):
     """One check's rule was broken."""
+
+
+class ConfigurationError(CaptureError, ValueError):
+    """A setting refused when the settings are built (before the proxy listens or the middleware serves):
+    ``NAME: why``, where ``NAME`` is the variable (``OTEL_CAPTURE_...``) or the argument it came from.
+
+    Raised for the settings that are never safe to replace by a default: one that would change what an
+    upstream receives (a header value) or what is written as a rollout id (the API key's pattern). The
+    message never quotes a secret's value."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"{name}: {reason}")
+        self.name = name
+        self.reason = reason

@@ -43,11 +43,11 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type:
 from opentelemetry.util.http import get_excluded_urls
 
 from ._asgi import ASGIApp, Message, Receive, Scope, Send
-from ._capture.middleware import ModelCallCaptureMiddleware
-from ._correlation.routing import server_span_details
+from ._capture import ModelCallCaptureMiddleware
+from ._correlation import server_span_details
 from ._sdk_private import instrumented_by_contrib
 from ._settings import CaptureSettings, HeaderCaptureSettings
-from ._telemetry.server_span import LeanServerSpanMiddleware
+from ._telemetry import LeanServerSpanMiddleware
 
 _logger = logging.getLogger(__name__)
 

@@ -6,12 +6,18 @@ wraps, or to resolve ``OTEL_TRACES_EXPORTER`` and ``OTEL_TRACES_SAMPLER`` as ``o
 does. What is read, and who needs it:
 
 - ``TracerProvider._active_span_processor._span_processors``: the provider's processors (the sink lookup,
-  :mod:`._sink`; whether anyone sees a span, :mod:`._spans`);
-- ``TracerProvider._disabled``: ``OTEL_SDK_DISABLED`` (:mod:`._spans`);
+  :mod:`._capture.sink`; whether anyone sees a span, :mod:`._telemetry.spans`);
+- ``TracerProvider._disabled``: ``OTEL_SDK_DISABLED`` (:mod:`._telemetry.spans`);
 - ``SimpleSpanProcessor.span_exporter`` and ``BatchSpanProcessor._batch_processor._exporter`` (older SDKs:
-  ``BatchSpanProcessor.span_exporter``): the exporter behind a processor (:mod:`._sink`, :mod:`._spans`);
+  ``BatchSpanProcessor.span_exporter``): the exporter behind a processor (:mod:`._capture.sink`,
+  :mod:`._telemetry.spans`);
 - ``opentelemetry.sdk._configuration._get_exporter_names``, ``_get_sampler`` and ``_import_sampler``: the
-  SDK's own reading of ``OTEL_TRACES_EXPORTER`` and ``OTEL_TRACES_SAMPLER[_ARG]`` (:mod:`._telemetry`);
+  SDK's own reading of ``OTEL_TRACES_EXPORTER`` and ``OTEL_TRACES_SAMPLER[_ARG]``
+  (:mod:`._telemetry.provider`);
+- ``MeterProvider._measurement_consumer._reader_storages``: whether an SDK meter provider has a metric
+  reader (a measurement without one goes nowhere), and the metrics API's stand-in
+  ``_ProxyMeterProvider._real_meter_provider``: whether a provider was set behind it
+  (:class:`otel_capture._telemetry.metrics.MeterGate`);
 - ``app._is_instrumented_by_opentelemetry``: the mark contrib's FastAPI/Starlette instrumentation leaves on
   an app it wrapped in its own HTTP server span (:mod:`._instrumentor`).
 
@@ -19,8 +25,9 @@ The one private attribute of another library read elsewhere is FastAPI's ``app._
 ``FastAPI(telemetry=...)``), in :mod:`._instrumentor`, which switches FastAPI's own request telemetry off.
 
 ``tests/unit/test_sdk_private.py`` pins each against the installed SDK, so a release that renames one fails
-the tests loudly instead of leaving a middleware that writes no records and says nothing. At run time a
-provider of the SDK's own class that lacks them is logged once, as an error naming the SDK's version.
+the tests loudly instead of leaving a middleware that writes no records (or metrics) and says nothing. At
+run time a provider of the SDK's (or the API's) own class that lacks them is logged once, as an error naming
+the SDK's version.
 """
 
 from __future__ import annotations
@@ -29,14 +36,20 @@ import logging
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from opentelemetry.metrics import _internal as metrics_api
 from opentelemetry.sdk import _configuration as sdk_configuration
+from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import Sampler
 
 __all__ = [
     "configured_exporter_names",
     "configured_sampler",
+    "has_metric_readers",
     "instrumented_by_contrib",
+    "is_meter_provider_stand_in",
+    "measurement_consumer",
+    "meter_provider_pending",
     "processor_exporter",
     "provider_disabled",
     "span_processors",
@@ -46,7 +59,13 @@ _logger = logging.getLogger(__name__)
 _reported: set[str] = set()
 
 
-def _report_missing(what: str) -> None:
+_NO_SINK = "model-call records cannot be routed (no sink is found) and every span is built"
+_METRICS_ASSUMED = "metrics are recorded as if a reader were there"
+# The metrics API's stand-in for the provider set later (``metrics.get_meter_provider()`` before a set).
+_PROXY_METER_PROVIDER: type | None = getattr(metrics_api, "_ProxyMeterProvider", None)
+
+
+def _report_missing(what: str, consequence: str = _NO_SINK) -> None:
     if what in _reported:
         return
     _reported.add(what)
@@ -55,10 +74,10 @@ def _report_missing(what: str) -> None:
     except PackageNotFoundError:  # pragma: no cover - the SDK is a dependency
         sdk = "unknown"
     _logger.error(
-        "opentelemetry-sdk %s has no %s: model-call records cannot be routed (no sink is found) and every "
-        "span is built; otel-capture needs an update for this SDK",
+        "opentelemetry-sdk %s has no %s: %s; otel-capture needs an update for this SDK",
         sdk,
         what,
+        consequence,
     )
 
 
@@ -99,6 +118,42 @@ def configured_sampler() -> Sampler | None:
     """The sampler ``OTEL_TRACES_SAMPLER[_ARG]`` names (``None``: the SDK's default)."""
     sampler: Sampler | None = sdk_configuration._import_sampler(sdk_configuration._get_sampler())
     return sampler
+
+
+def measurement_consumer(provider: object) -> Any:
+    """What an SDK meter provider hands its measurements to (it holds the readers' storages), read once per
+    provider; ``None`` for any other provider."""
+    consumer = getattr(provider, "_measurement_consumer", None)
+    if consumer is None and isinstance(provider, MeterProvider):
+        _report_missing("MeterProvider._measurement_consumer", _METRICS_ASSUMED)
+    return consumer
+
+
+def has_metric_readers(consumer: object) -> bool:
+    """Whether an SDK meter provider's consumer (:func:`measurement_consumer`) has a reader now; read per
+    call, as a reader can be added later."""
+    storages = getattr(consumer, "_reader_storages", None)
+    if storages is None:
+        _report_missing("MeterProvider._measurement_consumer._reader_storages", _METRICS_ASSUMED)
+        return True
+    return bool(storages)
+
+
+def is_meter_provider_stand_in(provider: object) -> bool:
+    """Whether ``provider`` is the metrics API's stand-in, which forwards to the provider set later."""
+    if _PROXY_METER_PROVIDER is None:
+        _report_missing("opentelemetry.metrics._internal._ProxyMeterProvider", _METRICS_ASSUMED)
+        return False
+    return isinstance(provider, _PROXY_METER_PROVIDER)
+
+
+def meter_provider_pending(stand_in: object) -> bool:
+    """Whether no provider is set yet behind the metrics API's stand-in (:func:`is_meter_provider_stand_in`),
+    so a measurement goes nowhere; read per call, as the provider can be set later."""
+    real = getattr(stand_in, "_real_meter_provider", 0)
+    if real == 0:
+        _report_missing("_ProxyMeterProvider._real_meter_provider", _METRICS_ASSUMED)
+    return real is None
 
 
 def instrumented_by_contrib(app: object) -> bool:

@@ -11,7 +11,11 @@ object is built (never at import time); everything else takes the plain objects.
 Precedence: constructor argument, then our variable, then the standard ``OTEL_*`` variable, then the
 default. An empty variable counts as unset (as the OpenTelemetry SDK treats it). A bad value is logged with
 its name and replaced by the default (it does not fall through to the next variable: a typo should not
-silently pick up some other setting). Tests pass ``environ=`` instead of patching ``os.environ``.
+silently pick up some other setting), except where a default would silently change what the capture does:
+the API key's rollout pattern (no default would record nothing) and a value that goes into a request head
+(the upstream's key: one with CR/LF would add a header upstream, one outside latin-1 fail every call). Those
+raise :class:`~otel_capture._errors.ConfigurationError` naming the variable, so the proxy never starts with
+them. Tests pass ``environ=`` instead of patching ``os.environ``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from pathlib import Path
 from typing import Literal, TypeVar
 from urllib.parse import unquote
 
+from ._errors import ConfigurationError
+from ._key_pattern import ApiKeyRolloutPattern
 from ._notices import notify
 
 _logger = logging.getLogger(__name__)
@@ -120,19 +126,23 @@ class CaptureSettings:
     records_expected: bool = False
     """``OTEL_TRACES_EXPORTER`` names ``model_call_jsonl``: a middleware that finds no records' exporter
     on its tracer provider when a call comes says so (once) instead of recording nothing in silence."""
-    api_key_rollout_pattern: re.Pattern[str] | None = None
+    api_key_rollout_pattern: ApiKeyRolloutPattern | None = None
     """Read the rollout id from the API key (off by default): a regular expression with a named group
     ``rollout`` that the whole ``Authorization: Bearer`` token, else the ``x-api-key`` value, must match;
     the group is the rollout id (only it is written anywhere, never the key). After the URL prefix and
-    ``x-rollout-id``, before the session id and baggage (``docs/gateways.md``).
-    ``OTEL_CAPTURE_API_KEY_ROLLOUT_PATTERN``."""
+    ``x-rollout-id``, before the session id and baggage (``docs/gateways.md``). Given as text (or an
+    ``re.Pattern``), matched by RE2 in linear time; a pattern RE2 cannot compile, without the group, or
+    whose group could be the whole key (no fixed text such as ``rk-`` outside it) raises
+    :class:`~otel_capture._errors.ConfigurationError`. ``OTEL_CAPTURE_API_KEY_ROLLOUT_PATTERN``."""
     session_id_as_rollout: bool = False
     """Read the rollout id from the ``x-session-id`` header (off by default), after the API key, before
     baggage. ``OTEL_CAPTURE_SESSION_ID_AS_ROLLOUT``."""
     upstream_api_key: str | None = field(default=None, repr=False)
     """What goes on in place of a key that matched :attr:`api_key_rollout_pattern` (the same header:
     ``Authorization: Bearer <it>`` or ``x-api-key: <it>``); ``None``: the key as sent.
-    ``OTEL_CAPTURE_UPSTREAM_API_KEY``. Never shown in a repr or a log."""
+    ``OTEL_CAPTURE_UPSTREAM_API_KEY``. Never shown in a repr, a log or an error. A header value: one with a
+    control character (CR, LF, NUL...) or a character outside latin-1 raises
+    :class:`~otel_capture._errors.ConfigurationError`."""
 
     @property
     def content_on_spans(self) -> bool:
@@ -154,8 +164,11 @@ class CaptureSettings:
         upstream_api_key: str | None = None,
     ) -> CaptureSettings:
         env = os.environ if environ is None else environ
-        if api_key_rollout_pattern is not None:
-            api_key_rollout_pattern = rollout_pattern(api_key_rollout_pattern)  # a bad one raises: it is code
+        given_pattern = (
+            None
+            if api_key_rollout_pattern is None
+            else key_rollout_pattern(api_key_rollout_pattern, "api_key_rollout_pattern")
+        )
         if isinstance(capture_content, bool):
             capture_content = "span_only" if capture_content else "no_content"
         sdk_limit = _pick(
@@ -192,31 +205,60 @@ class CaptureSettings:
             records_expected=JSONL_EXPORTER
             in (n.strip() for n in env.get(ENV_TRACES_EXPORTER, "").split(",")),
             api_key_rollout_pattern=_pick(
-                api_key_rollout_pattern, env, (ENV_API_KEY_ROLLOUT_PATTERN,), _rollout_pattern, None
+                given_pattern, env, (ENV_API_KEY_ROLLOUT_PATTERN,), _rollout_pattern, None
             ),
             session_id_as_rollout=_pick(
                 session_id_as_rollout, env, (ENV_SESSION_ID_AS_ROLLOUT,), _bool, False
             ),
-            upstream_api_key=_pick(upstream_api_key, env, (ENV_UPSTREAM_API_KEY,), _secret, None),
+            upstream_api_key=_pick(upstream_api_key, env, (ENV_UPSTREAM_API_KEY,), _header_value, None),
         )
 
     def __post_init__(self) -> None:
-        if isinstance(self.api_key_rollout_pattern, str):  # CaptureSettings(api_key_rollout_pattern="...")
-            object.__setattr__(self, "api_key_rollout_pattern", rollout_pattern(self.api_key_rollout_pattern))
-        elif self.api_key_rollout_pattern is not None:
-            rollout_pattern(self.api_key_rollout_pattern)
+        # CaptureSettings(api_key_rollout_pattern="..." or re.compile(...)): compiled and checked as text is
+        pattern: object = self.api_key_rollout_pattern
+        if pattern is not None:
+            object.__setattr__(
+                self, "api_key_rollout_pattern", key_rollout_pattern(pattern, "api_key_rollout_pattern")
+            )
+        if self.upstream_api_key is not None:
+            header_value("upstream_api_key", self.upstream_api_key)
 
 
-def rollout_pattern(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
-    """``pattern`` compiled; ``ValueError`` naming the rule when it does not compile or has no named group
-    ``rollout``."""
+def key_rollout_pattern(pattern: object, name: str) -> ApiKeyRolloutPattern:
+    """``pattern`` (text, an ``re.Pattern`` or an already checked one) compiled for RE2 and checked
+    (:class:`~otel_capture._correlation.ids.ApiKeyRolloutPattern`); else ``ConfigurationError`` naming
+    ``name``, the variable or argument it came from."""
+
+    if isinstance(pattern, ApiKeyRolloutPattern):
+        return pattern
+    if not isinstance(pattern, (str, re.Pattern)):
+        raise ConfigurationError(name, f"a regular expression as text, not {type(pattern).__name__}")
     try:
-        compiled = re.compile(pattern) if isinstance(pattern, str) else pattern
-    except re.error as exc:
-        raise ValueError(f"not a regular expression: {exc}") from exc
-    if "rollout" not in compiled.groupindex:
-        raise ValueError("the pattern needs a named group (?P<rollout>...): the rollout id")
-    return compiled
+        return ApiKeyRolloutPattern.compile(pattern)
+    except ValueError as exc:
+        shown = pattern if isinstance(pattern, str) else pattern.pattern
+        raise ConfigurationError(name, f"{shown!r} refused: {exc}") from None
+
+
+def header_value(name: str, value: str) -> str:
+    """``value`` if it can go into an HTTP head as sent: latin-1 (what HTTP/1.1 carries; the proxy writes
+    its heads as latin-1 bytes), and no control character but a tab (CR or LF would end the header
+    and start another, NUL is refused by servers). Else ``ConfigurationError`` naming ``name``, never
+    quoting the value (it is often a credential): only the position and code point of the first bad one."""
+    for position, char in enumerate(value):
+        code = ord(char)
+        if code > 0xFF:
+            reason = "outside latin-1, which an HTTP header cannot carry"
+        elif (code < 0x20 and char != "\t") or code == 0x7F:
+            reason = "a control character, which a header must not carry (CR or LF would start another)"
+        else:
+            continue
+        raise ConfigurationError(
+            name,
+            f"character {position + 1} of the value (U+{code:04X}) is {reason}; "
+            "it goes into a request header",
+        )
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,7 +436,36 @@ def upstream_from_environ(environ: Mapping[str, str] | None = None) -> str:
     upstream = env.get(ENV_UPSTREAM, "").strip()
     if not upstream:
         raise RuntimeError(f"{ENV_UPSTREAM} is not set: it names the model server to forward to")
-    return upstream
+    return upstream_url(ENV_UPSTREAM, upstream)
+
+
+def upstream_url(name: str, url: str) -> str:
+    """``url`` if its parts can go into the heads the proxy sends upstream (``Host``, the request line,
+    ``Authorization: Basic`` from ``user:password@``); else ``ConfigurationError`` naming ``name`` (the
+    variable or flag). A control character is refused anywhere (the URL parser would drop a CR or LF
+    without a word, and forward to some other path); the user and password must be latin-1, as Basic
+    auth sends them. Quotes no part of the value: the URL may carry a password."""
+    from yarl import URL
+
+    for position, char in enumerate(url):
+        if ord(char) < 0x20 or ord(char) == 0x7F:
+            raise ConfigurationError(
+                name,
+                f"character {position + 1} of the URL (U+{ord(char):04X}) is a control character, "
+                "which would be dropped or sent in the request line",
+            )
+    try:
+        parsed = URL(url)
+    except ValueError as exc:
+        raise ConfigurationError(name, f"not a URL: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigurationError(
+            name, "the upstream must be an absolute http:// or https:// URL, such as http://127.0.0.1:8000"
+        )
+    for part in (parsed.user, parsed.password):
+        if part is not None:
+            header_value(name + " (its user or password, sent as Basic auth)", part)
+    return url
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -423,6 +494,8 @@ def _pick(
             continue
         try:
             value = parse(name, raw)
+        except ConfigurationError:
+            raise  # not replaceable by a default: refused, naming the variable
         except ValueError as exc:
             notify(
                 _logger, logging.WARNING, "ignoring %s=%r (%s); using the default %r", name, raw, exc, default
@@ -451,12 +524,12 @@ def _service_name(name: str, raw: str) -> str | None:
     return None
 
 
-def _rollout_pattern(_name: str, raw: str) -> re.Pattern[str]:
-    return rollout_pattern(raw.strip())
+def _rollout_pattern(name: str, raw: str) -> ApiKeyRolloutPattern:
+    return key_rollout_pattern(raw.strip(), name)
 
 
-def _secret(_name: str, raw: str) -> str:
-    return raw.strip()
+def _header_value(name: str, raw: str) -> str:
+    return header_value(name, raw.strip())
 
 
 def _positive_int(_name: str, raw: str) -> int:

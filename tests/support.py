@@ -24,8 +24,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_capture import CaptureStore
-from otel_capture._capture.sink import LoopWaiter
-from otel_capture._proxy.app import bind_socket, socket_url
+from otel_capture._capture import LoopWaiter
+from otel_capture._proxy import bind_socket, socket_url
 from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
 REPO = Path(__file__).resolve().parents[1]

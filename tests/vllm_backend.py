@@ -223,6 +223,9 @@ def server_command(venv: Path, model: Path, port: int, *extra: str) -> list[str]
         "--enable-auto-tool-choice", "--tool-call-parser", "functiongemma",
         # its arguments compact: with any whitespace allowed, the tiny model emits newlines up to max_tokens
         "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
+        # the token-in/token-out route POST /inference/v1/generate (tests/vllm/test_vllm_generate.py); it only
+        # adds routes (/render, /derender, /inference/v1/generate, /inference/v1/abort_requests)
+        "--enable-scale-out",
         *extra,
     ]  # fmt: skip
 

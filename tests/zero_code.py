@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from otel_capture._proxy.app import bind_socket, socket_url
+from otel_capture._proxy import bind_socket, socket_url
 
 TESTS = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent

@@ -184,7 +184,7 @@ def _otlp_tracer_provider(otlp_endpoint: str, store: CaptureStore) -> TracerProv
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     from otel_capture._settings import CaptureSettings, WriterSettings
-    from otel_capture._telemetry.provider import build_tracer_provider
+    from otel_capture._telemetry import build_tracer_provider
 
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter

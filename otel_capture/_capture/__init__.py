@@ -1,0 +1,26 @@
+"""The capture: each model call through an ASGI app as a span and a durable record. This is its face:
+outside ``_capture/``, code imports from here, never from its modules.
+
+- :mod:`.middleware`: :class:`ModelCallCaptureMiddleware`, the pure ASGI middleware, and
+  ``SCOPE_RESPONSE_COMPLETE``, the scope key that tells a relaying app the captured stream has ended;
+- :mod:`.sink`: :class:`CallSink`, where a finished call goes (the ``model_call_jsonl`` exporter), the
+  :class:`FinishedCall` it receives and the :class:`LoopWaiter` that wakes the call when it is durable;
+- :mod:`.call` (one call's bytes in, its record line out), :mod:`.content_encoding` and :mod:`.weight` are
+  the middleware's own.
+
+Below it are the store, :mod:`otel_capture._telemetry`, :mod:`otel_capture._correlation`, the records and
+the dialects.
+"""
+
+from __future__ import annotations
+
+from .middleware import SCOPE_RESPONSE_COMPLETE, ModelCallCaptureMiddleware
+from .sink import CallSink, FinishedCall, LoopWaiter
+
+__all__ = [
+    "SCOPE_RESPONSE_COMPLETE",
+    "CallSink",
+    "FinishedCall",
+    "LoopWaiter",
+    "ModelCallCaptureMiddleware",
+]

@@ -21,7 +21,7 @@ from .._dialects.missing import tokens_missing
 from .._dialects.stream import close_cut_json
 from .._records import SCHEMA_VERSION, call_failed, encode_record_line
 from .._settings import CaptureSettings
-from .._telemetry.semconv import content_attributes, request_attributes, response_attributes
+from .._telemetry import content_attributes, request_attributes, response_attributes
 from .content_encoding import ResponseDecoding, decoding_for
 from .weight import engine_weight_version
 

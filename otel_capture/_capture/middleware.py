@@ -3,7 +3,7 @@ durable record, without delaying or changing the response.
 
 Per request (``docs/gateways.md`` has the whole story):
 
-1. :func:`._routing.correlate` decides, once, what the request is: its rollout id from the
+1. :func:`otel_capture._correlation.correlate` decides, once, what the request is: its rollout id from the
    ``/ng-rollout/<id>/`` URL prefix, else the ``x-rollout-id`` header, else (when configured) the API key or ``x-session-id``, else
    the W3C ``baggage`` entry ``rollout.id``; its dialect; whether a capture layer in front records it. The prefix moves into
    ``root_path`` (so the app's redirects and links keep it) and the header is removed; an id that breaks
@@ -16,7 +16,7 @@ Per request (``docs/gateways.md`` has the whole story):
    body message of a JSON response) and what follows it wait until the record is durable. A redirect
    (``3xx``: a trailing-slash redirect by routing, or an upstream's behind the proxy) is not the model call
    (the call the client makes next is): no record, and a call already begun is discarded, not left in flight.
-4. The span (GenAI semconv v1.41.1, ``_semconv``) is a child of the HTTP server span when one is current,
+4. The span (GenAI semconv v1.41.1, :mod:`otel_capture._telemetry.semconv`) is a child of the HTTP server span when one is current,
    else of the caller's ``traceparent``; the ``gen_ai.server.*`` metrics are recorded when it ends.
 
 A request is captured at most once: a capture middleware that captures marks the scope, and any other
@@ -30,22 +30,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
 from typing import Any
 
-import orjson
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from .. import _attributes as A
-from .._asgi import ASGIApp, Message, Receive, Scope, Send
-from .._correlation import routing as R
-from .._correlation.ids import BAGGAGE_ROLLOUT_KEY, ROLLOUT_ID_HEADER, RolloutRules
+from .._asgi import ASGIApp, Message, Receive, Scope, Send, send_json
+from .._correlation import (
+    BAGGAGE_ROLLOUT_KEY,
+    ROLLOUT_ID_HEADER,
+    SCOPE_CAPTURED,
+    Correlation,
+    Refusal,
+    RolloutRules,
+    correlate,
+    name_server_span,
+    response_headers,
+    server_attributes,
+    session_id,
+    warn_ignored_carriers,
+)
 from .._dialects import DIALECTS, Dialect
-from .._notices import notify
+from .._notices import RateLimitedNotice, notify
 from .._records import tokens_line
 from .._settings import (
     ENV_API_KEY_ROLLOUT_PATTERN,
@@ -54,8 +64,7 @@ from .._settings import (
     CaptureSettings,
 )
 from .._store.uncorrelated import UncorrelatedCounter, counter_for
-from .._telemetry.metrics import ServerMetrics
-from .._telemetry.spans import SpanGate
+from .._telemetry import ServerMetrics, SpanGate
 from .._version import __version__
 from .call import InFlightCall
 from .sink import CallSink, FinishedCall, LoopWaiter, SinkLookup, find_sink
@@ -107,23 +116,21 @@ class ModelCallCaptureMiddleware:
         self._spans = SpanGate(tracer_provider)
         self._metrics = ServerMetrics(meter_provider)
         self._span_kind = span_kind
-        self._uncorrelated_notice = _RateLimitedNotice(_UNCORRELATED_NOTICE_INTERVAL_S)
+        self._uncorrelated_notice = RateLimitedNotice(_UNCORRELATED_NOTICE_INTERVAL_S)
         self._uncorrelated_counter: UncorrelatedCounter | None = None
         self._deadlines: _Deadlines | None = None  # of the loop that last finished a call
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get(R.SCOPE_CAPTURED):
+        if scope["type"] != "http" or scope.get(SCOPE_CAPTURED):
             await self.app(scope, receive, send)
             return
-        found = R.correlate(
-            scope, self._rules
-        )  # the one decision: what this request is, or the rule it breaks
-        if isinstance(found, R.Refusal):
-            await _send_json(send, found.status, found.payload())
+        found = correlate(scope, self._rules)  # the one decision: what this request is, or the rule it breaks
+        if isinstance(found, Refusal):
+            await send_json(send, found.status, found.payload())
             return
         if found.prefixed:
-            R.name_server_span(found.scope, found.dialect)
-        R.warn_ignored_carriers(found)  # a bad baggage id, API key group or session id: logged, not read
+            name_server_span(found.scope, found.dialect)
+        warn_ignored_carriers(found)  # a bad baggage id, API key group or session id: logged, not read
         if not found.captured:
             if found.dialect is not None and found.rollout_id is None and not found.captured_upstream:
                 self._uncorrelated(found.scope, found.dialect)
@@ -131,7 +138,8 @@ class ModelCallCaptureMiddleware:
             await self.app(found.scope, receive, send)
             return
         sink = self.sink if self._sink_lookup is None else self._late_sink()
-        await self._capture(found.scope_for_capture(mark=sink is not None), receive, send, found, sink)
+        exchange = _CapturedExchange(self, found, sink, receive, send)
+        await exchange.run(found)
 
     def _late_sink(self) -> CallSink | None:
         """The sink of a tracer provider set after this middleware was built, once there is one; until
@@ -196,112 +204,6 @@ class ModelCallCaptureMiddleware:
             self._uncorrelated_counter = counter_for(directory)
         return self._uncorrelated_counter
 
-    async def _capture(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        found: R.Correlation,
-        sink: CallSink | None,
-    ) -> None:
-        assert found.dialect is not None and found.rollout_id is not None  # found.captured
-        rollout_id, headers = found.rollout_id, found.headers
-        weight_version = caller_weight_version(headers)
-        if WEIGHT_VERSION_HEADER in headers:  # not forwarded, as x-rollout-id is not (no walk when absent)
-            scope = without_weight_version_header(scope)
-        call = InFlightCall(
-            found.dialect,
-            rollout_id,
-            self.settings,
-            session_id=R.session_id(headers),
-            weight_version=weight_version,
-        )
-        start = _CallStart(sink, rollout_id, call.model_call_id)
-        body_messages, disconnected = await _read_request(receive)
-        call.set_request(b"".join(m.get("body", b"") for m in body_messages))
-        span, attributes, parent = self._start_span(call, scope, headers, found.source, found.baggage_id)
-        # in the caller's context when there is no server span (its baggage too), else in the current one
-        span_context = trace.set_span_in_context(span, parent)
-        token = otel_context.attach(span_context)
-        if span.get_span_context().is_valid:
-            # An app that traces from the request's headers (vLLM's engine) nests its span under this call.
-            scope["headers"] = _with_trace_headers(scope.get("headers", ()), span_context)
-        state = _SendState()
-        cancelled = disconnected
-
-        async def replay_receive() -> Message:
-            nonlocal cancelled
-            start.now()
-            if body_messages:
-                return body_messages.pop(0)
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                cancelled = True
-            return message
-
-        async def capture_send(message: Message) -> None:
-            if state.holding:
-                if message["type"] == "http.response.body":
-                    call.on_body(message.get("body", b""))  # what follows the terminal chunk is captured too
-                state.held.append(message)
-                return
-            kind = message["type"]
-            if kind == "http.response.start":
-                # 3xx: routing redirected it (a trailing slash; then the call never began), or the app or
-                # the upstream did after reading it; the call the client makes next is the model call
-                state.redirected = 300 <= message["status"] < 400
-                if not state.redirected:
-                    start.now()
-                content_type, content_encoding, state.content_length = R.response_headers(
-                    message.get("headers", ())
-                )
-                call.on_response_start(message["status"], content_type, content_encoding)
-            elif kind == "http.response.body":
-                body = message.get("body", b"")
-                state.sent += len(body)
-                terminal = call.on_body(body)
-                # The end of a response is whichever comes first: the dialect's terminal event, the byte
-                # that completes Content-Length (a client may stop reading there, before any final empty
-                # message), or the last body message. It is held until the record is durable (contract D1);
-                # every chunk before it went out as it came (contract D2).
-                if (
-                    terminal
-                    or not message.get("more_body", False)
-                    or (state.content_length is not None and state.sent >= state.content_length)
-                ):
-                    state.holding = True
-                    state.held.append(message)
-                    if call.stream_complete:
-                        scope[SCOPE_RESPONSE_COMPLETE] = True
-                    return
-            await send(message)
-
-        exception: BaseException | None = None
-        try:
-            await self.app(scope, replay_receive, capture_send)
-        except BaseException as exc:  # recorded, then re-raised unchanged
-            exception = exc
-            if isinstance(exc, asyncio.CancelledError):
-                cancelled = True
-        finally:
-            otel_context.detach(token)
-            if state.redirected:
-                # traced (with its status), not recorded and not counted as a model call
-                if call.status_code is not None:
-                    span.set_attribute(A.HTTP_RESPONSE_STATUS_CODE, call.status_code)
-                span.end()
-                if start.begun and sink is not None:
-                    sink.discard_call(rollout_id, call.model_call_id)
-            else:
-                start.now()
-                # A disconnect after the app produced the whole response is not a cancelled call.
-                await self._finish(call, span, attributes, exception, cancelled and not state.holding, sink)
-            # Capture never changes the response: what was held goes out now, durable or not (contract D5).
-            for message in state.held:
-                await send(message)
-        if exception is not None:
-            raise exception
-
     def _start_span(
         self,
         call: InFlightCall,
@@ -343,7 +245,7 @@ class ModelCallCaptureMiddleware:
         attributes[A.MODEL_CALL_ROLLOUT_SOURCE] = source
         if baggage_id is not None and baggage_id != call.rollout_id:
             attributes[A.ROLLOUT_ID_BAGGAGE] = baggage_id
-        attributes.update(R.server_attributes(scope, headers))
+        attributes.update(server_attributes(scope, headers))
         return attributes
 
     async def _finish(
@@ -391,7 +293,10 @@ class ModelCallCaptureMiddleware:
                     call.model_call_id,
                     call.line(context.trace_id, context.span_id),
                     tokens_line(
-                        call.response_obj, rollout_id=call.rollout_id, model_call_id=call.model_call_id
+                        call.response_obj,
+                        rollout_id=call.rollout_id,
+                        model_call_id=call.model_call_id,
+                        request=call.request_obj,
                     ),
                     LoopWaiter(loop, loop.create_future()),
                     (call.weight_version, call.started_at, call.completed_at),
@@ -436,47 +341,163 @@ class ModelCallCaptureMiddleware:
             pass
 
 
-class _CallStart:
-    """Tells the sink, once, that a call has begun (a freeze from then on reports it in flight): when the
-    app takes the request, by reading it or answering it. A redirect answered by routing alone never begins;
-    one answered after the app read the request is discarded (``CallSink.discard_call``)."""
+class _CapturedExchange:
+    """One captured request and its response (starlette's ``GZipResponder`` shape): :meth:`run` reads the
+    request, starts the span and runs the app with :meth:`receive` and :meth:`send` in place of the
+    server's, then finishes the call and lets out what :meth:`send` held back.
 
-    __slots__ = ("_model_call_id", "_rollout_id", "_sink", "begun")
+    :meth:`send` forwards each response message as it comes, except the terminal one and what follows it,
+    which wait until the record is durable. A redirect (``3xx``) is traced, not recorded; a call it began
+    is discarded. The sink hears that the call began (a freeze from then on reports it in flight) once,
+    when the app takes the request, by reading it or answering it; a redirect answered by routing alone
+    never begins. Per response chunk, :meth:`send` itself allocates nothing and awaits only the server's
+    ``send`` (the chunk's parsing is :meth:`InFlightCall.on_body`'s)."""
 
-    def __init__(self, sink: CallSink | None, rollout_id: str, model_call_id: str) -> None:
+    __slots__ = (
+        "_body_messages",
+        "_call",
+        "_content_length",
+        "_held",
+        "_middleware",
+        "_receive",
+        "_scope",
+        "_send",
+        "_sent",
+        "_sink",
+        "begun",
+        "cancelled",
+        "holding",
+        "redirected",
+    )
+
+    def __init__(
+        self,
+        middleware: ModelCallCaptureMiddleware,
+        found: Correlation,
+        sink: CallSink | None,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        assert found.dialect is not None and found.rollout_id is not None  # found.captured
+        headers = found.headers
+        self._middleware = middleware
+        self._scope = found.scope_for_capture(mark=sink is not None)
+        if WEIGHT_VERSION_HEADER in headers:  # not forwarded, as x-rollout-id is not (no walk when absent)
+            self._scope = without_weight_version_header(self._scope)
+        self._call = InFlightCall(
+            found.dialect,
+            found.rollout_id,
+            middleware.settings,
+            session_id=session_id(headers),
+            weight_version=caller_weight_version(headers),
+        )
+        self._receive = receive
+        self._send = send
         self._sink = sink
-        self._rollout_id = rollout_id
-        self._model_call_id = model_call_id
-        self.begun = False
+        self._body_messages: list[Message] = []
+        self.begun = False  # the sink was told the call began
+        self.cancelled = False  # the client went away, or the app was cancelled
+        self.redirected = False  # a 3xx: not the model call
+        self.holding = False  # the terminal message went by: hold the rest until the record is durable
+        self._held: list[Message] = []
+        self._sent = 0  # body bytes
+        self._content_length: int | None = None
 
-    def now(self) -> None:
+    async def run(self, found: Correlation) -> None:
+        middleware, scope, sink, call = self._middleware, self._scope, self._sink, self._call
+        self._body_messages, self.cancelled = await _read_request(self._receive)
+        call.set_request(b"".join(m.get("body", b"") for m in self._body_messages))
+        span, attributes, parent = middleware._start_span(
+            call, scope, found.headers, found.source, found.baggage_id
+        )
+        # in the caller's context when there is no server span (its baggage too), else in the current one
+        span_context = trace.set_span_in_context(span, parent)
+        token = otel_context.attach(span_context)
+        if span.get_span_context().is_valid:
+            # An app that traces from the request's headers (vLLM's engine) nests its span under this call.
+            scope["headers"] = _with_trace_headers(scope.get("headers", ()), span_context)
+        exception: BaseException | None = None
+        try:
+            await middleware.app(scope, self.receive, self.send)
+        except BaseException as exc:  # recorded, then re-raised unchanged
+            exception = exc
+            if isinstance(exc, asyncio.CancelledError):
+                self.cancelled = True
+        finally:
+            otel_context.detach(token)
+            if self.redirected:
+                # traced (with its status), not recorded and not counted as a model call
+                if call.status_code is not None:
+                    span.set_attribute(A.HTTP_RESPONSE_STATUS_CODE, call.status_code)
+                span.end()
+                if self.begun and sink is not None:
+                    sink.discard_call(call.rollout_id, call.model_call_id)
+            else:
+                self.begin()
+                # A disconnect after the app produced the whole response is not a cancelled call.
+                cancelled = self.cancelled and not self.holding
+                await middleware._finish(call, span, attributes, exception, cancelled, sink)
+            # Capture never changes the response: what was held goes out now, durable or not (contract D5).
+            for message in self._held:
+                await self._send(message)
+        if exception is not None:
+            raise exception
+
+    def begin(self) -> None:
+        """Tell the sink, once, that the call has begun."""
         if not self.begun:
             self.begun = True
             if self._sink is not None:
-                self._sink.begin_call(self._rollout_id, self._model_call_id)
+                self._sink.begin_call(self._call.rollout_id, self._call.model_call_id)
 
+    async def receive(self) -> Message:
+        """The request's body messages read before the app ran, then the server's ``receive``."""
+        self.begin()
+        if self._body_messages:
+            return self._body_messages.pop(0)
+        message = await self._receive()
+        if message["type"] == "http.disconnect":
+            self.cancelled = True
+        return message
 
-class _RateLimitedNotice:
-    """When to log a recurring condition: the first time, then at most once per interval, with the number
-    of occurrences since the last line."""
-
-    def __init__(self, interval_s: float) -> None:
-        self._interval_s = interval_s
-        self._next_at: float | None = None
-        self._held = 0
-
-    def note(self) -> int | None:
-        """``0`` the first time, ``None`` while held back, else the occurrences since the last line."""
-        now = time.monotonic()
-        if self._next_at is None:
-            self._next_at = now + self._interval_s
-            return 0
-        self._held += 1
-        if now < self._next_at:
-            return None
-        held, self._held = self._held, 0
-        self._next_at = now + self._interval_s
-        return held
+    async def send(self, message: Message) -> None:
+        call = self._call
+        if self.holding:
+            if message["type"] == "http.response.body":
+                call.on_body(message.get("body", b""))  # what follows the terminal chunk is captured too
+            self._held.append(message)
+            return
+        kind = message["type"]
+        if kind == "http.response.start":
+            # 3xx: routing redirected it (a trailing slash; then the call never began), or the app or
+            # the upstream did after reading it; the call the client makes next is the model call
+            self.redirected = 300 <= message["status"] < 400
+            if not self.redirected:
+                self.begin()
+            content_type, content_encoding, self._content_length = response_headers(
+                message.get("headers", ())
+            )
+            call.on_response_start(message["status"], content_type, content_encoding)
+        elif kind == "http.response.body":
+            body = message.get("body", b"")
+            sent = self._sent = self._sent + len(body)
+            terminal = call.on_body(body)
+            # The end of a response is whichever comes first: the dialect's terminal event, the byte
+            # that completes Content-Length (a client may stop reading there, before any final empty
+            # message), or the last body message. It is held until the record is durable (contract D1);
+            # every chunk before it went out as it came (contract D2).
+            content_length = self._content_length
+            if (
+                terminal
+                or not message.get("more_body", False)
+                or (content_length is not None and sent >= content_length)
+            ):
+                self.holding = True
+                self._held.append(message)
+                if call.stream_complete:
+                    self._scope[SCOPE_RESPONSE_COMPLETE] = True
+                return
+        await self._send(message)
 
 
 class _NotDurableInTime(Exception):
@@ -553,17 +574,6 @@ def _with_trace_headers(headers: Any, context: otel_context.Context) -> list[tup
     return kept
 
 
-class _SendState:
-    __slots__ = ("content_length", "held", "holding", "redirected", "sent")
-
-    def __init__(self) -> None:
-        self.redirected = False
-        self.holding = False
-        self.held: list[Message] = []
-        self.sent = 0
-        self.content_length: int | None = None
-
-
 async def _read_request(receive: Receive) -> tuple[list[Message], bool]:
     """Every request body message, read before the app runs (it reads the whole JSON body anyway), so the
     span starts with the request's model and parameters."""
@@ -576,15 +586,3 @@ async def _read_request(receive: Receive) -> tuple[list[Message], bool]:
         messages.append(message)
         if not message.get("more_body", False):
             return messages, False
-
-
-async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
-    body = orjson.dumps(payload)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})

@@ -1,4 +1,5 @@
-"""``otel-capture check DIR``: verify a capture directory and say what is damaged.
+"""``otel-capture check DIR``: verify a capture directory and say what is damaged: the answer first, in
+plain words (:func:`check_answer`), then one line per problem.
 
 Damage is a line that is not a valid record, a torn tail (contract D7), or an entry named like a rollout's
 file that is not a regular file of its own (skipped, never followed or waited on) (contract D25). An
@@ -33,6 +34,7 @@ from .._store import (
     read_available_model_call_records,
 )
 from .._store.uncorrelated import read_uncorrelated
+from .show import torn_tail
 
 
 @dataclass
@@ -41,6 +43,8 @@ class RolloutCheck:
     records: int = 0
     invalid: list[InvalidLine] = field(default_factory=list)
     torn_tail: InvalidLine | None = None
+    torn_bytes: int | None = None
+    """The torn tail's size in bytes, as ``show`` reports it (``None`` when it could not be measured)."""
     incomplete: bool = False
     error: str | None = None
     entries: list[tuple[str, str]] = field(default_factory=list)
@@ -88,6 +92,9 @@ def check_capture_dir(store: CaptureStore) -> list[RolloutCheck]:
             result.records = len(available.records)
             result.invalid = list(available.invalid)
             result.torn_tail = available.torn_tail_line
+            if result.torn_tail is not None:  # rare: measured as show measures it
+                measured = torn_tail(store, rollout_id)
+                result.torn_bytes = measured.size if measured is not None else None
             result.incomplete = available.incomplete
             result.tokens_missing = [
                 (r.call_index, r.tokens_missing) for r in available.records if r.tokens_missing is not None
@@ -110,7 +117,8 @@ def format_check(results: list[RolloutCheck]) -> list[str]:
             lines.append(f"{result.rollout_id}: line {bad.line_number}: damaged: {bad.reason}")
         if result.torn_tail is not None:
             lines.append(
-                f"{result.rollout_id}: line {result.torn_tail.line_number}: torn tail (a writer died mid-write)"
+                f"{result.rollout_id}: line {result.torn_tail.line_number}: torn tail{_size(result.torn_bytes)} "
+                "(a writer died mid-write)"
             )
         if result.error is not None:
             lines.append(f"{result.rollout_id}: unreadable: {result.error}")
@@ -137,6 +145,10 @@ def format_check(results: list[RolloutCheck]) -> list[str]:
     return lines
 
 
+def _size(size: int | None) -> str:
+    return "" if size is None else f", {size} bytes with no newline"
+
+
 def sync_report(directory: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> str:
     """The sync a writer started now on ``directory`` would use, and why (the filesystem's type, or
     ``OTEL_CAPTURE_SYNC``) (contract D4)."""
@@ -149,3 +161,48 @@ def uncorrelated_line(store: CaptureStore) -> str | None:
     """The line that says how many model calls were served without a rollout id, or ``None``: none were."""
     summary = read_uncorrelated(store.root)
     return summary.describe() if summary.calls else None
+
+
+def _names(rollout_ids: list[str], shown: int = 5) -> str:
+    listed = ", ".join(rid or "(rollout unknown)" for rid in rollout_ids[:shown])
+    return listed + (f" and {len(rollout_ids) - shown} more" if len(rollout_ids) > shown else "")
+
+
+def _damage_kinds(damaged: list[RolloutCheck]) -> str:
+    kinds = [
+        (any(r.invalid for r in damaged), "lines that are not records"),
+        (any(r.torn_tail is not None for r in damaged), "a torn last line (a writer died mid-write)"),
+        (any(r.error is not None for r in damaged), "a file that cannot be read"),
+        (any(r.entries for r in damaged), "an entry that is not a regular file of its own"),
+        (any(r.unreported for r in damaged), "lost calls not yet marked (a full filesystem?)"),
+    ]
+    return ", ".join(what for present, what in kinds if present)
+
+
+def check_answer(results: list[RolloutCheck], uncorrelated: str | None, *, strict: bool) -> str:
+    """The first line ``check`` prints: the answer in plain words, ``ok: ...`` or ``NOT OK: ...`` (what is
+    wrong, in which rollouts), as the exit status says it; the details follow it."""
+    damaged = [r for r in results if r.damaged]
+    incomplete = [r.rollout_id for r in results if r.incomplete]
+    without_tokens = [r.rollout_id for r in results if r.tokens_missing]
+    records = sum(r.records for r in results)
+    notes = []
+    if incomplete:
+        notes.append(f"{len(incomplete)} rollout(s) incomplete, a call not captured ({_names(incomplete)})")
+    if without_tokens:
+        notes.append(
+            f"{len(without_tokens)} rollout(s) with calls missing the token ids or log-probs they asked for "
+            f"({_names(without_tokens)})"
+        )
+    if uncorrelated is not None:
+        notes.append("model calls served without a rollout id, not recorded")
+    if damaged:
+        names = _names([r.rollout_id for r in damaged])
+        answer = (
+            f"NOT OK: {len(damaged)} of {len(results)} rollout(s) damaged ({names}): {_damage_kinds(damaged)}"
+        )
+        return "; ".join([answer, *notes]) + "; details below"
+    if strict and (incomplete or uncorrelated is not None):
+        return "NOT OK (--strict): " + "; ".join(notes) + "; details below"
+    answer = f"ok: {len(results)} rollout(s), {records} record(s), nothing damaged"
+    return answer + (f"; but {'; '.join(notes)}; details below" if notes else "")

@@ -9,11 +9,11 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .._settings import ProxySettings
-    from .._store import CaptureStore
+    from .._store import CaptureStore, RolloutState
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -81,11 +81,21 @@ def _parser() -> argparse.ArgumentParser:
 
     ls = commands.add_parser(
         "ls",
-        help="list a capture directory's rollouts: state, calls, errors, tokens",
-        description="List the rollouts of a capture directory, one line each: its lifecycle state (live: "
-        "records may still come; frozen: a snapshot was taken, later calls are refused; retired: records "
-        "removed, a fence drops late calls), its calls, failed calls, summed tokens, and whether a capture "
-        "failed (incomplete). A retired rollout is listed until it is deleted. Exits 1 on a damaged line.",
+        help="list a capture directory's rollouts: state, calls, errors, tokens, latency, damage",
+        description="List the rollouts of a capture directory, one line each, damaged ones included. The "
+        "columns: rollout (its id); state (live: records may still come; frozen: a snapshot was taken, "
+        "later calls are refused; retired: records removed, a fence drops late calls); calls (the records "
+        "read); errors (the failed calls); tokens in (the prompts' tokens summed; 120+? when some calls "
+        "were answered without usage, e.g. a stream sent without include_usage: their tokens are unknown, "
+        "not zero; ? when no call had usage); tokens out (the answers', likewise); model s (the calls' "
+        "latencies summed, in seconds: the rollout's time in the model); p50 ms (the median call latency); "
+        "max ms (the longest); ttft ms (the mean time to first chunk of the streamed calls); incomplete (yes "
+        "when a capture failed); damaged (2 lines: lines that are not records, skipped; torn 37 B: a last "
+        "line of 37 bytes cut by a crash; unreadable: its file could not be read, e.g. its lock was held past "
+        "the lock timeout). A retired rollout is listed until it is deleted. Notes follow "
+        "the table, on stdout too: the calls without usage, the damaged rollouts, the model calls served "
+        "without a rollout id. Exits 1 when a rollout is damaged, as check does ('otel-capture check DIR' "
+        "says where).",
     )
     ls.add_argument("dir", metavar="DIR", help="the capture directory")
     ls.add_argument("--state", choices=("live", "frozen", "retired"), help="only rollouts in this state")
@@ -93,9 +103,17 @@ def _parser() -> argparse.ArgumentParser:
     show = commands.add_parser(
         "show",
         help="print one rollout's calls (without ID: the same list as ls)",
-        description="Print one rollout's calls, one line each as they are read: index, dialect, model, "
-        "status, tokens in and out, latency, time to first chunk, error. Exits 1 when a line is damaged "
-        "(the damaged lines are listed on stderr). Without ID, 'show DIR' is an alias of 'ls DIR'.",
+        description="Print one rollout's calls, one line each as they are read. The columns: # (call_index, "
+        "the line's position in the file); dialect (chat, responses, messages or completions); model (as the "
+        "answer named it; a file path shortened to its file name); status (the HTTP status); tokens in (the "
+        "prompt's tokens); tokens out (the answer's; both ? for a call answered without usage, e.g. a stream "
+        "sent without include_usage: unknown, not zero; - when the call failed); latency ms (the whole call); "
+        "ttft ms (time to first chunk); error (its category, e.g. timeout); weight (the weight version "
+        "declared when the call started; 7->8 when it changed while the call ran; 7 (engine 6) when the "
+        "engine reported another; - when none is known); with --trace-url, trace (the link to its trace). "
+        "Exits 1 when the file is damaged: the damaged lines and a torn tail (a last line cut by a crash, "
+        "with its size in bytes) are listed on stderr after the table, as check counts them. Without ID, "
+        "'show DIR' is an alias of 'ls DIR'.",
     )
     show.add_argument("dir", metavar="DIR", help="the capture directory")
     show.add_argument("rollout_id", nargs="?", metavar="ID")
@@ -109,12 +127,14 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser(
         "check",
         help="verify a capture directory; exit 1 on damage or on a loss not yet marked",
-        description="Read every file of a capture directory and say, per rollout, what is damaged: a line "
-        "that is not a record, a torn last line (a crash mid-write), an entry that is not a regular file. "
-        "It also names the calls a writer could not record nor yet mark (a full filesystem), the rollouts "
-        "whose calls lack the token ids or log-probs they asked for, the model calls served without a "
-        "rollout id, and the sync the writer uses on this filesystem. Exits 1 on damage or on such an "
-        "unmarked loss; with --strict also when a rollout is marked incomplete or a call had no rollout id.",
+        description="Read every file of a capture directory and answer first, in one line: 'ok' or what is "
+        "wrong and in which rollouts. Then the details, one line each: a line that is not a record, a torn "
+        "last line (a crash mid-write), an entry that is not a regular file, the calls a writer could not "
+        "record nor yet mark (a full filesystem), the rollouts marked incomplete, the calls that lack the "
+        "token ids or log-probs they asked for, the sync the writer uses on this filesystem, the counts, "
+        "and the model calls served without a rollout id. Everything is on stdout. Exits 1 on damage or "
+        "on such an unmarked loss; with --strict also when a rollout is marked incomplete or a call had "
+        "no rollout id.",
     )
     check.add_argument("dir", metavar="DIR", help="the capture directory")
     check.add_argument(
@@ -228,10 +248,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _proxy(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from .._proxy.app import bind_socket, build_proxy_app, display_url, server_options, socket_url
-    from .._proxy.guards import limit_client_buffers
-    from .._settings import ENV_CAPTURE_DIR, ENV_UPSTREAM, CaptureSettings, WriterSettings
+    from .._proxy import (
+        bind_socket,
+        build_proxy_app,
+        display_url,
+        limit_client_buffers,
+        server_options,
+        socket_url,
+    )
+    from .._settings import ENV_CAPTURE_DIR, ENV_UPSTREAM, CaptureSettings, WriterSettings, upstream_url
 
+    # every setting refused before listening: a ConfigurationError (a ValueError) is one line and exit 1
+    upstream_url("--upstream", args.upstream)
     settings = CaptureSettings.from_environ()
     writer = WriterSettings.from_environ(directory=args.capture_dir)
     if writer.directory is not None:  # refused before listening (contract D26)
@@ -329,28 +357,31 @@ def _server_class() -> type:
 
 def _check(args: argparse.Namespace) -> int:
     from .._store import CaptureStore
-    from .check import check_capture_dir, format_check, sync_report, uncorrelated_line
+    from .check import check_answer, check_capture_dir, format_check, sync_report, uncorrelated_line
 
     store = CaptureStore(args.dir)
     if not store.root.is_dir():
         print(f"otel-capture: error: {args.dir} is not a directory", file=sys.stderr)
         return EXIT_ERROR
-    print(sync_report(store.root))
     results = check_capture_dir(store)
-    for line in format_check(results):
-        print(line)
     uncorrelated = uncorrelated_line(store)
-    if uncorrelated is not None:
-        print(uncorrelated)
     strict_failed = any(r.incomplete for r in results) or uncorrelated is not None
     failed = any(r.damaged for r in results) or (args.strict and strict_failed)
+    print(check_answer(results, uncorrelated, strict=args.strict))  # the answer first, the details after
+    *problems, summary = format_check(results)
+    for line in problems:
+        print(line)
+    print(sync_report(store.root))
+    print(summary)
+    if uncorrelated is not None:
+        print(uncorrelated)
     return EXIT_ERROR if failed else EXIT_OK
 
 
 def _show(args: argparse.Namespace) -> int:
     from .._records import InvalidLine, ModelCallRecord
     from .._store import CaptureStore, scan_available_model_call_records
-    from .show import iter_calls_table
+    from .show import iter_calls_table, torn_tail, usage_unknown
 
     if args.rollout_id is None:  # `show DIR`: an alias of `ls DIR`
         return _lifecycle(argparse.Namespace(command="ls", dir=args.dir, state=None))
@@ -359,6 +390,7 @@ def _show(args: argparse.Namespace) -> int:
         print(f"otel-capture: error: {args.dir} is not a directory", file=sys.stderr)
         return EXIT_ERROR
     invalid: list[tuple[int, str]] = []  # damaged lines are reported after the table, as before
+    no_usage: list[int] = []
 
     count, items = scan_available_model_call_records(store, args.rollout_id)
 
@@ -367,25 +399,64 @@ def _show(args: argparse.Namespace) -> int:
             if isinstance(item, InvalidLine):
                 invalid.append((item.line_number, item.reason))
             else:
+                if usage_unknown(item):
+                    no_usage.append(item.call_index)
                 yield item
 
     # Printed as read: a rollout of any length holds one record and the column-sizing sample at a time.
     for line in iter_calls_table(records(), trace_url=args.trace_url, last_index=count - 1):
         print(line)
+    if no_usage:
+        print(_no_usage_note(len(no_usage), f" (# {_some(no_usage)})"))
+    torn = torn_tail(store, args.rollout_id)
     if invalid:
         print(f"{len(invalid)} damaged line(s):", file=sys.stderr)
         for number, reason in invalid:
             print(f"  line {number}: {reason}", file=sys.stderr)
-        return EXIT_ERROR
-    return EXIT_OK
+    if torn is not None:
+        print(f"{torn.describe()}: not parsed", file=sys.stderr)
+    return EXIT_ERROR if invalid or torn is not None else EXIT_OK
 
 
-def _print_uncorrelated(store: CaptureStore, file: TextIO | None = None) -> None:
+def _some(items: Sequence[object], shown: int = 10) -> str:
+    """The first ``shown`` items, comma-separated, and how many more."""
+    listed = ", ".join(str(item) for item in items[:shown])
+    return listed + (f" and {len(items) - shown} more" if len(items) > shown else "")
+
+
+def _no_usage_note(calls: int, where: str) -> str:
+    return (
+        f"?: {calls} call(s){where} answered without usage (a stream sent without "
+        "stream_options={'include_usage': True}?): their tokens are unknown, not counted as zero"
+    )
+
+
+def _ls(store: CaptureStore, state: RolloutState | None) -> int:
+    """The rollouts table, every rollout listed, damaged ones marked; then the notes, on stdout too (the
+    answer, as ``check`` prints it): calls without usage, damage, calls served without a rollout id. Exit
+    1 when a rollout is damaged, as ``check``."""
     from .check import uncorrelated_line
+    from .show import format_rollout_summaries, rollout_summaries
 
-    line = uncorrelated_line(store)
-    if line is not None:
-        print(line, file=file)
+    summaries = rollout_summaries(store, state=state)
+    print(format_rollout_summaries(summaries))
+    no_usage = [s for s in summaries if s.no_usage]
+    if no_usage:
+        calls = sum(s.no_usage for s in no_usage)
+        print(_no_usage_note(calls, f" of {_some([s.rollout_id for s in no_usage])}"))
+    for s in summaries:
+        if s.unreadable is not None:
+            print(f"{s.rollout_id}: unreadable: {s.unreadable}")
+    damaged = [s.rollout_id for s in summaries if s.damaged]
+    if damaged:
+        print(
+            f"damaged: {_some(damaged)} ({len(damaged)} rollout(s)): their damaged lines and torn tails are "
+            f"skipped above; 'otel-capture check {store.root}' says where"
+        )
+    uncorrelated = uncorrelated_line(store)
+    if uncorrelated is not None:
+        print(uncorrelated)
+    return EXIT_ERROR if damaged else EXIT_OK
 
 
 def _lifecycle(args: argparse.Namespace) -> int:
@@ -399,13 +470,7 @@ def _lifecycle(args: argparse.Namespace) -> int:
         print(f"otel-capture: error: {args.dir} is not a directory", file=sys.stderr)
         return EXIT_ERROR
     if args.command == "ls":
-        from .show import format_rollouts_table
-
-        table = format_rollouts_table(store, state=args.state)
-        if table:
-            print(table)
-        _print_uncorrelated(store, file=sys.stderr)  # stdout stays the table
-        return EXIT_OK
+        return _ls(store, args.state)
     if args.command == "freeze":
         return _freeze(store, args.rollout_ids)
     operation = store.retire_now if args.command == "retire" else store.delete_now

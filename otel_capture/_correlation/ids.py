@@ -5,6 +5,8 @@ or ``x-api-key``, through a pattern with a group ``rollout``) and the ``x-sessio
 W3C baggage entry ``rollout.id``. See ``docs/gateways.md``.
 
 Every place that accepts a rollout id (middleware, store, collector) validates it here, with the same rule.
+The API key's pattern is matched by RE2, in time linear in the key whatever the pattern, and must spell a
+fixed text outside its group, so the id is never a whole key (:class:`ApiKeyRolloutPattern`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from .._errors import InvalidRolloutIdError
+from .._key_pattern import ApiKeyRolloutPattern
 
 ROLLOUT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 ROLLOUT_ID_RULE = "a rollout id is 1-200 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit"
@@ -89,7 +92,7 @@ class RolloutRules:
     (its group ``rollout``; the whole key must match), ``x-session-id``, and the key that replaces a
     matching one upstream (``None``: the key goes on as sent)."""
 
-    api_key_pattern: re.Pattern[str] | None = None
+    api_key_pattern: ApiKeyRolloutPattern | None = None
     session_id: bool = False
     upstream_api_key: str | None = field(default=None, repr=False)
 
@@ -125,11 +128,11 @@ def match_api_key(headers: list[tuple[bytes, bytes]], rules: RolloutRules) -> Ke
             key = value.decode("latin-1")
         else:
             continue
-        found = pattern.fullmatch(key.strip())
-        if found is None:
+        found, group = pattern.rollout_group(key.strip())
+        if not found:
             continue
         if not matched:
-            matched, rollout_id = True, found.group("rollout")
+            matched, rollout_id = True, group
         if replaced is not None and rules.upstream_api_key is not None:  # every per-rollout key is replaced
             upstream = rules.upstream_api_key.encode("latin-1")
             replaced[position] = (name, b"Bearer " + upstream if lowered == b"authorization" else upstream)

@@ -264,9 +264,11 @@ def _dialect_of_route(method: object, path: str) -> Dialect | None:
         return None
     if len(path) > 1 and path.endswith("/"):
         path = path[:-1]
-    if not path.startswith("/v1/"):
-        path = "/v1" + path  # servers (llama.cpp) and gateways serve /chat/completions etc. without /v1 too
-    return DIALECT_PATHS.get(path)
+    found = DIALECT_PATHS.get(path)  # as listed (SGLang's /generate, vLLM's /inference/v1/generate)
+    if found is None and not path.startswith("/v1/"):
+        # servers (llama.cpp) and gateways serve /chat/completions etc. without /v1 too
+        found = DIALECT_PATHS.get("/v1" + path)
+    return found
 
 
 def server_span_details(scope: Scope) -> tuple[str, dict[str, Any]]:

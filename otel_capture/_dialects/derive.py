@@ -11,6 +11,10 @@ Two users:
 - the span code, which also wants *every* finish reason: one function per dialect (``*_finish_reasons``),
   named in the dialect table (:mod:`.table`).
 
+One addition of ours, for the ``generate`` dialect only (which Gym never writes, so Gym's files still give
+Gym's records): where Gym's rules find nothing, a token-in/token-out answer's own fields fill the gap
+(:func:`generate_facts`): SGLang's ``meta_info`` (counts, finish reason, id) and vLLM's ``request_id``.
+
 Malformed shapes that Gym's code trips over (for example a non-iterable ``tool_calls``) raise here too, so
 the readers count the same lines as damaged.
 """
@@ -20,7 +24,9 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
+
+from .generate import is_sglang_body, sglang_facts
 
 _logger = logging.getLogger(__name__)
 
@@ -271,8 +277,9 @@ def _str_or_none(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def derive_call_facts(response: object, request: object) -> CallFacts:
-    """Every derived record field, exactly as NeMo Gym 0.7.0 derives it. Non-dict bodies count as ``{}``.
+def derive_call_facts(response: object, request: object, dialect: object = None) -> CallFacts:
+    """Every derived record field, exactly as NeMo Gym 0.7.0 derives it (for the ``generate`` dialect,
+    completed by :func:`generate_facts`). Non-dict bodies count as ``{}``.
 
     May raise (``TypeError``, ``AttributeError``) on response shapes that Gym's own code trips over.
     """
@@ -282,7 +289,7 @@ def derive_call_facts(response: object, request: object) -> CallFacts:
     tokens = token_stats(usage)
     cache_hit, cached_tokens = cache_signal(usage)
     tool_calls, reasoning_content = tool_calls_and_reasoning(resp)
-    return CallFacts(
+    facts = CallFacts(
         response_id=_str_or_none(resp.get("id")),
         model=response_model(resp, req),
         response_status=_str_or_none(resp.get("status")),
@@ -297,6 +304,24 @@ def derive_call_facts(response: object, request: object) -> CallFacts:
         tool_calls=tool_calls,
         reasoning_content=reasoning_content,
     )
+    if dialect == "generate":
+        generate_facts(facts, resp)
+    return facts
+
+
+def generate_facts(facts: CallFacts, response: Mapping[str, Any]) -> None:
+    """Fill the facts Gym's rules left empty from a token-in/token-out answer: an SGLang body's
+    ``meta_info`` (:func:`.generate.sglang_facts`), a vLLM body's ``request_id`` as its response id (its
+    usage, finish reasons and model are where Gym reads them already)."""
+    found: dict[str, Any] = {}
+    if is_sglang_body(response):
+        found = sglang_facts(response)
+    elif isinstance(response.get("choices"), list):
+        found = {"response_id": _str_or_none(response.get("request_id"))}
+    fields = cast("dict[str, Any]", facts)  # the names found are CallFacts' own
+    for name, value in found.items():
+        if value is not None and fields[name] is None:
+            fields[name] = value
 
 
 # --- span facts (ours, not Gym's): every finish reason, per dialect -----------------------------------

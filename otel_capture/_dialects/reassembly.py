@@ -1,7 +1,7 @@
 """Per-dialect stream reassembly: :class:`~otel_capture._dialects.sse.SSEEvent` in, response dict out.
 
-One accumulator per streamed call turns the events of a Responses, Chat Completions, Anthropic Messages or
-legacy Completions stream back into the object the non-streaming endpoint would have returned, and notes the dialect's
+One accumulator per streamed call turns the events of a Responses, Chat Completions, Anthropic Messages,
+legacy Completions or token-in/token-out generate stream back into the object the non-streaming endpoint would have returned, and notes the dialect's
 terminal event. The official SDKs' own accumulators are the reference (``tests/unit/test_reassembly.py``
 compares against them on every recorded stream); where they differ on purpose it is said below.
 
@@ -30,7 +30,7 @@ while the stream is still being fed.
 
 Layout: this module is the interface (:func:`accumulator_for`, :class:`StreamAccumulator`); the interface
 type, the fail-safe shell and JSON helpers are in :mod:`.stream`, one accumulator per dialect in
-:mod:`.responses`, :mod:`.chat`, :mod:`.messages` and :mod:`.completions`, each named in the dialect table (:mod:`.table`).
+:mod:`.responses`, :mod:`.chat`, :mod:`.messages`, :mod:`.completions` and :mod:`.generate`, each named in the dialect table (:mod:`.table`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The four dialects a model server speaks, and what each one means: one :class:`DialectSpec` per dialect.
+"""The five dialects a model server speaks, and what each one means: one :class:`DialectSpec` per dialect.
 
 Everything that depends on the dialect is named here: the request paths that select it, the span's GenAI
 operation and provider, the ``openai.api.type``, the stream accumulator, the finish reasons and the
@@ -20,6 +20,7 @@ from . import content
 from .chat import ChatCompletionsAccumulator
 from .completions import CompletionsAccumulator, completions_input, completions_output
 from .derive import chat_finish_reasons, messages_finish_reasons, responses_finish_reasons
+from .generate import GenerateAccumulator, generate_finish_reasons, generate_input, generate_output
 from .messages import MessagesAccumulator
 from .responses import ResponsesAccumulator
 from .stream import JsonDict, StreamAccumulator
@@ -35,7 +36,7 @@ __all__ = [
 
 _logger = logging.getLogger(__name__)
 
-Dialect = Literal["responses", "chat", "messages", "completions"]
+Dialect = Literal["responses", "chat", "messages", "completions", "generate"]
 InputMessages = Callable[[JsonDict], tuple[list[Any], list[Any]]]
 
 
@@ -100,7 +101,26 @@ COMPLETIONS = DialectSpec(  # the legacy text completions (token-in/token-out tr
     output_messages=completions_output,
 )
 
-DIALECTS: dict[str, DialectSpec] = {spec.name: spec for spec in (RESPONSES, CHAT, MESSAGES, COMPLETIONS)}
+# Token-in/token-out (.generate): vLLM's /inference/v1/generate (--enable-scale-out) and SGLang's native
+# /generate. The prompt is token ids the trainer rendered itself, continued by the model: a text completion
+# in the semconv's words ("text_completion": OpenAI's legacy Completions is its example), not
+# "generate_content" (Gemini's multimodal message API). One dialect serves two engines, so no one provider
+# name is true of it: the semconv's "_OTHER".
+GENERATE = DialectSpec(
+    name="generate",
+    paths=("/inference/v1/generate", "/generate"),
+    operation_name=OPERATION_TEXT_COMPLETION,
+    provider_name="_OTHER",
+    openai_api_type=None,
+    accumulator=GenerateAccumulator,
+    finish_reasons=generate_finish_reasons,
+    input_messages=generate_input,
+    output_messages=generate_output,
+)
+
+DIALECTS: dict[str, DialectSpec] = {
+    spec.name: spec for spec in (RESPONSES, CHAT, MESSAGES, COMPLETIONS, GENERATE)
+}
 DIALECT_PATHS: dict[str, Dialect] = {path: spec.name for spec in DIALECTS.values() for path in spec.paths}
 
 

@@ -21,6 +21,11 @@ Shapes read (whichever are present; nothing is invented):
   and ``output_messages`` (the generated ids), lists of ``{"type": "raw_message_tokens", "tokens": [...]}``
   joined in order, the generated ids put beside the output items' log-probs.
 
+* token-in/token-out (:mod:`.generate`): vLLM's ``/inference/v1/generate`` is read as Chat above
+  (``choices[i].token_ids``, ``logprobs.content[j].logprob``, ``prompt_token_ids``); SGLang's ``/generate``
+  gives ``output_ids`` and ``meta_info.output_token_logprobs`` (:func:`.generate.sglang_generations`); for
+  both the prompt's ids are the request's (``token_ids``, ``input_ids``) when the answer has none.
+
 A streamed response is read from its reassembled object (:mod:`.reassembly`), which keeps what the
 non-streaming body carries: vLLM's first-chunk ``prompt_token_ids`` and per-chunk ``choices[i].token_ids``
 joined, the chunks' ``logprobs.content`` joined, and a Responses stream's final response (or, for a stream
@@ -34,6 +39,7 @@ from __future__ import annotations
 from typing import Any
 
 from .completions import legacy_log_probs
+from .generate import generate_prompt_ids, is_sglang_body, sglang_generations
 
 
 def _int_list(value: Any) -> list[int] | None:
@@ -197,12 +203,17 @@ def _with_output_ids(generations: list[dict[str, Any]], output: Any, ids: list[i
         generations.append({"index": index, "token_ids": ids, "log_probs": None})
 
 
-def extract_tokens(response: dict[str, Any] | None) -> dict[str, Any] | None:
-    """``{"prompt_token_ids", "generations"}`` from a response object; ``None`` when it carries none."""
+def extract_tokens(
+    response: dict[str, Any] | None, request: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """``{"prompt_token_ids", "generations"}`` from a response object; ``None`` when it carries none. The
+    ``request`` gives a token-in/token-out call's prompt ids when the answer does not repeat them."""
     if not isinstance(response, dict):
         return None
     prompt = _int_list(response.get("prompt_token_ids"))
     generations = _chat_generations(response.get("choices"))
+    if not generations and is_sglang_body(response):
+        generations = sglang_generations(response)
     if prompt is None:
         prompt = _choice_prompts(response.get("choices"), generations)
     if "output" in response:
@@ -214,6 +225,8 @@ def extract_tokens(response: dict[str, Any] | None) -> dict[str, Any] | None:
         output_ids = _raw_message_tokens(response.get("output_messages"))
         if output_ids is not None:
             _with_output_ids(generations, response.get("output"), output_ids)
+    if prompt is None and generations:
+        prompt = generate_prompt_ids(request)
     if prompt is None and not generations:
         return None
     return {"prompt_token_ids": prompt, "generations": generations}

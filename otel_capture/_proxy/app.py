@@ -25,7 +25,6 @@ from types import TracebackType
 from typing import Any
 
 import aiohttp
-import orjson
 import uvicorn
 from opentelemetry import propagate
 from opentelemetry.sdk.trace import TracerProvider
@@ -33,12 +32,12 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.util.http import remove_url_credentials
 from yarl import URL
 
-from .._asgi import ASGIApp, Message, Receive, Scope, Send
-from .._capture.middleware import SCOPE_RESPONSE_COMPLETE, ModelCallCaptureMiddleware
-from .._correlation.routing import server_span_details, unprefixed_raw_path
-from .._settings import CaptureSettings, ProxySettings, WriterSettings, upstream_from_environ
-from .._telemetry.provider import build_tracer_provider
-from .._telemetry.server_span import LeanServerSpanMiddleware
+from .._asgi import ASGIApp, Message, Receive, Scope, Send, send_json
+from .._capture import SCOPE_RESPONSE_COMPLETE, ModelCallCaptureMiddleware
+from .._correlation import server_span_details, unprefixed_raw_path
+from .._notices import RateLimitedNotice, notify
+from .._settings import CaptureSettings, ProxySettings, WriterSettings, upstream_from_environ, upstream_url
+from .._telemetry import LeanServerSpanMiddleware, build_tracer_provider
 from .guards import CallLimit, RequestSizeLimit, limit_client_buffers
 from .pool import MAX_HEADER_LINE_BYTES, UpstreamHeadTooLarge, _Pool, _Response, _stale
 from .redirects import relocate
@@ -86,7 +85,8 @@ class UpstreamProxy:
         self._upstream = base
         self._origin = base.origin()
         self._base_path = base.raw_path.rstrip("/").encode("latin-1")
-        self.shown_upstream = display_url(upstream.rstrip("/"))  # for messages: never its password
+        self.shown_upstream = display_url(upstream.rstrip("/"))  # for the log: never its password
+        self._failure_notice = RateLimitedNotice(60.0)
         # credentials in the URL go as Basic auth, unless the client sends its own authorization
         auth = aiohttp.BasicAuth(base.user, base.password or "").encode() if base.user else None
         self._auth = b"authorization: " + auth.encode("latin-1") + b"\r\n" if auth else b""
@@ -200,20 +200,21 @@ class UpstreamProxy:
         try:
             response = await self._request(method, target, headers, body)
         except asyncio.TimeoutError as exc:  # no byte before the headers within the timeout (contract D28)
-            message = f"upstream {self.shown_upstream} timed out: {exc!r} (upstream timeout {self.timeout} s)"
-            await _send_error(send, 504, "upstream_timeout", message)
+            self._upstream_failed("did not answer within the upstream timeout (%s s): %r", self.timeout, exc)
+            message = f"the upstream did not answer within {self.timeout} s"
+            await send_json(send, 504, {"error": {"type": "upstream_timeout", "message": message}})
             return
         except UpstreamHeadTooLarge as exc:
-            message = (
-                f"upstream {self.shown_upstream} sent a response header line over this proxy's limit of "
-                f"{MAX_HEADER_LINE_BYTES} bytes: {exc.message}"
+            self._upstream_failed(
+                "sent a response header line over %s bytes: %s", MAX_HEADER_LINE_BYTES, exc.message
             )
-            await _send_error(send, 502, "upstream_header_too_large", message)
+            message = f"the upstream sent a response header line over this proxy's limit of {MAX_HEADER_LINE_BYTES} bytes"
+            await send_json(send, 502, {"error": {"type": "upstream_header_too_large", "message": message}})
             return
         except aiohttp.ClientError as exc:
-            await _send_error(
-                send, 502, "upstream_unreachable", f"upstream {self.shown_upstream} failed: {exc!r}"
-            )
+            self._upstream_failed("could not be reached (is it down?): %r", exc)
+            message = "the capture proxy could not reach its upstream; its log says why"
+            await send_json(send, 502, {"error": {"type": "upstream_unreachable", "message": message}})
             return
         complete = False
         try:
@@ -224,6 +225,14 @@ class UpstreamProxy:
                 response.release()  # read to its end: the connection goes back to the pool
             else:
                 response.close()  # stopped early, failed or cancelled: the connection is not reused
+
+    def _upstream_failed(self, what: str, *args: object) -> None:
+        """The log, not the client, learns where the upstream is and what failed: the first time, then at
+        most once a minute with the count since (a client's error body names neither)."""
+        held = self._failure_notice.note()
+        if held is not None:
+            since = f" ({held} more since the last line)" if held else ""
+            notify(_logger, logging.WARNING, "upstream %s " + what + "%s", self.shown_upstream, *args, since)
 
     async def _request(self, method: str, target: bytes, headers: bytes, body: bytes) -> _Response:
         """Send; a request the upstream dropped before any byte of the answer (it closed the kept-alive
@@ -305,18 +314,6 @@ async def _read_body(receive: Receive) -> bytes | None:
             return b"".join(chunks)
 
 
-async def _send_error(send: Send, status: int, kind: str, message: str) -> None:
-    body = orjson.dumps({"error": {"type": kind, "message": message}})
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
 class _FinishCallsFirst:
     """Holds the lifespan's shutdown, which flushes and closes the record writer, until the HTTP calls in
     flight have returned (within ``_DRAIN_BOUND``): when a shutdown passes its bound uvicorn cancels them,
@@ -368,6 +365,7 @@ def build_proxy_app(
     every acknowledged record is flushed, when the server's lifespan ends. Settings not passed are read
     from the environment.
     """
+    upstream = upstream_url("upstream", upstream)  # its parts go into every request head
     settings = settings if settings is not None else CaptureSettings.from_environ()
     proxy = proxy if proxy is not None else ProxySettings.from_environ()
     shutdown: list[Callable[[], None]] = []

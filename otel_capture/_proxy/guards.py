@@ -9,9 +9,7 @@ import socket
 import time
 from collections.abc import Callable
 
-import orjson
-
-from .._asgi import ASGIApp, Message, Receive, Scope, Send
+from .._asgi import ASGIApp, Message, Receive, Scope, Send, send_json
 
 _logger = logging.getLogger(__name__)
 
@@ -62,29 +60,17 @@ class RequestSizeLimit:
         await self.app(scope, replay, send)
 
     async def _refuse(self, send: Send) -> None:
-        body = orjson.dumps(
-            {
-                "error": {
-                    "type": "request_too_large",
-                    "message": (
-                        f"the request body is over this proxy's limit of {self.max_bytes} bytes "
-                        "(otel-capture proxy --max-request-bytes, OTEL_CAPTURE_MAX_REQUEST_BYTES)"
-                    ),
-                    "limit_bytes": self.max_bytes,
-                }
+        payload = {
+            "error": {
+                "type": "request_too_large",
+                "message": (
+                    f"the request body is over this proxy's limit of {self.max_bytes} bytes "
+                    "(otel-capture proxy --max-request-bytes, OTEL_CAPTURE_MAX_REQUEST_BYTES)"
+                ),
+                "limit_bytes": self.max_bytes,
             }
-        )
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        }
+        await send_json(send, 413, payload)
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -143,31 +129,18 @@ class CallLimit:
             _MALLOC_TRIM(0)
 
     async def refuse(self, send: Send) -> None:
-        body = orjson.dumps(
-            {
-                "error": {
-                    "type": "proxy_over_capacity",
-                    "message": (
-                        f"this proxy forwards at most {self.max_calls} calls at once; retry after "
-                        f"{RETRY_AFTER_S} s (otel-capture proxy --max-concurrent-calls, "
-                        "OTEL_CAPTURE_MAX_CONCURRENT_CALLS)"
-                    ),
-                    "limit_calls": self.max_calls,
-                }
+        payload = {
+            "error": {
+                "type": "proxy_over_capacity",
+                "message": (
+                    f"this proxy forwards at most {self.max_calls} calls at once; retry after "
+                    f"{RETRY_AFTER_S} s (otel-capture proxy --max-concurrent-calls, "
+                    "OTEL_CAPTURE_MAX_CONCURRENT_CALLS)"
+                ),
+                "limit_calls": self.max_calls,
             }
-        )
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 503,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"retry-after", str(RETRY_AFTER_S).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        }
+        await send_json(send, 503, payload, [(b"retry-after", str(RETRY_AFTER_S).encode())])
 
 
 def _malloc_trim() -> Callable[[int], int] | None:

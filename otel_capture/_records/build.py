@@ -41,7 +41,7 @@ def _line_values(line: dict[str, Any], call_index: int) -> dict[str, Any]:
     followed by our added fields at ``None``."""
     raw_request = line.get("request")
     raw_response = line.get("response")
-    facts = derive_call_facts(raw_response, raw_request)
+    facts = derive_call_facts(raw_response, raw_request, line.get("dialect"))
     client_session_id = line.get("client_session_id")
     request_raw = line.get("request_raw")
     response_raw = line.get("response_raw")

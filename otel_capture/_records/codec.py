@@ -73,7 +73,13 @@ def stamp_record_line(line: bytes, values: dict[str, Any]) -> bytes:
     return line[:-2] + b"," + orjson.dumps(values)[1:-1] + b"}\n"
 
 
-def tokens_line(response: dict[str, Any] | None, *, rollout_id: str, model_call_id: str) -> bytes | None:
+def tokens_line(
+    response: dict[str, Any] | None,
+    *,
+    rollout_id: str,
+    model_call_id: str,
+    request: dict[str, Any] | None = None,
+) -> bytes | None:
     """The ``<id>.tokens.jsonl`` line (ending in ``\\n``) of one call, or ``None`` without token data.
 
     The line::
@@ -83,8 +89,8 @@ def tokens_line(response: dict[str, Any] | None, *, rollout_id: str, model_call_
          "generations": [{"index": 0, "token_ids": [...] | null, "log_probs": [...] | null}, ...]}
 
     What is read from which response shape is the dialects' (:func:`otel_capture._dialects.tokens.
-    extract_tokens`)."""
-    found = extract_tokens(response)
+    extract_tokens`); the ``request`` gives a token-in/token-out call's prompt ids."""
+    found = extract_tokens(response, request)
     if found is None or response is None:
         return None
     model = response.get("model")

@@ -21,6 +21,12 @@ from typing import Any
 from opentelemetry import metrics
 
 from .. import _attributes as A
+from .._sdk_private import (
+    has_metric_readers,
+    is_meter_provider_stand_in,
+    measurement_consumer,
+    meter_provider_pending,
+)
 from .._version import __version__
 
 _logger = logging.getLogger(__name__)
@@ -34,26 +40,24 @@ class MeterGate:
     """Whether measurements on a meter provider go anywhere now, looked at per call (a reader, or the real
     provider behind the API's stand-in, can come later). Not for an SDK provider without a reader (the
     distro's under ``OTEL_METRICS_EXPORTER=none``), the API's stand-in before a provider is set, or the no-op
-    provider; any other provider (a vendor's) is assumed to record."""
+    provider; any other provider (a vendor's) is assumed to record. What it reads of the SDK and the API is
+    private (:mod:`otel_capture._sdk_private`)."""
 
-    __slots__ = ("_consumer", "_noop", "_proxy")
+    __slots__ = ("_consumer", "_noop", "_stand_in")
 
     def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
         provider = meter_provider or metrics.get_meter_provider()
         # an SDK provider keeps its readers in its measurement consumer
-        self._consumer = getattr(provider, "_measurement_consumer", None)
+        self._consumer = measurement_consumer(provider)
         # the API's stand-in forwards to the provider set later: until then, nothing is recorded
-        self._proxy = provider if hasattr(provider, "_real_meter_provider") else None
+        self._stand_in = provider if is_meter_provider_stand_in(provider) else None
         self._noop = isinstance(provider, metrics.NoOpMeterProvider)
 
     @property
     def recording(self) -> bool:
-        if self._consumer is not None and not getattr(self._consumer, "_reader_storages", True):
+        if self._consumer is not None and not has_metric_readers(self._consumer):
             return False
-        return not (
-            self._noop
-            or (self._proxy is not None and getattr(self._proxy, "_real_meter_provider", 0) is None)
-        )
+        return not (self._noop or (self._stand_in is not None and meter_provider_pending(self._stand_in)))
 
 
 class ServerMetrics:

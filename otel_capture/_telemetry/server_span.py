@@ -41,7 +41,7 @@ from opentelemetry.util.http import ExcludeList, parse_excluded_urls
 
 from .. import _attributes as A
 from .._asgi import ASGIApp, Message, Receive, Scope, Send
-from .._correlation.routing import server_span_details
+from .._correlation import server_span_details
 from .._settings import SECRET_HEADERS
 from .._version import __version__
 from .metrics import MeterGate

@@ -25,7 +25,7 @@ from otel_capture import (
     freeze_model_call_capture,
     start_proxy,
 )
-from otel_capture._proxy.app import RunningProxy
+from otel_capture._proxy import RunningProxy
 
 TIMEOUT = 30
 

@@ -25,6 +25,9 @@ def test_a_clean_directory_passes(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout
     assert result.stdout.splitlines()[-1].startswith("1 rollout(s), ")
     assert "0 damaged" in result.stdout
+    assert (
+        result.stdout.splitlines()[0] == "ok: 1 rollout(s), 6 record(s), nothing damaged"
+    )  # the answer first
 
 
 def test_a_damaged_line_and_a_torn_tail_fail_with_where_they_are(tmp_path: Path) -> None:
@@ -37,8 +40,17 @@ def test_a_damaged_line_and_a_torn_tail_fail_with_where_they_are(tmp_path: Path)
     assert result.returncode == 1
     assert "bad: line 2: damaged" in result.stdout
     assert "torn: line 2: torn tail" in result.stdout
+    assert (
+        f"torn: line 2: torn tail, {len(first) // 2} bytes with no newline" in result.stdout
+    )  # as show says
     assert "ok:" not in result.stdout
     assert "3 rollout(s)" in result.stdout and "2 damaged" in result.stdout
+    answer, *details = result.stdout.splitlines()
+    assert answer.startswith(
+        "NOT OK: 2 of 3 rollout(s) damaged (bad, torn): lines that are not records, a torn"
+    )
+    assert answer.endswith("; details below") and not answer.startswith("sync:")
+    assert [line for line in details if line.startswith("sync: ")]  # the filesystem's detail comes after
 
 
 def test_an_incomplete_rollout_is_reported_and_fails_only_when_strict(tmp_path: Path) -> None:
@@ -47,7 +59,11 @@ def test_an_incomplete_rollout_is_reported_and_fails_only_when_strict(tmp_path: 
     result = _check(tmp_path)
     assert result.returncode == 0
     assert "r: incomplete" in result.stdout
-    assert _check(tmp_path, "--strict").returncode == 1
+    assert result.stdout.startswith("ok: 1 rollout(s), ")
+    assert "; but 1 rollout(s) incomplete, a call not captured (r); details below\n" in result.stdout
+    strict = _check(tmp_path, "--strict")
+    assert strict.returncode == 1
+    assert strict.stdout.startswith("NOT OK (--strict): 1 rollout(s) incomplete, a call not captured (r)")
 
 
 def test_a_missing_directory_is_a_clear_error(tmp_path: Path) -> None:

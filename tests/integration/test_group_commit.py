@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from support import RECORDED, ReplayModelServer, serve, sse_chunks
 
 from otel_capture import ModelCallCaptureMiddleware
-from otel_capture._store.writer import LIBC_SYNCFS
+from otel_capture._store import LIBC_SYNCFS
 from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
 

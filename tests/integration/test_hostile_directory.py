@@ -382,7 +382,7 @@ def _make_shared(root: Path, how: str) -> None:
 @pytest.mark.parametrize("how", ["world-writable", "owned by another user"])
 def test_a_directory_others_can_write_is_refused_unless_opted_in(tmp_path: Path, how: str) -> None:
     from otel_capture import UnsafeDirectoryError
-    from otel_capture._store.writer import JsonlWriter
+    from otel_capture._store import JsonlWriter
 
     root = tmp_path / "calls"
     _make_shared(root, how)
@@ -423,7 +423,7 @@ def test_a_directory_others_can_write_is_refused_unless_opted_in(tmp_path: Path,
 
 
 def test_data_files_are_kept_0600_even_when_they_existed_with_wider_modes(tmp_path: Path) -> None:
-    from otel_capture._store.writer import JsonlWriter
+    from otel_capture._store import JsonlWriter
 
     root = tmp_path / "calls"
     root.mkdir(mode=0o700)
@@ -444,7 +444,7 @@ def test_data_files_are_kept_0600_even_when_they_existed_with_wider_modes(tmp_pa
 
 def test_a_directory_made_world_writable_under_a_running_writer_stops_capture_there(tmp_path: Path) -> None:
     from otel_capture import UnsafeDirectoryError
-    from otel_capture._store.writer import JsonlWriter
+    from otel_capture._store import JsonlWriter
 
     root = tmp_path / "calls"
     root.mkdir(mode=0o700)
@@ -470,7 +470,7 @@ def test_a_data_file_changed_under_a_running_writer_is_never_written_through(
     link planted in its place, a hard link made to it, a retire's rename, a wider mode) is seen at the next
     batch, as at a first open."""
     from otel_capture import DamagedEntryError
-    from otel_capture._store.writer import JsonlWriter
+    from otel_capture._store import JsonlWriter
 
     root = tmp_path / "calls"
     root.mkdir(mode=0o700)
@@ -532,7 +532,7 @@ def test_a_stripe_lock_file_replaced_by_a_link_under_a_running_writer_is_never_f
     meanwhile is seen at the next batch (checked under the lock), as at a first open: nothing outside is
     locked, created or written, and the rollout says its lock file is damaged."""
     from otel_capture import DamagedEntryError
-    from otel_capture._store.writer import JsonlWriter
+    from otel_capture._store import JsonlWriter
 
     root = tmp_path / "calls"
     root.mkdir(mode=0o700)
@@ -570,7 +570,7 @@ def test_a_stripe_lock_file_replaced_by_another_file_is_the_one_locked(tmp_path:
     one open: the writer locks the new one, as every process opening the name does. A process holding the
     new file's lock holds the writer off until the lock timeout; once it is gone, the rollout is written."""
     from otel_capture import LockTimeoutError
-    from otel_capture._store.writer import JsonlWriter
+    from otel_capture._store import JsonlWriter
 
     root = tmp_path / "calls"
     root.mkdir(mode=0o700)
@@ -600,7 +600,7 @@ def test_a_stripe_lock_file_replaced_by_another_file_is_the_one_locked(tmp_path:
 def test_the_writer_s_kept_stripe_lock_files_are_closed_when_it_stops(tmp_path: Path) -> None:
     """At most one kept descriptor per stripe while the writer runs; none once it is closed, and none left
     by the store's lifecycle operations (they open a lock file per hold)."""
-    from otel_capture._store.writer import JsonlWriter
+    from otel_capture._store import JsonlWriter
 
     root = tmp_path / "calls"
     root.mkdir(mode=0o700)

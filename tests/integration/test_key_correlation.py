@@ -170,7 +170,8 @@ def test_an_x_api_key_goes_upstream_as_sent_without_an_upstream_key(
 def test_a_key_whose_group_breaks_the_grammar_is_served_not_recorded_and_never_shown(
     replay_server: ReplayModelServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    settings = CaptureSettings(api_key_rollout_pattern=r"(?P<rollout>.+)", upstream_api_key=UPSTREAM_KEY)  # type: ignore[arg-type]
+    # a fixed "sk" outside the group (a pattern whose group can be the whole key is refused at start)
+    settings = CaptureSettings(api_key_rollout_pattern=r"sk(?P<rollout>.+)", upstream_api_key=UPSTREAM_KEY)  # type: ignore[arg-type]
     key = "sk proj+S3cretKeyPart"
     with (
         caplog.at_level(logging.DEBUG, logger="otel_capture"),

@@ -14,7 +14,7 @@ import pytest
 from support import Gate, ReplayModelServer, Telemetry, serve
 
 from otel_capture import CaptureSettings, read_model_call_records, start_proxy
-from otel_capture._proxy.app import RunningProxy
+from otel_capture._proxy import RunningProxy
 
 TIMEOUT = 30
 

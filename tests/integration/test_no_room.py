@@ -26,7 +26,7 @@ from support import Gate, ReplayModelServer, serve
 
 from otel_capture import CaptureSettings, CaptureStore, read_available_model_call_records, start_proxy
 from otel_capture._attach import GAP_INCOMPLETE, GAP_NO_RECORDS, build_model_call_capture
-from otel_capture._store.losses import pending_losses
+from otel_capture._store import pending_losses
 from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
 BOUND = 60.0  # generous: how long a recovery may take on a loaded machine before the test gives up

@@ -34,7 +34,7 @@ from support import (
 
 from otel_capture import CaptureSettings, ModelCallCaptureMiddleware, ModelCallInstrumentor
 from otel_capture import _attributes as A
-from otel_capture._telemetry.server_span import LeanServerSpanMiddleware
+from otel_capture._telemetry import LeanServerSpanMiddleware
 
 TRACE_ID, PARENT_ID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 CHAT_SSE = (RECORDED / "openai-python/chat_completions_sse/parse_nothing.e2aad469b71d.sse").read_bytes()

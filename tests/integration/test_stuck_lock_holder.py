@@ -26,7 +26,7 @@ from otel_capture import (
     WriterSettings,
     read_model_call_records,
 )
-from otel_capture._store.writer import JsonlWriter
+from otel_capture._store import JsonlWriter
 from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
 TIMEOUT = 0.5  # the lock timeout, set in code; every other bound below only proves "does not hang"

@@ -26,9 +26,9 @@ from support import metric_points, read_body, recorded_json, serve, serve_lifesp
 
 from otel_capture import CaptureSettings, CaptureStore, ModelCallCaptureMiddleware, read_model_call_records
 from otel_capture import _attributes as A
+from otel_capture._telemetry import LeanServerSpanMiddleware, SpanGate
 from otel_capture._telemetry.provider import SinkOnlyProcessor
-from otel_capture._telemetry.server_span import LeanServerSpanMiddleware
-from otel_capture._telemetry.spans import SpanGate, ignores_spans
+from otel_capture._telemetry.spans import ignores_spans
 from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"

@@ -23,7 +23,7 @@ from otel_capture import (
     read_model_call_records,
     start_proxy,
 )
-from otel_capture._proxy.app import RunningProxy
+from otel_capture._proxy import RunningProxy
 
 TIMEOUT = 30
 

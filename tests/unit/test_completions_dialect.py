@@ -26,7 +26,7 @@ from otel_capture._dialects.completions import completions_input, legacy_log_pro
 from otel_capture._dialects.reassembly import accumulator_for
 from otel_capture._dialects.sse import SSEDecoder
 from otel_capture._records import tokens_line
-from otel_capture._telemetry.semconv import content_attributes, response_attributes
+from otel_capture._telemetry import content_attributes, response_attributes
 
 JsonDict = dict[str, Any]
 VLLM = FIXTURES_ROOT / "vllm"

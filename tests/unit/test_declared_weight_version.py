@@ -18,10 +18,9 @@ from otel_capture._capture.weight import (
     without_weight_version_header,
 )
 from otel_capture._cli.main import main
-from otel_capture._errors import DamagedEntryError
 from otel_capture._records import encode_record_line
 from otel_capture._records.codec import stamp_record_line
-from otel_capture._store import JsonlWriter
+from otel_capture._store import DamagedEntryError, JsonlWriter
 from otel_capture._store.weight import DeclaredVersions
 
 

@@ -19,6 +19,8 @@ def test_each_path_selects_the_dialect_that_lists_it() -> None:
         "/v1/chat/completions": "chat",
         "/v1/messages": "messages",
         "/v1/completions": "completions",
+        "/inference/v1/generate": "generate",  # vLLM's token-in/token-out (--enable-scale-out)
+        "/generate": "generate",  # SGLang's native one
     }
 
 
@@ -28,12 +30,14 @@ def test_only_the_openai_dialects_carry_an_openai_api_type() -> None:
         "chat": "chat_completions",
         "messages": None,
         "completions": None,  # the semconv names no api type for the legacy completions
+        "generate": None,
     }
     assert {name: spec.provider_name for name, spec in DIALECTS.items()} == {
         "responses": "openai",
         "chat": "openai",
         "messages": "anthropic",
         "completions": "openai",
+        "generate": "_OTHER",  # one dialect of two engines (vLLM, SGLang): the semconv's fallback
     }
 
 
@@ -48,12 +52,15 @@ def test_each_entry_reassembles_and_reads_finish_reasons_of_its_own_dialect() ->
         b'"output":[]}}\n\n',
         "completions": b'data: {"id":"c","object":"text_completion","choices":[{"index":0,"text":"hi",'
         b'"finish_reason":"length"}]}\n\ndata: [DONE]\n\n',
+        "generate": b'data: {"request_id":"g","choices":[{"index":0,"token_ids":[7],"finish_reason":"stop"}]}'
+        b"\n\ndata: [DONE]\n\n",
     }
     expected = {
         "chat": ["stop"],
         "messages": ["end_turn"],
         "responses": ["completed"],
         "completions": ["length"],
+        "generate": ["stop"],
     }
     for name, spec in DIALECTS.items():
         accumulator = spec.accumulator()

@@ -16,8 +16,9 @@ from support import metric_points
 
 from otel_capture import _attributes as A
 from otel_capture._capture.middleware import _HEADERS_GETTER, _Deadlines, _NotDurableInTime
-from otel_capture._correlation.routing import content_length, first_header, headers_by_name, response_headers
-from otel_capture._telemetry.metrics import ServerMetrics
+from otel_capture._correlation import response_headers
+from otel_capture._correlation.routing import content_length, first_header, headers_by_name
+from otel_capture._telemetry import ServerMetrics
 
 _CASES: list[list[tuple[bytes, bytes]]] = [
     [],

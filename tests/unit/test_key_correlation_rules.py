@@ -4,17 +4,17 @@ tests/integration/test_key_correlation.py."""
 
 from __future__ import annotations
 
-import logging
-import re
 from typing import Any
 
 import pytest
 
 from otel_capture import CaptureSettings
-from otel_capture._correlation.ids import RolloutRules, match_api_key
-from otel_capture._correlation.routing import Correlation, correlate
+from otel_capture._correlation import Correlation, RolloutRules, correlate
+from otel_capture._correlation.ids import match_api_key
+from otel_capture._errors import ConfigurationError
+from otel_capture._key_pattern import ApiKeyRolloutPattern
 
-PATTERN = re.compile(r"rk-(?P<rollout>[A-Za-z0-9_-]+)\.[A-Za-z0-9]+")
+PATTERN = ApiKeyRolloutPattern.compile(r"rk-(?P<rollout>[A-Za-z0-9_-]+)\.[A-Za-z0-9]+")
 KEY = "rk-r-7.S3cretPart"
 BOTH = RolloutRules(PATTERN, session_id=True)
 
@@ -76,8 +76,8 @@ def test_x_api_key_too_and_the_whole_key_must_match() -> None:
 
 
 def test_a_group_that_breaks_the_grammar_is_not_read() -> None:
-    bad = RolloutRules(re.compile(r"(?P<rollout>.+)"))
-    found = _found(_scope(authorization="Bearer has spaces and secrets"), bad)
+    bad = RolloutRules(ApiKeyRolloutPattern.compile(r"k-(?P<rollout>.+)"))
+    found = _found(_scope(authorization="Bearer k-has spaces and secrets"), bad)
     assert found.rollout_id is None and found.invalid_api_key_id
 
 
@@ -136,17 +136,15 @@ def test_the_settings_from_the_environment_and_the_constructor_wins() -> None:
     )
 
 
-def test_a_bad_pattern_is_a_clear_error_in_code_and_logged_from_the_environment(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    with pytest.raises(ValueError, match=r"named group \(\?P<rollout>"):
+def test_a_bad_pattern_is_a_clear_error_in_code_and_from_the_environment() -> None:
+    # issue 33 item 3: it used to be logged from the environment and replaced by "no pattern", so the proxy
+    # started and recorded nothing; now it is refused, naming the variable or argument
+    with pytest.raises(ConfigurationError, match=r"^api_key_rollout_pattern: .*named group \(\?P<rollout>"):
         CaptureSettings(api_key_rollout_pattern=r"rk-(\w+)")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="not a regular expression"):
+    with pytest.raises(ConfigurationError, match="not a regular expression"):
         CaptureSettings.from_environ({}, api_key_rollout_pattern="rk-(")
-    assert CaptureSettings(api_key_rollout_pattern=r"(?P<rollout>\w+)").api_key_rollout_pattern == re.compile(  # type: ignore[arg-type]
-        r"(?P<rollout>\w+)"
+    assert CaptureSettings(api_key_rollout_pattern=r"rk-(?P<rollout>\w+)").api_key_rollout_pattern == (  # type: ignore[arg-type]
+        ApiKeyRolloutPattern.compile(r"rk-(?P<rollout>\w+)")
     )
-    with caplog.at_level(logging.WARNING, logger="otel_capture"):
-        settings = CaptureSettings.from_environ({"OTEL_CAPTURE_API_KEY_ROLLOUT_PATTERN": "rk-(\\w+)"})
-    assert settings.api_key_rollout_pattern is None
-    assert any("OTEL_CAPTURE_API_KEY_ROLLOUT_PATTERN" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ConfigurationError, match=r"^OTEL_CAPTURE_API_KEY_ROLLOUT_PATTERN: .*named group"):
+        CaptureSettings.from_environ({"OTEL_CAPTURE_API_KEY_ROLLOUT_PATTERN": "rk-(\\w+)"})

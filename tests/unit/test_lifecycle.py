@@ -24,11 +24,11 @@ from otel_capture import (
     CaptureStore,
     InvalidRolloutIdError,
 )
-from otel_capture._capture.sink import LoopWaiter
+from otel_capture._capture import LoopWaiter
+from otel_capture._store import JsonlWriter
 from otel_capture._store.dirstate import STATE_DIR, dir_state
 from otel_capture._store.inflight import InflightMarkers
 from otel_capture._store.journal import FenceJournal
-from otel_capture._store.writer import JsonlWriter
 from otel_capture.conformance import InMemoryCaptureBackend
 
 TOKENS = {"prompt_token_ids": [1, 2, 3], "generations": [{"index": 0, "token_ids": [7], "log_probs": [-0.5]}]}

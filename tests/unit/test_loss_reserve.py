@@ -13,10 +13,10 @@ from pathlib import Path
 from support import submit
 
 from otel_capture import CaptureStore
+from otel_capture._store import JsonlWriter, pending_losses
 from otel_capture._store.dirstate import STATE_DIR
 from otel_capture._store.fs import DirFds
-from otel_capture._store.losses import RESERVE_BYTES, RESERVE_DIR, LossReserve, pending_losses
-from otel_capture._store.writer import JsonlWriter
+from otel_capture._store.losses import RESERVE_BYTES, RESERVE_DIR, LossReserve
 
 _DIES_WITH_A_LOSS = """
 import sys, time

@@ -8,8 +8,11 @@ import logging
 from pathlib import Path
 
 import pytest
-from opentelemetry import trace
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import _internal as metrics_api
 from opentelemetry.sdk import _configuration as sdk_configuration
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -17,6 +20,7 @@ from opentelemetry.sdk.trace.sampling import Sampler
 
 from otel_capture import _sdk_private as sdk
 from otel_capture._capture.sink import find_sink
+from otel_capture._telemetry.metrics import MeterGate
 from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
 
@@ -90,3 +94,53 @@ def test_contribs_fastapi_instrumentation_marks_the_app_it_wrapped() -> None:
     finally:
         FastAPIInstrumentor.uninstrument_app(app)
     assert sdk.instrumented_by_contrib(app) is False
+
+
+def test_the_meter_provider_keeps_its_readers_where_they_are_read() -> None:
+    alone = MeterProvider()
+    consumer = alone._measurement_consumer  # read as is: an AttributeError here is the rename
+    assert consumer._reader_storages == {} and sdk.measurement_consumer(alone) is consumer
+    assert sdk.has_metric_readers(consumer) is False and MeterGate(alone).recording is False
+    read = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    assert (
+        sdk.has_metric_readers(sdk.measurement_consumer(read)) is True and MeterGate(read).recording is True
+    )
+    assert sdk.measurement_consumer(metrics.NoOpMeterProvider()) is None
+    alone.shutdown()
+    read.shutdown()
+
+
+def test_the_api_stand_in_keeps_the_provider_set_behind_it_where_it_is_read() -> None:
+    stand_in = metrics_api._ProxyMeterProvider()  # read as is: the rename fails here
+    assert stand_in._real_meter_provider is None
+    assert sdk.is_meter_provider_stand_in(stand_in) and sdk.meter_provider_pending(stand_in)
+    assert MeterGate(stand_in).recording is False
+    provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    stand_in.on_set_meter_provider(provider)
+    assert stand_in._real_meter_provider is provider and not sdk.meter_provider_pending(stand_in)
+    assert not sdk.is_meter_provider_stand_in(provider)
+    provider.shutdown()
+
+
+def test_a_meter_provider_of_the_sdk_without_its_readers_is_an_error_in_the_log(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sdk, "_reported", set())  # logged once per process: this test's own once
+    provider = MeterProvider()
+    consumer = provider._measurement_consumer
+    storages = consumer._reader_storages
+    del consumer._reader_storages  # what an SDK that renamed it looks like
+    with caplog.at_level(logging.ERROR, logger="otel_capture._sdk_private"):
+        gate = MeterGate(provider)
+        assert gate.recording is True and gate.recording is True  # assumed to record, as a vendor's
+        del provider._measurement_consumer
+        assert MeterGate(provider).recording is True
+    errors = [r.getMessage() for r in caplog.records]
+    assert len(errors) == 2 and all("opentelemetry-sdk" in e for e in errors)
+    assert "_reader_storages" in errors[0] and errors[1].endswith(
+        "has no MeterProvider._measurement_consumer: metrics are recorded as if a reader were there; "
+        "otel-capture needs an update for this SDK"
+    )
+    consumer._reader_storages = storages
+    provider._measurement_consumer = consumer
+    provider.shutdown()

@@ -7,12 +7,8 @@ import json
 import pytest
 
 from otel_capture import _attributes as A
-from otel_capture._telemetry.semconv import (
-    bounded_json,
-    content_attributes,
-    request_attributes,
-    response_attributes,
-)
+from otel_capture._telemetry import content_attributes, request_attributes, response_attributes
+from otel_capture._telemetry.semconv import bounded_json
 
 
 def test_request_parameters() -> None:

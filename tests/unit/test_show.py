@@ -14,9 +14,9 @@ import pytest
 from otel_capture import ModelCallRecord, aggregate_model_call_metrics, read_available_model_call_records
 from otel_capture._cli.main import main
 from otel_capture._cli.show import format_calls_table, format_rollouts_table, short_model
-from otel_capture._records import codec
+from otel_capture._records import InvalidLine, codec
+from otel_capture._store import CaptureStore
 from otel_capture._store import store as store_module
-from otel_capture._store.store import CaptureStore
 
 
 def record(**fields: Any) -> ModelCallRecord:
@@ -96,21 +96,58 @@ def test_short_model_keeps_only_the_file_name_of_paths() -> None:
 
 
 def test_rollouts_table_sums_each_rollout_and_flags_incomplete(tmp_path: Path) -> None:
+    # ls gained latency and damage columns (issue 33, item 12 and 8): the first columns are as before
     store = CaptureStore(tmp_path)
     store.data_path("r-0").write_text("")
     store.data_path("r-1").write_text("")
     store.incomplete_path("r-1").write_text("")
     records = {
-        "r-0": [record(), record(call_index=1, tokens_in=7, tokens_out=3)],
+        "r-0": [record(), record(call_index=1, tokens_in=7, tokens_out=3, latency_total_ms=100.0)],
         "r-1": [record(status_code=500, error_category="upstream_error", tokens_in=None, tokens_out=None)],
     }
     table = format_rollouts_table(store, read_records=lambda _store, rid: records[rid])
     lines = [line.split() for line in table.splitlines()]
     assert lines == [
-        ["rollout", "state", "calls", "errors", "tokens", "in", "tokens", "out", "incomplete"],
-        ["r-0", "live", "2", "0", "20", "19", "no"],
-        ["r-1", "live", "1", "1", "0", "0", "yes"],
+        [
+            "rollout",
+            "state",
+            "calls",
+            "errors",
+            "tokens",
+            "in",
+            "tokens",
+            "out",
+            "model",
+            "s",
+            "p50",
+            "ms",
+            "max",
+            "ms",
+            "ttft",
+            "ms",
+            "incomplete",
+            "damaged",
+        ],
+        ["r-0", "live", "2", "0", "20", "19", "0.31", "156.2", "212.3", "31.0", "no", "-"],
+        ["r-1", "live", "1", "1", "0", "0", "0.21", "212.3", "212.3", "31.0", "yes", "-"],
     ]
+
+
+def test_rollouts_table_marks_unknown_tokens_and_damaged_lines(tmp_path: Path) -> None:
+    store = CaptureStore(tmp_path)
+    for rid in ("some", "none"):
+        store.data_path(rid).write_text("")
+    no_usage = record(call_index=1, tokens_in=None, tokens_out=None, stream=True, latency_ttft_ms=11.0)
+    items: dict[str, list[Any]] = {
+        "some": [record(stream=False), InvalidLine(2, "invalid JSON", "{"), no_usage],
+        "none": [no_usage],
+    }
+    table = format_rollouts_table(store, read_records=lambda _store, rid: items[rid])
+    _, none, some = (line.split() for line in table.splitlines())
+    assert none[:6] == ["none", "live", "1", "0", "?", "?"]  # unknown, not zero
+    assert some[:6] == ["some", "live", "2", "0", "13+?", "16+?"]
+    assert some[9] == "11.0"  # the mean TTFT of the streamed calls only
+    assert some[-2:] == ["1", "line"] and none[-1] == "-"
 
 
 def test_show_counts_as_errors_exactly_the_calls_num_errors_counts(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_capture import ModelCallCaptureMiddleware
-from otel_capture._capture.sink import CallSink, find_sink
+from otel_capture._capture import CallSink
+from otel_capture._capture.sink import find_sink
 from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_capture._store.writer import WRITER_THREAD, WRITER_THREAD_KERNEL_NAME, JsonlWriter
+from otel_capture._store import JsonlWriter
+from otel_capture._store.writer import WRITER_THREAD, WRITER_THREAD_KERNEL_NAME
 
 
 def _thread_names() -> list[str]:
