@@ -35,6 +35,17 @@ from .stream import StreamAccumulator, close_cut_json
 
 __all__ = ["StreamReassembly"]
 
+_MARKERS: dict[object, tuple[tuple[bytes, ...], int]] = {}
+
+
+def _markers_of(make: Callable[[], StreamAccumulator]) -> tuple[tuple[bytes, ...], int]:
+    """An accumulator class's terminal markers and the longest one's length less one, once per class."""
+    found = _MARKERS.get(make)
+    if found is None:
+        markers: tuple[bytes, ...] = getattr(make, "TERMINAL_MARKERS", None) or ()
+        found = _MARKERS[make] = (markers, max((len(m) for m in markers), default=1) - 1)
+    return found
+
 
 class StreamReassembly:
     """One stream's decoder and accumulator, fed eagerly until the first model output, then in batches.
@@ -64,10 +75,8 @@ class StreamReassembly:
         self.accumulator = make()
         self._decoder = SSEDecoder(max_bytes, keep_cut=True)  # an event over the cap: cut there
         self._max_bytes = max_bytes
-        markers: tuple[bytes, ...] | None = getattr(make, "TERMINAL_MARKERS", None)
-        self._markers = markers or ()
-        self._overlap = max((len(m) for m in self._markers), default=1) - 1
-        self._whole = bool(markers)  # the chunks may wait: a terminal event can be told from their bytes
+        self._markers, self._overlap = _markers_of(make)
+        self._whole = bool(self._markers)  # the chunks may wait: a terminal event is told from their bytes
         self._eager = True  # until the first event with model output (its time is the time to first token)
         self._armed = False  # a marker was fed and its event is not yet dispatched: feed the next chunk
         self._last = b""  # the previous chunk's last bytes, for a marker cut between two chunks
@@ -82,9 +91,9 @@ class StreamReassembly:
         if not chunk:
             return False
         if not self._whole:
-            return self._take(chunk)
+            return self._dispatch(self._decoder.feed(chunk))
         if self._eager:
-            carried = self._take(chunk)
+            carried = self._dispatch(self._decoder.feed(chunk))
             if carried:
                 self._eager = False
                 # an event the decoder holds may be the terminal one, its marker already past: feed on
@@ -103,7 +112,7 @@ class StreamReassembly:
             # past the cap: nothing is kept for later, every chunk is fed as it comes
             self._flush()
             self._whole = False
-            self._take(chunk)
+            self._dispatch(self._decoder.feed(chunk))
             return False
         self._pending.append(chunk)
         self._pending_size += len(chunk)
@@ -160,9 +169,6 @@ class StreamReassembly:
                 add(event)
             else:
                 self._past_cap(event)
-
-    def _take(self, chunk: bytes) -> bool:
-        return self._dispatch(self._decoder.feed(chunk))
 
     def _dispatch(self, events: list[SSEEvent]) -> bool:
         carried = False
