@@ -2,13 +2,13 @@
 
 The capture needs three things from each chunk of a stream while it flows: the bytes (kept by the caller),
 the time of the first event that carries model output (``latency_ttft_ms``), and whether the dialect's
-terminal event has arrived (the middleware holds that chunk until the record is durable). Decoding and
-accumulating every event as it passes cost about 4 µs per event on the server's event loop; so
+terminal event has arrived (the middleware holds that chunk until the record is durable). So
 :class:`StreamReassembly` decodes and accumulates eagerly only until the first event with model output,
-then keeps the chunks and feeds them to the same decoder and accumulator at once, when one of them may hold
-the terminal event or when the stream ends. The decoder and the accumulator see the same bytes in the same
-order either way, so the reassembled answer does not depend on when they were fed (the decoder's result
-does not depend on how its input is chunked).
+then keeps the chunks of up to ``_SCAN_LIMIT`` bytes and feeds them to the same decoder and accumulator at
+once, when one of them may hold the terminal event or when the stream ends (a longer chunk is decoded as it
+comes: scanning it costs more than the decoding that waiting saves; ``docs/performance.md``). The decoder
+and the accumulator see the same bytes in the same order either way, so the reassembled answer does not
+depend on when they were fed (the decoder's result does not depend on how its input is chunked).
 
 Whether a chunk may hold the terminal event is told from its bytes: it contains one of the accumulator's
 ``TERMINAL_MARKERS`` (``[DONE]``, ``error``, ``response.completed``, ``message_stop``, ... and ``\\u``, the
@@ -36,6 +36,9 @@ from .stream import StreamAccumulator, close_cut_json
 __all__ = ["StreamReassembly"]
 
 _MARKERS: dict[object, tuple[tuple[bytes, ...], int]] = {}
+# A longer chunk is decoded as it comes: scanning it for markers costs more than the per-chunk decoding
+# that waiting saves (a few bytes.find over its length against a few calls), measured in bench_hotpath
+_SCAN_LIMIT = 320
 
 
 def _markers_of(make: Callable[[], StreamAccumulator]) -> tuple[tuple[bytes, ...], int]:
@@ -65,6 +68,7 @@ class StreamReassembly:
         "_overlap",
         "_pending",
         "_pending_size",
+        "_unsure",
         "_whole",
         "accumulator",
         "truncated",
@@ -79,6 +83,7 @@ class StreamReassembly:
         self._whole = bool(self._markers)  # the chunks may wait: a terminal event is told from their bytes
         self._eager = True  # until the first event with model output (its time is the time to first token)
         self._armed = False  # a marker was fed and its event is not yet dispatched: feed the next chunk
+        self._unsure = False  # a chunk was fed without a look for markers: armed if mid-event
         self._last = b""  # the previous chunk's last bytes, for a marker cut between two chunks
         self._pending: list[bytes] = []
         self._pending_size = 0
@@ -90,15 +95,17 @@ class StreamReassembly:
         (only looked for until then). ``accumulator.terminal`` is up to date after each call."""
         if not chunk:
             return False
-        if not self._whole:
-            return self._dispatch(self._decoder.feed(chunk))
-        if self._eager:
+        if self._eager or not self._whole or len(chunk) > _SCAN_LIMIT:
+            if self._pending:
+                self._flush()
             carried = self._dispatch(self._decoder.feed(chunk))
-            if carried:
-                self._eager = False
-                # an event the decoder holds may be the terminal one, its marker already past: feed on
-                self._armed = not self._decoder.at_event_boundary
-            self._keep_edge(chunk)
+            if self._whole:
+                if carried:
+                    self._eager = False
+                # an event the decoder still holds may be the terminal one, its marker not looked for: the
+                # next scanned chunk is fed unless the decoder is at an event boundary (then at a line end)
+                self._armed, self._unsure = False, True
+                self._last = b""
             return carried
         # does it hold a terminal marker? (inlined: this and the append are all a chunk costs here)
         hit = False
@@ -116,6 +123,9 @@ class StreamReassembly:
             return False
         self._pending.append(chunk)
         self._pending_size += len(chunk)
+        if self._unsure:
+            self._unsure = False
+            self._armed = self._armed or not self._decoder.at_event_boundary
         if hit or self._armed:
             self._flush()
             self._armed = not self._decoder.at_event_boundary

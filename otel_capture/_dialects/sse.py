@@ -96,9 +96,21 @@ class SSEDecoder:
             return []
         if type(chunk) is not bytes:
             chunk = bytes(chunk)
-        whole = self.whole_data(chunk)
-        if whole is not None:
-            return [SSEEvent(None, data) for data in whole]
+        if (
+            chunk[-2:] == b"\n\n"
+            and chunk[:6] == b"data: "
+            and self._started
+            and not (self._tail or self._data or self._skip_lf or self._discarding_line)
+            and self._event is None
+            and b"\r" not in chunk
+            and len(chunk) - 2 <= self._max_line_bytes
+        ):
+            end = chunk.find(b"\n", 6)
+            if end == len(chunk) - 2:  # one event: the usual chunk
+                return [SSEEvent(None, chunk[6:end].decode("utf-8", "replace"))]
+            whole = self._whole_parts(chunk)
+            if whole is not None:
+                return [SSEEvent(None, data) for data in whole]
         if self._skip_lf:
             self._skip_lf = False
             if chunk[0] == 0x0A:
@@ -165,6 +177,11 @@ class SSEDecoder:
             or b"\r" in chunk
         ):
             return None
+        return self._whole_parts(chunk)
+
+    @staticmethod
+    def _whole_parts(chunk: bytes) -> list[str] | None:
+        """:meth:`whole_data` once the chunk's ends and the decoder's state are checked."""
         end = chunk.find(b"\n", 6)
         if end == len(chunk) - 2:  # one event: the usual chunk
             return [chunk[6:end].decode("utf-8", "replace")]
