@@ -52,9 +52,11 @@ ENV_MAX_REQUEST_BYTES = "OTEL_CAPTURE_MAX_REQUEST_BYTES"
 ENV_SHUTDOWN_TIMEOUT = "OTEL_CAPTURE_SHUTDOWN_TIMEOUT"
 ENV_MAX_CONCURRENT_CALLS = "OTEL_CAPTURE_MAX_CONCURRENT_CALLS"
 ENV_LOCK_TIMEOUT = "OTEL_CAPTURE_LOCK_TIMEOUT_S"
+ENV_LOCAL_RESERVE_DIR = "OTEL_CAPTURE_LOCAL_RESERVE_DIR"
 ENV_API_KEY_ROLLOUT_PATTERN = "OTEL_CAPTURE_API_KEY_ROLLOUT_PATTERN"
 ENV_SESSION_ID_AS_ROLLOUT = "OTEL_CAPTURE_SESSION_ID_AS_ROLLOUT"
 ENV_UPSTREAM_API_KEY = "OTEL_CAPTURE_UPSTREAM_API_KEY"
+ENV_ENGINE_WEIGHT_INFO = "OTEL_CAPTURE_ENGINE_WEIGHT_INFO"
 # standard
 ENV_TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
 JSONL_EXPORTER = "model_call_jsonl"  # the records' exporter, by its entry-point name
@@ -143,6 +145,10 @@ class CaptureSettings:
     ``OTEL_CAPTURE_UPSTREAM_API_KEY``. Never shown in a repr, a log or an error. A header value: one with a
     control character (CR, LF, NUL...) or a character outside latin-1 raises
     :class:`~otel_capture._errors.ConfigurationError`."""
+    engine_weight_info: bool = False
+    """Ask the engine its weight version (``GET /weight_info``, else SGLang's ``/get_weight_version``) once
+    per batch of calls admitted together (off by default): for a proxy in front of a server whose weight
+    updates do not pass through it (``docs/tokens.md``). ``OTEL_CAPTURE_ENGINE_WEIGHT_INFO``."""
 
     @property
     def content_on_spans(self) -> bool:
@@ -162,6 +168,7 @@ class CaptureSettings:
         api_key_rollout_pattern: str | re.Pattern[str] | None = None,
         session_id_as_rollout: bool | None = None,
         upstream_api_key: str | None = None,
+        engine_weight_info: bool | None = None,
     ) -> CaptureSettings:
         env = os.environ if environ is None else environ
         given_pattern = (
@@ -211,6 +218,7 @@ class CaptureSettings:
                 session_id_as_rollout, env, (ENV_SESSION_ID_AS_ROLLOUT,), _bool, False
             ),
             upstream_api_key=_pick(upstream_api_key, env, (ENV_UPSTREAM_API_KEY,), _header_value, None),
+            engine_weight_info=_pick(engine_weight_info, env, (ENV_ENGINE_WEIGHT_INFO,), _bool, False),
         )
 
     def __post_init__(self) -> None:
@@ -310,6 +318,17 @@ def lock_timeout_from_environ(environ: Mapping[str, str] | None = None) -> float
     """``OTEL_CAPTURE_LOCK_TIMEOUT_S``: the default of ``CaptureStore(lock_timeout_s=)``."""
     env = os.environ if environ is None else environ
     return _pick(None, env, (ENV_LOCK_TIMEOUT,), _positive_float, DEFAULT_LOCK_TIMEOUT_S)
+
+
+def local_reserve_dir_from_environ(environ: Mapping[str, str] | None = None) -> Path:
+    """``OTEL_CAPTURE_LOCAL_RESERVE_DIR``, else ``$XDG_STATE_HOME/otel-capture/losses``, else
+    ``~/.local/state/otel-capture/losses``: where a node keeps the losses its capture directory cannot
+    take (contract D44)."""
+    env = os.environ if environ is None else environ
+    if env.get(ENV_LOCAL_RESERVE_DIR):
+        return Path(env[ENV_LOCAL_RESERVE_DIR])
+    state = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "otel-capture" / "losses"
 
 
 @dataclass(frozen=True, slots=True)

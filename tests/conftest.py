@@ -39,6 +39,15 @@ def close_sdk_clients(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         client.close()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def local_reserve_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The node-local loss reserves writers make when a capture directory cannot take a loss (default under
+    ``~/.local/state``) go to the session's temporary directory, never the home directory."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OTEL_CAPTURE_LOCAL_RESERVE_DIR", str(tmp_path_factory.mktemp("local-reserve")))
+        yield
+
+
 @pytest.fixture
 def telemetry(tmp_path: Path) -> Iterator[Telemetry]:
     capture_dir = tmp_path / "calls"

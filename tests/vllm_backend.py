@@ -238,6 +238,8 @@ def server_env(venv: Path, env: dict[str, str]) -> dict[str, str]:
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_NO_USAGE_STATS": "1",
+        # the RL routes (/pause, /resume, /update_weight_version, /weight_info...): tests/vllm/test_vllm_weights.py
+        "VLLM_SERVER_DEV_MODE": "1",
         "DO_NOT_TRACK": "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",

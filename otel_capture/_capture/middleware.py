@@ -64,14 +64,18 @@ from .._settings import (
     JSONL_EXPORTER,
     CaptureSettings,
 )
-from .._store.uncorrelated import UncorrelatedCounter, counter_for
+from .._store import UncorrelatedCounter, counter_for
 from .._telemetry import ServerMetrics, SpanGate
 from .._version import __version__
 from .call import InFlightCall
+from .engine import Admission, EngineWeights, engine_route
 from .sink import CallSink, FinishedCall, LoopWaiter, SinkLookup, find_sink
 from .weight import (
     WEIGHT_VERSION_HEADER,
     caller_weight_version,
+    engine_span_attributes,
+    engine_weight_version,
+    record_weight_fields,
     span_weight_attributes,
     without_weight_version_header,
 )
@@ -120,6 +124,8 @@ class ModelCallCaptureMiddleware:
         self._uncorrelated_notice = RateLimitedNotice(_UNCORRELATED_NOTICE_INTERVAL_S)
         self._uncorrelated_counter: UncorrelatedCounter | None = None
         self._deadlines: _Deadlines | None = None  # of the loop that last finished a call
+        # the engine's weight version, from the RL routes that pass through (docs/tokens.md)
+        self.engine = EngineWeights(ask_info=self.settings.engine_weight_info)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get(SCOPE_CAPTURED):
@@ -137,7 +143,11 @@ class ModelCallCaptureMiddleware:
             if found.dialect is not None and found.rollout_id is None and not found.captured_upstream:
                 self._uncorrelated(found.scope, found.dialect)
             # not a model call, or one a capture layer in front of this one records (one call, one record)
-            await self.app(found.scope, receive, send)
+            route = engine_route(found.scope) if found.dialect is None else None
+            if route is not None:  # an RL route: served unchanged, unrecorded; what it set is noted
+                await self.engine.observe(route, self.app, found.scope, receive, send)
+            else:
+                await self.app(found.scope, receive, send)
             return
         sink = self.sink if self._sink_lookup is None else self._late_sink()
         exchange = _CapturedExchange(self, found, sink, receive, send, started)
@@ -258,14 +268,19 @@ class ModelCallCaptureMiddleware:
         exception: BaseException | None,
         cancelled: bool,
         sink: CallSink | None,
+        admission: Admission,
     ) -> FinishedCall | None:
         """End the span exactly once, record the metrics, and hand the record to the sink; the handed
         call, for :meth:`_wait_durable`, or ``None``. Never raises."""
         finished: FinishedCall | None = None
         try:
             call.finish(exception=exception, cancelled=cancelled)
+            engine = self.engine.fields(admission, engine_weight_version(call.response_obj))
+            call.weight_fields = record_weight_fields(engine, call.weight_version)
             if call.tokens_missing is not None:
                 self._metrics.count_tokens_missing(call.dialect)
+            if call.token_mismatch is not None:
+                self._metrics.count_token_mismatch(call.dialect)
             recording = span.is_recording()
             if recording or attributes is not None:
                 end_attributes = call.end_attributes()
@@ -273,6 +288,7 @@ class ModelCallCaptureMiddleware:
                     end_attributes.update(
                         span_weight_attributes(call.weight_version, call.started_at, call.completed_at, sink)
                     )
+                    end_attributes.update(engine_span_attributes(engine))
                 if recording:
                     span.set_attributes(end_attributes)  # the start attributes are on the span already
                 if attributes is not None:
@@ -402,6 +418,7 @@ class _CapturedExchange:
             middleware.settings,
             session_id=session_id(headers),
             weight_version=caller_weight_version(headers),
+            scope=self._scope,
         )
         self._receive = receive
         self._send = send
@@ -428,6 +445,12 @@ class _CapturedExchange:
         self._body_messages, self.cancelled = await _read_request(self._receive)  # waits for the client
         mark = time.perf_counter() if timed else 0.0
         call.set_request(b"".join(m.get("body", b"") for m in self._body_messages))
+        if middleware.engine.unready:  # the first call (the read at start), or the info route is asked
+            if timed:
+                self._own += time.perf_counter() - mark
+            await middleware.engine.ready(middleware.app, scope)  # waits for the app
+            mark = time.perf_counter() if timed else 0.0
+        admission = middleware.engine.admit()  # the engine's version as the app takes the call
         span, attributes, parent = middleware._start_span(
             call, scope, found.headers, found.source, found.baggage_id
         )
@@ -460,7 +483,7 @@ class _CapturedExchange:
                 self.begin()
                 # A disconnect after the app produced the whole response is not a cancelled call.
                 cancelled = self.cancelled and not self.holding
-                finished = middleware._finish(call, span, attributes, exception, cancelled, sink)
+                finished = middleware._finish(call, span, attributes, exception, cancelled, sink, admission)
                 if timed:
                     self._own += time.perf_counter() - mark
                 if finished is not None and sink is not None:

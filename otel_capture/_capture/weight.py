@@ -4,7 +4,8 @@
 * the caller's: the ``x-weight-version`` header, else the W3C baggage entry ``weight.version``
   (:func:`caller_weight_version`); the header is removed before the request goes on
   (:func:`without_weight_version_header`), as ``x-rollout-id`` is;
-* the engine's, from its answer (:func:`engine_weight_version`): SGLang's native ``meta_info.weight_version``,
+* the engine's as this capture layer observed it (:mod:`.engine`), else from its answer
+  (:func:`engine_weight_version`): SGLang's native ``meta_info.weight_version``,
   its OpenAI-compatible ``metadata.weight_version`` (non-streamed answers only: its stream chunks carry no
   ``metadata``), ``metadata.model_version``, and a top-level ``weight_version`` (where a vLLM build that
   reports one is expected to put it; released vLLM reports none).
@@ -21,20 +22,14 @@ from urllib.parse import unquote
 
 from .. import _attributes as A
 from .._asgi import Scope
+from .._store import usable_weight_version
 
 _logger = logging.getLogger(__name__)
 
 WEIGHT_VERSION_HEADER = "x-weight-version"
 BAGGAGE_WEIGHT_VERSION_KEY = "weight.version"
 _HEADER = WEIGHT_VERSION_HEADER.encode()
-_MAX_LENGTH = 200
-
-
-def _usable(text: str) -> str | None:
-    text = text.strip()
-    if not text or len(text) > _MAX_LENGTH or not text.isprintable():
-        return None
-    return text
+_usable = usable_weight_version  # the store's one rule of a usable version (1-200 printable characters)
 
 
 def caller_weight_version(headers: dict[str, list[bytes]]) -> str | None:
@@ -43,13 +38,13 @@ def caller_weight_version(headers: dict[str, list[bytes]]) -> str | None:
     call is served and recorded with the declared version instead); so are repeated headers that differ."""
     values = headers.get(WEIGHT_VERSION_HEADER)
     if values:
-        distinct = {v.decode("latin-1").strip() for v in values}
+        distinct = {v.decode("utf-8", "surrogateescape").strip() for v in values}  # undecodable: unprintable
         found = _usable(distinct.pop()) if len(distinct) == 1 else None
         if found is None:
             _logger.warning("ignoring an unusable %s header %r", WEIGHT_VERSION_HEADER, values[0][:64])
         return found
     for raw in headers.get("baggage", ()):
-        for member in raw.decode("latin-1").split(","):
+        for member in raw.decode("utf-8", "surrogateescape").split(","):
             key, sep, value = member.partition("=")
             if sep and key.strip() == BAGGAGE_WEIGHT_VERSION_KEY:
                 found = _usable(unquote(value.split(";", 1)[0]))
@@ -70,7 +65,9 @@ def without_weight_version_header(scope: Scope) -> Scope:
     return dict(scope, headers=[(key, value) for key, value in headers if key.lower() != _HEADER])
 
 
-def _text(value: Any) -> str | None:
+def usable_version(value: Any) -> str | None:
+    """``value`` as a version's text (an ``int`` or ``float`` as its decimal form), or ``None`` when it is
+    not one (another type, empty, longer than 200 characters, not printable)."""
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, (int, float, str)):
@@ -86,10 +83,10 @@ def engine_weight_version(response: dict[str, Any] | None) -> str | None:
         section = response.get(container)
         if isinstance(section, dict):
             for key in ("weight_version", "model_version"):
-                found = _text(section.get(key))
+                found = usable_version(section.get(key))
                 if found is not None:
                     return found
-    return _text(response.get("weight_version"))
+    return usable_version(response.get("weight_version"))
 
 
 def span_weight_attributes(
@@ -107,4 +104,33 @@ def span_weight_attributes(
     at_end = view.at(completed_at) if view is not None else None
     if at_end is not None and at_end != declared:  # the weights changed while the call ran
         attributes[A.WEIGHT_VERSION_AT_END] = at_end
+    return attributes
+
+
+def record_weight_fields(engine_fields: dict[str, Any], caller: str | None) -> dict[str, Any]:
+    """The record's weight fields a call's line carries beside the caller's ``weight_version``: the
+    engine's as observed (:meth:`.engine.EngineWeights.fields`), and ``weight_version_sources``
+    naming ``caller`` for the caller's version. The declared version is stamped by the writer, in the batch
+    that writes the line; a ``weight_version`` whose source is not named is that one
+    (:attr:`~otel_capture._records.schema.ModelCallRecord.weight_version_source`)."""
+    if caller is None:
+        return engine_fields
+    fields = dict(engine_fields)
+    fields["weight_version_sources"] = {
+        **fields.get("weight_version_sources", {}),
+        "weight_version": "caller",
+    }
+    return fields
+
+
+def engine_span_attributes(fields: dict[str, Any]) -> dict[str, Any]:
+    """The span's attributes for the engine's versions in a record's weight fields."""
+    attributes: dict[str, Any] = {}
+    for key, name in (
+        ("engine_weight_version", A.ENGINE_WEIGHT_VERSION),
+        ("engine_weight_version_at_end", A.ENGINE_WEIGHT_VERSION_AT_END),
+        ("engine_weight_versions", A.ENGINE_WEIGHT_VERSIONS),
+    ):
+        if key in fields:
+            attributes[name] = fields[key]
     return attributes

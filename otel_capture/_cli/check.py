@@ -7,7 +7,11 @@ incomplete marker is not damage, it is a capture failure recorded as it should b
 fails the check only with ``strict``.
 
 A loss that is *not yet* in its rollout's marker fails the check (contract D14): the check is a separate
-process, so it reads every writer's loss reserve on disk and names each loss still pending there.
+process, so it reads every writer's loss reserve on disk, and this node's node-local reserve for the
+directory (contract D44), and names each loss still pending there. So do losses only a running writer's
+memory holds (contract D43), and an entry of a reserve that names no rollout a writer may open a file for,
+until a writer sets it aside; entries set aside are named, and fail the check only with ``strict``
+(contract D41).
 
 Model calls served without a rollout id (never recorded) are reported too: the serving processes count
 them in the directory (:mod:`otel_capture._store.uncorrelated`); they fail the check only with ``strict``.
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._records import InvalidLine
-from .._settings import ENV_SYNC
+from .._settings import WriterSettings
 from .._store import (
     CAPTURE_SUFFIX,
     INCOMPLETE_SUFFIX,
@@ -29,11 +33,13 @@ from .._store import (
     TOKENS_SUFFIX,
     CaptureStore,
     Loss,
+    Reserves,
     choose_sync,
-    pending_losses,
+    held_in_memory,
     read_available_model_call_records,
+    read_reserves,
+    read_uncorrelated,
 )
-from .._store.uncorrelated import read_uncorrelated
 from .show import torn_tail
 
 
@@ -66,14 +72,74 @@ class RolloutCheck:
         )
 
 
-def check_capture_dir(store: CaptureStore) -> list[RolloutCheck]:
+@dataclass
+class StateCheck:
+    """What the directory's state says beyond its rollouts: reserve entries set aside or still to be
+    (contract D41), losses only a running writer's memory holds (contract D43)."""
+
+    reserves: Reserves
+    in_memory: bool
+
+    @property
+    def damaged(self) -> bool:
+        return bool(self.reserves.unsettled) or self.in_memory
+
+    @property
+    def strict_failed(self) -> bool:
+        return bool(self.reserves.set_aside)
+
+    def summary(self) -> str:
+        """What the state says, in a few words, for the answer line."""
+        said = []
+        if self.in_memory:
+            said.append("lost calls only in a running writer's memory")
+        if self.reserves.unsettled:
+            said.append(f"{len(self.reserves.unsettled)} loss reserve entry(ies) naming no rollout")
+        if self.reserves.set_aside:
+            said.append(f"{len(self.reserves.set_aside)} loss reserve entry(ies) set aside")
+        return ", ".join(said)
+
+    def lines(self) -> list[str]:
+        lines = [
+            f"{loss.source}: not a loss of any rollout ({loss.problem}): {loss.calls()}: {loss.reason}; "
+            "the next writer sets it aside"
+            for loss in self.reserves.unsettled
+        ]
+        for loss in self.reserves.set_aside:
+            where = f"{loss.rollout_id}: " if loss.rollout_id else ""
+            lines.append(
+                f"{where}{loss.source}: set aside, in no marker ({loss.problem}): {loss.calls()}: {loss.reason}"
+            )
+        if self.in_memory:
+            lines.append(
+                "lost calls are only in the memory of a running writer (no loss reserve had room: see its "
+                "log); they reach their markers once the directory has room, and are lost if it dies first"
+            )
+        return lines
+
+
+def check_state(store: CaptureStore) -> StateCheck:
+    """Every reserve of the directory, this node's node-local one included, and whether a running writer
+    holds losses in memory only (read once: the rollouts' check takes its pending losses from it)."""
+    return StateCheck(read_reserves(store.root), held_in_memory(store.root))
+
+
+def local_loss_lines(store: CaptureStore) -> list[str]:
+    """The losses this node keeps for a directory it cannot reach (contract D44)."""
+    return [
+        f"{loss.rollout_id or '(rollout unknown)'}: lost, not yet in the incomplete marker: {loss.describe()}"
+        for loss in read_reserves(store.root).pending
+    ]
+
+
+def check_capture_dir(store: CaptureStore, reserves: Reserves | None = None) -> list[RolloutCheck]:
     """One report per rollout in the directory. Never raises for a damaged file: it reports it."""
     damaged: dict[str, list[tuple[str, str]]] = {}
     for name, what in store.damaged_entries():
         damaged.setdefault(_rollout_of(name), []).append((name, what))
     readable = set(store.rollout_ids())
     unreported: dict[str, list[Loss]] = {}
-    for loss in pending_losses(store.root):
+    for loss in (reserves or read_reserves(store.root)).pending:
         unreported.setdefault(loss.rollout_id, []).append(loss)
     results = []
     for rollout_id in sorted(readable | set(damaged) | set(unreported)):
@@ -109,9 +175,9 @@ def _rollout_of(name: str) -> str:
     return name
 
 
-def format_check(results: list[RolloutCheck]) -> list[str]:
+def format_check(results: list[RolloutCheck], state: StateCheck | None = None) -> list[str]:
     """Human-readable lines: one per problem, then a summary line."""
-    lines = []
+    lines = state.lines() if state is not None else []
     for result in results:
         for bad in result.invalid:
             lines.append(f"{result.rollout_id}: line {bad.line_number}: damaged: {bad.reason}")
@@ -152,8 +218,8 @@ def _size(size: int | None) -> str:
 def sync_report(directory: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> str:
     """The sync a writer started now on ``directory`` would use, and why (the filesystem's type, or
     ``OTEL_CAPTURE_SYNC``) (contract D4)."""
-    env = os.environ if environ is None else environ
-    allowed = env.get(ENV_SYNC, "auto").strip().lower() != "fsync" and LIBC_SYNCFS is not None
+    sync = WriterSettings.from_environ(environ, directory=directory).sync  # the settings' one reading
+    allowed = sync != "fsync" and LIBC_SYNCFS is not None
     return choose_sync(Path(directory), syncfs_allowed=allowed).describe()
 
 
@@ -179,13 +245,18 @@ def _damage_kinds(damaged: list[RolloutCheck]) -> str:
     return ", ".join(what for present, what in kinds if present)
 
 
-def check_answer(results: list[RolloutCheck], uncorrelated: str | None, *, strict: bool) -> str:
+def check_answer(
+    results: list[RolloutCheck], uncorrelated: str | None, *, strict: bool, state: StateCheck | None = None
+) -> str:
     """The first line ``check`` prints: the answer in plain words, ``ok: ...`` or ``NOT OK: ...`` (what is
-    wrong, in which rollouts), as the exit status says it; the details follow it."""
+    wrong, in which rollouts, and what the directory's own state says), as the exit status says it; the
+    details follow it."""
     damaged = [r for r in results if r.damaged]
     incomplete = [r.rollout_id for r in results if r.incomplete]
     without_tokens = [r.rollout_id for r in results if r.tokens_missing]
     records = sum(r.records for r in results)
+    state_damaged = state is not None and state.damaged
+    set_aside = state is not None and state.strict_failed
     notes = []
     if incomplete:
         notes.append(f"{len(incomplete)} rollout(s) incomplete, a call not captured ({_names(incomplete)})")
@@ -196,13 +267,19 @@ def check_answer(results: list[RolloutCheck], uncorrelated: str | None, *, stric
         )
     if uncorrelated is not None:
         notes.append("model calls served without a rollout id, not recorded")
-    if damaged:
-        names = _names([r.rollout_id for r in damaged])
-        answer = (
-            f"NOT OK: {len(damaged)} of {len(results)} rollout(s) damaged ({names}): {_damage_kinds(damaged)}"
-        )
-        return "; ".join([answer, *notes]) + "; details below"
-    if strict and (incomplete or uncorrelated is not None):
+    if set_aside and not state_damaged and state is not None:
+        notes.append(state.summary())
+    if damaged or state_damaged:
+        wrong = []
+        if damaged:
+            names = _names([r.rollout_id for r in damaged])
+            wrong.append(
+                f"{len(damaged)} of {len(results)} rollout(s) damaged ({names}): {_damage_kinds(damaged)}"
+            )
+        if state is not None and state_damaged:
+            wrong.append(state.summary())
+        return "; ".join(["NOT OK: " + "; ".join(wrong), *notes]) + "; details below"
+    if strict and (incomplete or uncorrelated is not None or set_aside):
         return "NOT OK (--strict): " + "; ".join(notes) + "; details below"
     answer = f"ok: {len(results)} rollout(s), {records} record(s), nothing damaged"
     return answer + (f"; but {'; '.join(notes)}; details below" if notes else "")

@@ -1,33 +1,34 @@
-"""How :class:`.writer.JsonlWriter` ends the calls whose line did not reach the disk, and makes sure each
-such loss is said somewhere a reader looks.
-
-A failed batch or append fails its calls and marks the rollout incomplete with the reason; an abandoned
-call is counted and marked; a discarded call (a redirect) has its ``-`` marker written if its ``+`` was.
-When the mark itself cannot be written (no inode for a new marker, no block for its line, the directory
-gone), the loss goes to the writer's loss reserve (:mod:`.losses`, made ahead of need), is kept in memory,
-and is retried until the marker takes it; only then is its reserve entry turned to reported. A call that
-comes after the writer is closed is counted, logged once and marked incomplete too.
-
-:class:`WriterFailures` is owned by the writer (composition): it is given the directory's state, the
-writer's counters, the completions it resolves calls through, and the writer's logger.
+"""How :class:`.writer.JsonlWriter` ends the calls whose line did not reach the disk
+(contract D5, D12, D13, D20): failed, counted, and marked incomplete with the reason; a mark that cannot
+be written is a pending loss, kept in the loss reserve (:mod:`.losses`) and in memory and retried until
+the marker takes it. The writer has its reserve before it acknowledges a call, one handed on by a writer
+that stopped if there is one (contract D42); where the directory cannot give it one, or cannot be written
+at all, its losses go to the node-local reserve (contract D44), and where that fails too, ``check`` is
+told that a running writer's memory holds them (contract D43). :class:`WriterFailures` is owned by the
+writer: it is given the directory's state, the writer's counters, the completions it resolves calls
+through, and the writer's logger.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import errno
+import contextlib
+import dataclasses
+import fcntl
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .._errors import UnsafeDirectoryError, WriterClosedError
+from .._errors import DamagedEntryError, UnsafeDirectoryError, WriterClosedError
+from .append import AppendOutcome, fenced_mark_incomplete
 from .dirstate import DirState
-from .fs import DirFds
+from .fs import DirFds, describe_error
 from .journal import Fence
-from .lifecycle_io import AppendOutcome, fenced_mark_incomplete
-from .losses import LossReserve, orphans
+from .losses import Label, LossReserve, local_reserve_dir, orphans, shared_label
+from .names import INCOMPLETE_SUFFIX, LOSSES_DIR
 from .writer_items import Completions, WriterStats, _Abandon, _Discard, _Item
 
 RETRY_S = 0.5
@@ -35,10 +36,14 @@ RETRY_S = 0.5
 
 
 @dataclass(slots=True)
-class _Unreported:
+class _PendingLoss:
+    """A loss whose mark is not in its rollout's marker yet (a pending entry of the reserve, :mod:`.losses`,
+    when it has one; ``WriterStats.unreported`` counts them)."""
+
     model_call_ids: list[str]
     reason: str
-    offset: int | None  # its entry in the reserve; None: in memory only (no reserve, or it was full)
+    reserve: LossReserve | None  # the reserve that holds its entry; None: in memory only
+    offset: int | None  # its entry there
 
 
 class WriterFailures:
@@ -54,6 +59,7 @@ class WriterFailures:
         lock_timeout: float,
         fsync: Callable[[int], None],
         file_mode: int,
+        local_base: str | os.PathLike[str] | None = None,
     ) -> None:
         self._state = state
         self._stats = stats
@@ -63,7 +69,14 @@ class WriterFailures:
         self._fsync = fsync
         self._file_mode = file_mode
         self._reserve = LossReserve(file_mode)
-        self._unreported: dict[str, list[_Unreported]] = {}
+        local = self._local_path = local_reserve_dir(state.root, local_base)
+        self._local = LossReserve(file_mode, label=lambda name: str(local / name))
+        self._local_fd: int | None = None  # the node-local reserve's directory, once needed
+        self._said_local = False
+        self._in_memory = 0  # calls of pending losses that no reserve holds
+        self._memory_fd: int | None = None  # the capture directory, held LOCK_SH while _in_memory (D43)
+        self._orphans_left = False  # an adopted reserve still holds losses its marks could not take
+        self._pending: dict[str, list[_PendingLoss]] = {}
         self._next_retry = 0.0
         self._unmarked: dict[tuple[str, str], str] = {}  # begun calls without their "+" marker -> reason
         self._ready_in: tuple[int, int] | None = None  # the directory whose state and reserve are made
@@ -76,20 +89,72 @@ class WriterFailures:
         return identity == self._ready_in
 
     def prepare(self, dirs: DirFds, identity: tuple[int, int] | None = None) -> None:
-        """Make the state directory whole and this writer's loss reserve, unless done for the directory
-        ``identity`` names (``(st_dev, st_ino)``; ``None``: look). Called by the writer after a batch in a
-        directory not prepared yet (once its calls are answered) and before a loss is recorded."""
+        """Make the state directory whole, adopt what writers that are gone left, and have this writer's
+        loss reserve (one handed on, else a new one), unless done for the directory ``identity`` names
+        (``(st_dev, st_ino)``; ``None``: look). Called by the writer at its start and before it acknowledges
+        a batch in a directory not prepared yet (contract D42), and before a loss is recorded. Where the
+        directory cannot give it a reserve, the node-local one is made instead (contract D44)."""
         if identity is not None and identity == self._ready_in:
             return
         try:
             complete = self._state.prepare(dirs)
+        except Exception as exc:  # never fails the batch: made by a later one
+            complete = False
+            self._logger.debug("could not make the state directory of %s yet: %s", self._state.root, exc)
+        self._adopt()  # first: a dead writer's reserve whose losses are all written is handed on to this one
+        try:
             if not self._reserve.ready(dirs):
                 self._reserve.open(dirs, self._fsync)
-                self._adopt()
-            if complete and identity is not None:
-                self._ready_in = identity
-        except Exception as exc:  # never fails the batch: the reserve is made by a later one
-            self._logger.debug("could not make the loss reserve in %s yet: %s", self._state.root, exc)
+        except Exception as exc:  # never fails the batch
+            self.no_reserve(exc)
+            return
+        if complete and identity is not None:
+            self._ready_in = identity
+
+    def no_reserve(self, exc: Exception) -> None:
+        """The directory gives this writer no reserve: the node-local one holds its losses (contract D44)."""
+        if self._local.is_open:
+            return
+        try:
+            self._open_local()
+        except Exception as local_exc:  # never fails the batch: its losses are kept in memory, and said
+            if not self._said_local:
+                self._said_local = True
+                self._logger.error(
+                    "no loss reserve in %s (%s), nor in the node-local %s (%s): a loss this writer cannot mark "
+                    "is kept in its memory only while it runs, and check says so (contract D43)",
+                    self._state.root,
+                    exc,
+                    self._local_path,
+                    local_exc,
+                )
+            return
+        self._logger.warning(
+            "no loss reserve in %s (%s): the losses this writer cannot mark there are kept in the node-local "
+            "reserve %s until they can be (contract D44)",
+            self._state.root,
+            exc,
+            self._local.label,
+        )
+
+    def _local_dir(self, *, create: bool) -> int | None:
+        """The node-local reserve's directory (made ``0700`` when ``create``), or ``None`` when absent."""
+        for _ in range(2 if create else 1):  # twice: another writer's stop may remove it in between
+            if self._local_fd is not None:
+                break
+            if create:
+                os.makedirs(self._local_path, mode=0o700, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                self._local_fd = os.open(
+                    self._local_path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+                )
+        return self._local_fd
+
+    def _open_local(self) -> None:
+        dir_fd = self._local_dir(create=True)
+        if dir_fd is None:
+            raise FileNotFoundError(f"{self._local_path}: removed as it was made")
+        self._local.open_in(dir_fd, self._fsync)
 
     # -- ending calls ----------------------------------------------------------------------------------
 
@@ -108,7 +173,7 @@ class WriterFailures:
             self.fail(rollout_id, group, exc)
 
     def fail(self, rollout_id: str, items: list[_Item], exc: OSError, reason: str | None = None) -> None:
-        reason = reason or describe(exc)
+        reason = reason or describe_error(exc)  # logged, counted and marked (contract D5)
         self._stats.failures += len(items)
         self._stats.last_failure = reason
         self._logger.error("capture of %d call(s) of rollout %s failed: %s", len(items), rollout_id, reason)
@@ -124,7 +189,7 @@ class WriterFailures:
         in_batch = {item.model_call_id for item in items}
         unmarked = [mcid for mcid in begun if mcid not in in_batch]
         if unmarked:
-            reason = f"in-flight marker not written: {describe(exc)}"
+            reason = f"in-flight marker not written: {describe_error(exc)}"
             self._logger.error("rollout %s: %s", rollout_id, reason)
             self.mark_incomplete(rollout_id, unmarked, reason)
 
@@ -134,7 +199,7 @@ class WriterFailures:
         not missed by anyone; one whose line is dropped as late was (that freeze did not name it): it is
         marked incomplete then, so the snapshot's ``version`` changes and a stale ``drop`` fails."""
         if outcome.marker_error is not None:
-            reason = f"in-flight marker not written: {describe(outcome.marker_error)}"
+            reason = f"in-flight marker not written: {describe_error(outcome.marker_error)}"
             for mcid in outcome.unmarked:
                 self._unmarked[(rollout_id, mcid)] = reason
         if not self._unmarked:
@@ -191,42 +256,87 @@ class WriterFailures:
             )
 
     def _keep(self, rollout_id: str, model_call_ids: list[str], reason: str, exc: OSError) -> None:
-        """The marker refused the mark: record the loss in the reserve (blocks taken ahead of need), keep it
-        in memory, and retry it (:meth:`retry`)."""
-        offset = None
-        try:
-            with self._state.dirs(lock_timeout=self._lock_timeout) as dirs:
-                self.prepare(dirs)  # a directory removed and made anew needs a new reserve
-                offset = self._reserve.record(rollout_id, model_call_ids, reason, self._fsync)
-        except OSError as reserve_exc:
-            self._logger.error("could not record the loss in the loss reserve either: %s", reserve_exc)
-        where = f"recorded in {self._reserve.label}" if offset is not None else "kept in memory only"
+        """The marker refused the mark: record the loss in the reserve (blocks taken ahead of need), else
+        in the node-local one, keep it in memory, and retry it (:meth:`retry`) (contract D13, D43, D44)."""
+        reserve, offset = self._record(rollout_id, model_call_ids, reason)
+        if reserve is not None:
+            where = f"recorded in {reserve.label}"
+        else:
+            where = "kept in memory only (check says so while this writer runs)"
+            self._in_memory += len(model_call_ids)
+            self._say_in_memory()
         self._logger.error(
             "could not mark rollout %s incomplete (%s): %d call(s) lost, %s; retried every %g s",
             rollout_id,
-            describe(exc),
+            describe_error(exc),
             len(model_call_ids),
             where,
             RETRY_S,
         )
-        self._unreported.setdefault(rollout_id, []).append(_Unreported(model_call_ids, reason, offset))
+        self._pending.setdefault(rollout_id, []).append(_PendingLoss(model_call_ids, reason, reserve, offset))
         self._stats.unreported += len(model_call_ids)
         self._next_retry = time.monotonic() + RETRY_S
 
+    def _record(
+        self, rollout_id: str, model_call_ids: list[str], reason: str
+    ) -> tuple[LossReserve | None, int | None]:
+        """The reserve that took the loss and its entry: this writer's in the directory as it is now, else
+        the node-local one; ``(None, None)`` when neither could."""
+        try:
+            with self._state.dirs(lock_timeout=self._lock_timeout) as dirs:
+                self.prepare(dirs)  # a directory removed and made anew needs a new reserve
+                if self._reserve.ready(dirs):
+                    offset = self._reserve.record(rollout_id, model_call_ids, reason, self._fsync)
+                    if offset is not None:
+                        return self._reserve, offset
+        except Exception as reserve_exc:  # kept in memory at worst: a bug here must not lose the loss
+            self._logger.error("could not record the loss in the directory's loss reserve: %s", reserve_exc)
+        try:
+            if not self._local.is_open:
+                self._open_local()
+            offset = self._local.record(rollout_id, model_call_ids, reason, self._fsync)
+        except Exception as local_exc:
+            self._logger.error("could not record the loss in the node-local reserve either: %s", local_exc)
+            return None, None
+        return (self._local, offset) if offset is not None else (None, None)
+
+    def _say_in_memory(self) -> None:
+        """Hold ``flock(LOCK_SH)`` on the capture directory while losses are in memory only: how ``check``
+        knows (contract D43). Without waiting: a lock another holds is tried again at the next retry."""
+        if self._memory_fd is not None:
+            return
+        try:
+            fd = os.open(self._state.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return
+        self._memory_fd = fd
+
+    def _unsay_in_memory(self) -> None:
+        fd, self._memory_fd = self._memory_fd, None
+        if fd is not None:
+            os.close(fd)  # closing releases the lock
+
     def retry_in(self) -> float | None:
         """Seconds until the next retry is due (``None``: nothing to retry)."""
-        if not self._unreported:
+        if not self._pending and not self._orphans_left:
             return None
         return max(0.0, self._next_retry - time.monotonic())
 
     def retry(self, force: bool = False) -> None:
         """Try again to write every kept loss into its rollout's marker (and adopt the reserves of writers
         that are gone); a loss written there has its reserve entry turned to reported."""
-        if not force and (not self._unreported or time.monotonic() < self._next_retry):
+        if not force and (
+            (not self._pending and not self._orphans_left) or time.monotonic() < self._next_retry
+        ):
             return
         self._next_retry = time.monotonic() + RETRY_S
-        for rollout_id in list(self._unreported):
-            entries = self._unreported[rollout_id]
+        for rollout_id in list(self._pending):
+            entries = self._pending[rollout_id]
             while entries:
                 entry = entries[0]
                 try:
@@ -235,62 +345,119 @@ class WriterFailures:
                     break  # still refused: the next retry
                 entries.pop(0)
                 self._stats.unreported -= len(entry.model_call_ids)
-                if entry.offset is not None:
-                    self._report(entry.offset)
+                if entry.reserve is not None and entry.offset is not None:
+                    self._report(entry.reserve, entry.offset)
+                else:
+                    self._in_memory -= len(entry.model_call_ids)
             if not entries:
-                del self._unreported[rollout_id]
+                del self._pending[rollout_id]
                 self._logger.warning(
                     "rollout %s: the lost calls are in its incomplete marker now", rollout_id
                 )
-        if not self._unreported:
-            try:
-                self._reserve.overflow_reported(self._fsync)
-            except OSError as exc:
-                self._logger.error("could not update the loss reserve: %s", exc)
+        if not self._pending:
+            for reserve in (self._reserve, self._local):
+                try:
+                    reserve.overflow_reported(self._fsync)
+                except OSError as exc:
+                    self._logger.error("could not update the loss reserve: %s", exc)
+        if self._in_memory <= 0:
+            self._unsay_in_memory()
+        else:
+            self._say_in_memory()
         self._adopt()
 
-    def _report(self, offset: int) -> None:
+    def _report(self, reserve: LossReserve, offset: int) -> None:
         try:
-            self._reserve.reported([offset], self._fsync)
+            reserve.reported([offset], self._fsync)
         except OSError as exc:  # the marker has the mark: the stale entry over-reports, never hides
             self._logger.error("could not update the loss reserve: %s", exc)
 
     def _adopt(self) -> None:
-        """Write the pending marks of reserves whose writers are gone (a crash), then remove those."""
+        """Write the pending marks of reserves whose writers are gone (a crash), in the directory and in
+        this node's local reserve, then hand those on or remove them (contract D15, D44)."""
+        left = False
         try:
             with self._state.dirs(create=False, lock_timeout=self._lock_timeout) as dirs:
-                for orphan in orphans(dirs, self._reserve.name):
-                    reported = []
-                    try:
-                        for offset, loss in orphan.losses:
-                            if loss.rollout_id:
-                                self._write_marks(loss.rollout_id, list(loss.model_call_ids), loss.reason)
-                            reported.append(offset)
-                    except OSError:
-                        pass
-                    finally:
-                        orphan.done(reported, self._fsync)
+                here = dirs.state_fd(LOSSES_DIR)
+                left = self._adopt_in(here, self._reserve.name, shared_label, hand_on=True)
+        except FileNotFoundError:
+            pass  # no reserve was ever made there
         except OSError as exc:
-            self._logger.debug("no reserves to adopt in %s: %s", self._state.root, exc)
+            self._logger.debug("could not adopt the reserves in %s yet: %s", self._state.root, exc)
+            left = True  # tried again at the next retry
+        try:
+            local_fd = self._local_dir(create=False)
+            if local_fd is not None:
+                local = self._local_path
+                label: Label = lambda name: str(local / name)  # noqa: E731
+                left |= self._adopt_in(local_fd, self._local.name, label, hand_on=False)
+        except OSError as exc:
+            self._logger.debug("could not adopt the node-local reserves in %s yet: %s", self._local_path, exc)
+            left = True
+        self._orphans_left = left
+
+    def _adopt_in(self, dir_fd: int, own: str, label: Label, *, hand_on: bool) -> bool:
+        """Adopt the orphans of one directory of reserves; True when one still holds losses. An entry read
+        back that names no rollout a file may be opened for, or whose marker can never be written, is set
+        aside and said once, here (contract D41)."""
+        left = False
+        for orphan in orphans(dir_fd, own, label):
+            reported: list[int] = []
+            set_aside: list[int] = []
+            try:
+                for offset, loss in orphan.losses:
+                    if not loss.problem and loss.rollout_id:
+                        try:
+                            self._write_marks(loss.rollout_id, list(loss.model_call_ids), loss.reason)
+                        except DamagedEntryError as exc:
+                            if exc.label != loss.rollout_id + INCOMPLETE_SUFFIX:
+                                raise  # damage elsewhere (a lock file, the journal): not this entry's
+                            loss = dataclasses.replace(loss, problem=str(exc))  # its marker: never written
+                    if loss.problem:
+                        self._logger.error(
+                            "%s: an entry is set aside (check names it; no writer adopts it again): %s; "
+                            "calls %s: %s",
+                            loss.source,
+                            loss.problem,
+                            loss.calls(),
+                            loss.reason,
+                        )
+                        set_aside.append(offset)
+                    else:
+                        reported.append(offset)
+            except OSError:
+                left = True  # still refused: the next retry
+            finally:
+                orphan.done(reported, set_aside, self._fsync, hand_on=hand_on)
+        return left
 
     def close(self) -> None:
         """At the writer's stop: one last try, then the reserve is closed (removed when nothing in it is
         pending; kept, for ``check`` and for another writer to adopt, when something is)."""
         self.retry(force=True)
-        if self._unreported:
+        if self._pending:
             self._logger.error(
                 "capture writer stopped with %d lost call(s) not in their rollouts' incomplete markers "
-                "(recorded in %s where it had room)",
+                "(recorded in %s, or %s, where they had room)",
                 self._stats.unreported,
                 self._reserve.label,
+                self._local_path,
             )
-        self._reserve.close()
+        self._reserve.close(hand_on=True)  # nothing pending: handed on to the next writer (contract D42)
+        self._local.close()
+        self._unsay_in_memory()
+        if self._local_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._local_fd)
+                os.rmdir(self._local_path)  # only when empty: nothing of this directory is kept here
+            self._local_fd = None
 
     # -- after close -------------------------------------------------------------------------------------
 
     def after_close(self, rollout_id: str, model_call_id: str, item: _Item | None) -> None:
         """A call handed to the writer after ``close``: counted, logged the first time, its rollout marked
-        incomplete (off the caller's thread: the caller may be an event loop), its waiter failed."""
+        incomplete (off the caller's thread: the caller may be an event loop), its waiter failed
+        (contract D12)."""
         self._stats.failures += 1
         self._stats.after_close += 1
         reason = "capture writer closed: the call ended after the writer stopped"
@@ -334,7 +501,3 @@ class WriterFailures:
     def _fence(self, rollout_id: str) -> Fence | None:
         self._state.journal.refresh()
         return self._state.journal.fence(rollout_id)
-
-
-def describe(exc: OSError) -> str:
-    return f"{type(exc).__name__}: {errno.errorcode.get(exc.errno or 0, '')} {exc.strerror or exc}".strip()

@@ -15,7 +15,8 @@ record durable, failed or past its deadline) (contract D1, D6).
 
 Two counters of ours, by dialect: ``otel_capture.uncorrelated_calls``, model calls served without a rollout
 id (so not recorded): a missing prefix or header shows there at once (``docs/gateways.md``); and
-``otel_capture.tokens_missing_calls``, calls answered without the token ids or log-probs they asked for
+``otel_capture.tokens_missing_calls``, calls answered without the token ids or log-probs they asked for,
+and ``otel_capture.token_mismatch_calls``, calls whose token ids and log-probs break an invariant
 (``docs/tokens.md``).
 """
 
@@ -61,6 +62,7 @@ _BUCKETS_DURABILITY_WAIT = (
     10.0,
 )
 TOKENS_MISSING_CALLS = "otel_capture.tokens_missing_calls"
+TOKEN_MISMATCH_CALLS = "otel_capture.token_mismatch_calls"
 _MAX_ATTRIBUTE_SETS = 1024  # past it (many models or hosts), further sets are built per call
 
 
@@ -140,6 +142,11 @@ class ServerMetrics:
             unit="{call}",
             description="Model calls answered without all the token ids or log-probs they asked for.",
         )
+        self.token_mismatch_calls = meter.create_counter(
+            TOKEN_MISMATCH_CALLS,
+            unit="{call}",
+            description="Model calls whose token ids or log-probs break an invariant (token_mismatch).",
+        )
 
     @property
     def recording(self) -> bool:
@@ -200,3 +207,10 @@ class ServerMetrics:
             self.tokens_missing_calls.add(1, {A.MODEL_CALL_DIALECT: dialect})
         except Exception:
             _logger.exception("counting a call without its tokens failed")
+
+    def count_token_mismatch(self, dialect: str) -> None:
+        """Count one call whose tokens break an invariant. Never raises."""
+        try:
+            self.token_mismatch_calls.add(1, {A.MODEL_CALL_DIALECT: dialect})
+        except Exception:
+            _logger.exception("counting a call with mismatched tokens failed")

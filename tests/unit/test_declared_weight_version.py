@@ -20,8 +20,7 @@ from otel_capture._capture.weight import (
 from otel_capture._cli.main import main
 from otel_capture._records import encode_record_line
 from otel_capture._records.codec import stamp_record_line
-from otel_capture._store import DamagedEntryError, JsonlWriter
-from otel_capture._store.weight import DeclaredVersions
+from otel_capture._store import DamagedEntryError, DeclaredVersions, JsonlWriter
 
 
 def _line(model_call_id: str = "a" * 32, **values: Any) -> bytes:
@@ -183,5 +182,5 @@ def test_the_weight_version_command(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert capsys.readouterr().out == "42\n"
     assert main(["weight-version", str(tmp_path), " bad"]) == 1
     assert "invalid weight version" in capsys.readouterr().err
-    assert main(["weight-version", str(tmp_path / "missing"), "1"]) == 1
+    assert main(["weight-version", str(tmp_path / "missing")]) == 1  # reading creates nothing
     assert not (tmp_path / "missing").exists()
