@@ -20,7 +20,19 @@ ASGI stack with in-memory ``receive``/``send``, ``--calls`` times per variant (d
 7. ``JSONL exporter alone, fsync off``: row 6 without the other processor, so no span is built, only its
    context (``otel_capture._telemetry.spans``): the usual set-up of a training run.
 
-Then the pieces on their own, in microseconds per call.
+Then the pieces on their own, in microseconds per call, and two of issue 34's goals side by side, each
+variant measured in the same rounds as its baseline:
+
+- **per SSE event**: a streamed chat call of 512 and of 32 events (one ASGI message each) through the
+  middleware (records only: an in-memory sink, no span built) against the streaming app alone; the
+  event-loop thread's CPU per call, and per event the slope between the two lengths (goal: <= 3 us added
+  per event in bench_goals 4a, where a real server adds its own share);
+- **spans on against records only**: the non-streaming call with the records alone (no span built), with
+  the SDK span seen by a processor that does nothing, behind the SDK's ``BatchSpanProcessor`` with an
+  exporter that does nothing, one that only encodes OTLP protobuf, and the OTLP/HTTP exporter sending to a
+  local receiver (its own process, not counted): the whole process's CPU per call (event loop and the
+  batch processor's thread, which holds the same GIL) and the loop thread's, so the split says where the
+  spans' cost goes (span and attributes, batching, encoding, export).
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ import argparse
 import asyncio
 import gc
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,7 +53,12 @@ from typing import Any
 import orjson
 from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 
 from bench import _harness as H
 from bench._servers import REQUEST_BODY, RESPONSE_BODY, upstream_app
@@ -226,6 +244,185 @@ def _pieces(calls: int) -> list[tuple[str, float]]:
     return out
 
 
+# -- per SSE event -----------------------------------------------------------------------------------
+
+_STREAM_HEADERS = [(b"content-type", b"text/event-stream")]
+STREAM_LENGTHS = (512, 32)
+
+
+def _streaming_app(events: list[bytes]) -> Any:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        while (await receive()).get("more_body", False):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": _STREAM_HEADERS})
+        for event in events:
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    return app
+
+
+async def _drive_cpu(
+    app: Any, path: str, calls: int, body: bytes = REQUEST_BODY, flush: Callable[[], object] | None = None
+) -> tuple[float, float]:
+    """``(process CPU, this thread's CPU)`` per call, in microseconds; ``flush`` (the batch processor's
+    export of what it still holds) is counted in the process's CPU."""
+    request = {"type": "http.request", "body": body, "more_body": False}
+
+    async def receive() -> dict[str, Any]:
+        return request
+
+    async def send(message: dict[str, Any]) -> None:
+        pass
+
+    gc.collect()
+    process, thread = time.process_time(), time.thread_time()
+    for _i in range(calls):
+        await app(_scope(path), receive, send)
+    thread = time.thread_time() - thread
+    if flush is not None:
+        flush()
+    return (time.process_time() - process) / calls * 1e6, thread / calls * 1e6
+
+
+def per_event_table(calls: int, rounds: int) -> None:
+    from bench._servers import chat_events
+
+    settings = CaptureSettings.from_environ({})
+    body = orjson.dumps({**orjson.loads(REQUEST_BODY), "stream": True})
+    apps = {}
+    for n in STREAM_LENGTHS:
+        app = _streaming_app(chat_events(n))
+        middleware = ModelCallCaptureMiddleware(
+            app, tracer_provider=TracerProvider(), settings=settings, sink=MemorySink()
+        )
+        apps[f"alone-{n}"] = (app, "/v1/chat/completions")
+        apps[f"on-{n}"] = (middleware, CAPTURED_PATH)
+    best: dict[str, float] = {}
+
+    async def run() -> None:
+        for _ in range(rounds):
+            for name, (app, path) in apps.items():
+                n = int(name.rsplit("-", 1)[1])
+                _, us = await _drive_cpu(app, path, max(5, calls // n), body)
+                best[name] = min(best.get(name, us), us)
+
+    asyncio.run(run())
+    long, short = STREAM_LENGTHS
+    added = {n: best[f"on-{n}"] - best[f"alone-{n}"] for n in STREAM_LENGTHS}
+    slope = (added[long] - added[short]) / (long - short)
+    own = (best[f"alone-{long}"] - best[f"alone-{short}"]) / (long - short)
+    H.print_table(
+        "per SSE event (issue 34 goal 4a): the middleware, records only, around a streaming app",
+        ["events", "app alone us/call", "captured us/call", "added us/call", "captured / alone"],
+        [
+            [n + 3, best[f"alone-{n}"], best[f"on-{n}"], added[n], best[f"on-{n}"] / best[f"alone-{n}"]]
+            for n in STREAM_LENGTHS
+        ],
+        [
+            f"added per event (the slope between {long} and {short} events): {slope:.2f} us of event-loop CPU, "
+            f"{slope / max(own, 1e-9):.1f}x the app's own {own:.2f} us per event here (goal <= 3 us in "
+            "bench_goals 4a, which adds the server's own per-event work)"
+        ],
+    )
+
+
+# -- spans on against records only ----------------------------------------------------------------------
+
+_RECEIVER = """
+import http.server
+class Receiver(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        self.rfile.read(int(self.headers["content-length"]))
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
+class _NothingExporter(SpanExporter):
+    def export(self, spans: Any) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+class _EncodingExporter(SpanExporter):
+    """What the OTLP exporters do before sending: the spans as one OTLP protobuf request."""
+
+    def export(self, spans: Any) -> SpanExportResult:
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+        encode_spans(spans).SerializeToString()
+        return SpanExportResult.SUCCESS
+
+
+def spans_table(calls: int, rounds: int) -> None:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    receiver = subprocess.Popen([sys.executable, "-c", _RECEIVER], stdout=subprocess.PIPE, text=True)
+    providers: dict[str, TracerProvider] = {}
+    try:
+        assert receiver.stdout is not None
+        port = int(receiver.stdout.readline())
+        processors: dict[str, list[SpanProcessor]] = {
+            "records only (no span built)": [],
+            "+ SDK span, a processor that does nothing": [SpanProcessor()],
+            "+ BatchSpanProcessor, exporter does nothing": [BatchSpanProcessor(_NothingExporter())],
+            "+ BatchSpanProcessor, OTLP protobuf encoding": [BatchSpanProcessor(_EncodingExporter())],
+            "+ BatchSpanProcessor, OTLP/HTTP export": [
+                BatchSpanProcessor(OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces"))
+            ],
+        }
+        settings = CaptureSettings.from_environ({})
+        apps = {}
+        for name, chosen in processors.items():
+            provider = providers[name] = TracerProvider()
+            for processor in chosen:
+                provider.add_span_processor(processor)
+            apps[name] = ModelCallCaptureMiddleware(
+                upstream_app, tracer_provider=provider, settings=settings, sink=MemorySink()
+            )
+        best: dict[str, tuple[float, float]] = {}
+
+        async def run() -> None:
+            for _ in range(rounds):
+                for name, app in apps.items():
+                    flush = providers[name].force_flush  # the batch's export is the calls' too
+                    process, thread = await _drive_cpu(app, CAPTURED_PATH, calls, flush=flush)
+                    old = best.get(name, (process, thread))
+                    best[name] = (min(old[0], process), min(old[1], thread))
+
+        asyncio.run(run())
+    finally:
+        for provider in providers.values():
+            provider.shutdown()
+        receiver.kill()
+        receiver.wait()
+    base_process, base_thread = best["records only (no span built)"]
+    rows = []
+    previous = None
+    for name, (process, thread) in best.items():
+        step = None if previous is None else process - previous
+        rows.append(
+            [name, process, step, process - base_process, process / base_process, thread - base_thread]
+        )
+        previous = process
+    H.print_table(
+        "spans on against records only (issue 34 goal 2): the non-streaming call, process CPU per call",
+        ["variant", "us/call", "+us vs row above", "+us vs records", "x records", "+us on the loop"],
+        rows,
+        [
+            "the batch processor's thread (encoding, export) holds the GIL the event loop needs: its CPU counts"
+        ],
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
@@ -278,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
             ],
         )
         H.print_table("pieces alone", ["piece", "us/call"], [[n, us] for n, us in _pieces(calls)])
+        per_event_table(calls, rounds)
+        spans_table(max(20, calls // 4), rounds)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

@@ -18,10 +18,10 @@ from typing import Any
 import orjson
 
 from .. import _attributes as A
-from .._dialects import DIALECTS, Dialect, StreamAccumulator
+from .._dialects import DIALECTS, Dialect
+from .._dialects.deferred import StreamReassembly
 from .._dialects.mismatch import token_mismatch
 from .._dialects.missing import tokens_missing
-from .._dialects.sse import SSEDecoder, SSEEvent
 from .._dialects.stream import close_cut_json, loads_nonstandard
 from .._dialects.tokens import extract_tokens
 from .._records import SCHEMA_VERSION, call_failed, encode_record_line
@@ -229,9 +229,8 @@ class InFlightCall:
         self.response = _Body(settings.max_body_bytes)
         self.status_code: int | None = None
         self.stream = False
-        self._decoder: SSEDecoder | None = None
         self._decoding: ResponseDecoding | None = None  # undoes a Content-Encoding, for the record only
-        self._accumulator: StreamAccumulator | None = None
+        self._reassembly: StreamReassembly | None = None  # a stream's events -> the answer (.deferred)
         self.ttft_ms: float | None = None
         self._first_byte_ms: float | None = None
         self.error_category: str | None = None
@@ -260,13 +259,14 @@ class InFlightCall:
         self._decoding = decoding_for(content_encoding) if content_encoding else None
         if content_type.lower().lstrip().startswith("text/event-stream"):
             self.stream = True
-            self._decoder = SSEDecoder(self.settings.max_body_bytes, keep_cut=True)  # an event over it: cut
-            self._accumulator = self._spec.accumulator()
+            # decoded and accumulated in batches after the first model output, bounded by the body cap
+            self._reassembly = StreamReassembly(self._spec.accumulator, self.settings.max_body_bytes)
 
     def on_body(self, chunk: bytes) -> bool:
         """Take one response chunk; True once the dialect's terminal event has been seen."""
+        reassembly = self._reassembly
         if not chunk:
-            return self._accumulator is not None and self._accumulator.terminal is not None
+            return reassembly is not None and reassembly.accumulator.terminal is not None
         if self._first_byte_ms is None or self.ttft_ms is None:
             now_ms = (time.perf_counter() - self._t0) * 1000
             if self._first_byte_ms is None:
@@ -278,30 +278,19 @@ class InFlightCall:
             chunk = self._decoding.decode(chunk)
             self.response.truncated = self.response.truncated or self._decoding.failed
         self.response.add(chunk)
-        if self._decoder is None or self._accumulator is None:
+        if reassembly is None:
             if self.ttft_ms is None:
                 self.ttft_ms = now_ms
             return False
-        for event in self._decoder.feed(chunk):
-            if event.cut:
-                self._keep_cut(event)
-            if self._accumulator.add(event) and self.ttft_ms is None:
-                self.ttft_ms = now_ms
-        return self._accumulator.terminal is not None
-
-    def _keep_cut(self, event: SSEEvent) -> None:
-        """An event over the cap keeps its first ``max_body_bytes``: its JSON closed there, the record
-        flagged ``truncated`` (what the model said up to the cap, not an empty answer) (contract D36)."""
-        self.response.truncated = True
-        closed = close_cut_json(event.data)
-        if closed is not None:
-            event.data = closed.decode()
+        if reassembly.feed(chunk) and self.ttft_ms is None:
+            self.ttft_ms = now_ms
+        return reassembly.accumulator.terminal is not None
 
     @property
     def stream_complete(self) -> bool:
         """The stream's last event has arrived: a completed, incomplete or failed terminal event (after an
         error event a server may still send more, e.g. chat's ``data: [DONE]``)."""
-        terminal = self._accumulator.terminal if self._accumulator is not None else None
+        terminal = self._reassembly.accumulator.terminal if self._reassembly is not None else None
         return terminal is not None and terminal != "error"
 
     # -- end ----------------------------------------------------------------------------------------
@@ -315,21 +304,20 @@ class InFlightCall:
         if self.ttft_ms is None:
             self.ttft_ms = self._first_byte_ms
         category = classify_status(self.status_code)
-        if self._accumulator is not None and self._decoder is not None:
-            for event in self._decoder.close():
-                if event.cut:
-                    self._keep_cut(event)
-                self._accumulator.add(event)
-            self.response_obj = self._accumulator.result()
-            terminal = self._accumulator.terminal
+        if self._reassembly is not None:
+            accumulator = self._reassembly.close()
+            if self._reassembly.truncated:  # an event cut at the cap, or output past it (contract D36)
+                self.response.truncated = True
+            self.response_obj = accumulator.result()
+            terminal = accumulator.terminal
             if category is None and terminal in ("failed", "error"):
                 category = "upstream_error"
             elif category is None and terminal == "incomplete":
                 category = "incomplete"
             if terminal is None and category is None:
                 category = "cancelled" if cancelled else "stream_truncated"
-            if self._accumulator.error is not None:
-                self.failure = {"error": self._accumulator.error}
+            if accumulator.error is not None:
+                self.failure = {"error": accumulator.error}
         elif not self.response.truncated:
             raw = self.response.bytes()
             self.response_obj = parse_object(raw)
@@ -361,7 +349,7 @@ class InFlightCall:
         the bodies and reassembly it was made from as well (200 cut streams at once: half the memory)."""
         self.request.chunks = []
         self.response.chunks = []
-        self._accumulator = self._decoder = None
+        self._reassembly = None
         self.request_obj = self.response_obj = None
 
     def _request_kept(self) -> bool:

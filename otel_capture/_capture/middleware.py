@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from typing import Any
 
@@ -132,6 +133,7 @@ class ModelCallCaptureMiddleware:
         if scope["type"] != "http" or scope.get(SCOPE_CAPTURED):
             await self.app(scope, receive, send)
             return
+        started = time.perf_counter()  # the capture's own time begins (otel_capture.capture.duration)
         found = correlate(scope, self._rules)  # the one decision: what this request is
         if found.prefixed:
             name_server_span(found.scope, found.dialect)
@@ -147,7 +149,7 @@ class ModelCallCaptureMiddleware:
                 await self.app(found.scope, receive, send)
             return
         sink = self.sink if self._sink_lookup is None else self._late_sink()
-        exchange = _CapturedExchange(self, found, sink, receive, send)
+        exchange = _CapturedExchange(self, found, sink, receive, send, started)
         await exchange.run(found)
 
     def _late_sink(self) -> CallSink | None:
@@ -280,7 +282,7 @@ class ModelCallCaptureMiddleware:
         attributes.update(server_attributes(scope, headers))
         return attributes
 
-    async def _finish(
+    def _finish(
         self,
         call: InFlightCall,
         span: trace.Span,
@@ -289,9 +291,9 @@ class ModelCallCaptureMiddleware:
         cancelled: bool,
         sink: CallSink | None,
         admission: Admission,
-    ) -> None:
-        """End the span exactly once, record the metrics, and wait until the record is durable (or
-        failed). Never raises."""
+    ) -> FinishedCall | None:
+        """End the span exactly once, record the metrics, and hand the record to the sink; the handed
+        call, for :meth:`_wait_durable`, or ``None``. Never raises."""
         finished: FinishedCall | None = None
         try:
             call.finish(exception=exception, cancelled=cancelled)
@@ -355,8 +357,13 @@ class ModelCallCaptureMiddleware:
         finally:
             span.end(end_time=call.end_time_ns)  # None (the finish failed): now
         if finished is None or sink is None:
-            return
+            return None
         sink.write_call(finished)
+        return finished
+
+    async def _wait_durable(self, call: InFlightCall, finished: FinishedCall, sink: CallSink) -> None:
+        """Wait until the handed record is durable, failed or past its deadline. Never raises (but a
+        cancellation)."""
         future = finished.waiter.future
         deadlines = self._deadlines
         if deadlines is None or deadlines.loop is not finished.waiter.loop:
@@ -398,12 +405,16 @@ class _CapturedExchange:
         "_call",
         "_content_length",
         "_held",
+        "_held_at",
         "_middleware",
+        "_own",
         "_receive",
         "_scope",
         "_send",
         "_sent",
         "_sink",
+        "_started",
+        "_timed",
         "begun",
         "cancelled",
         "holding",
@@ -417,6 +428,7 @@ class _CapturedExchange:
         sink: CallSink | None,
         receive: Receive,
         send: Send,
+        started: float,
     ) -> None:
         assert found.dialect is not None and found.rollout_id is not None  # found.captured
         headers = found.headers
@@ -443,13 +455,25 @@ class _CapturedExchange:
         self._held: list[Message] = []
         self._sent = 0  # body bytes
         self._content_length: int | None = None
+        # the capture's own cost, timed only when a metric reader will see it (ServerMetrics.recording)
+        self._timed = middleware._metrics.recording
+        self._started = started  # when the middleware took the request
+        self._own = 0.0  # seconds in the capture's own code so far
+        self._held_at: float | None = None  # when the terminal chunk was held
 
     async def run(self, found: Correlation) -> None:
         middleware, scope, sink, call = self._middleware, self._scope, self._sink, self._call
-        self._body_messages, self.cancelled = await _read_request(self._receive)
+        timed = self._timed
+        if timed:
+            self._own = time.perf_counter() - self._started
+        self._body_messages, self.cancelled = await _read_request(self._receive)  # waits for the client
+        mark = time.perf_counter() if timed else 0.0
         call.set_request(b"".join(m.get("body", b"") for m in self._body_messages))
         if middleware.engine.unready:  # the first call (the read at start), or the info route is asked
-            await middleware.engine.ready(middleware.app, scope)
+            if timed:
+                self._own += time.perf_counter() - mark
+            await middleware.engine.ready(middleware.app, scope)  # waits for the app
+            mark = time.perf_counter() if timed else 0.0
         admission = middleware.engine.admit()  # the engine's version as the app takes the call
         span, attributes, parent = middleware._start_span(
             call, scope, found.headers, found.source, found.baggage_id
@@ -460,6 +484,8 @@ class _CapturedExchange:
         if span.get_span_context().is_valid:
             # An app that traces from the request's headers (vLLM's engine) nests its span under this call.
             scope["headers"] = _with_trace_headers(scope.get("headers", ()), span_context)
+        if timed:
+            self._own += time.perf_counter() - mark
         exception: BaseException | None = None
         try:
             await middleware.app(scope, self.receive, self.send)
@@ -468,6 +494,7 @@ class _CapturedExchange:
             if isinstance(exc, asyncio.CancelledError):
                 self.cancelled = True
         finally:
+            mark = time.perf_counter() if timed else 0.0
             otel_context.detach(token)
             if self.redirected:
                 # traced (with its status), not recorded and not counted as a model call
@@ -480,7 +507,15 @@ class _CapturedExchange:
                 self.begin()
                 # A disconnect after the app produced the whole response is not a cancelled call.
                 cancelled = self.cancelled and not self.holding
-                await middleware._finish(call, span, attributes, exception, cancelled, sink, admission)
+                finished = middleware._finish(call, span, attributes, exception, cancelled, sink, admission)
+                if timed:
+                    self._own += time.perf_counter() - mark
+                if finished is not None and sink is not None:
+                    await middleware._wait_durable(call, finished, sink)
+                if timed:
+                    held_at = self._held_at
+                    wait = None if held_at is None else time.perf_counter() - held_at
+                    middleware._metrics.record_capture_cost(call.dialect, self._own, wait)
             # Capture never changes the response: what was held goes out now, durable or not (contract D5).
             for message in self._held:
                 await self._send(message)
@@ -525,7 +560,12 @@ class _CapturedExchange:
         elif kind == "http.response.body":
             body = message.get("body", b"")
             sent = self._sent = self._sent + len(body)
-            terminal = call.on_body(body)
+            if self._timed:
+                mark = time.perf_counter()
+                terminal = call.on_body(body)
+                self._own += time.perf_counter() - mark
+            else:
+                terminal = call.on_body(body)
             # The end of a response is whichever comes first: the dialect's terminal event, the byte
             # that completes Content-Length (a client may stop reading there, before any final empty
             # message), or the last body message. It is held until the record is durable (contract D1);
@@ -537,6 +577,8 @@ class _CapturedExchange:
                 or (content_length is not None and sent >= content_length)
             ):
                 self.holding = True
+                if self._timed:
+                    self._held_at = time.perf_counter()
                 self._held.append(message)
                 if call.stream_complete:
                     self._scope[SCOPE_RESPONSE_COMPLETE] = True

@@ -66,6 +66,8 @@ class CompletionsAccumulator(_ChoicesAccumulator[_Choice]):
 
     _OBJECT = "text_completion"
     _SKIPPED_TOP = frozenset({"choices", "usage", "object", "error"})
+    # and llama.cpp's native ``"stop": true`` (.deferred)
+    TERMINAL_MARKERS = (*_ChoicesAccumulator.TERMINAL_MARKERS, b'"stop"')
 
     def _add_without_choices(self, payload: JsonDict) -> None:
         if payload.get("stop") is True:

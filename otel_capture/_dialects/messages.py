@@ -25,6 +25,10 @@ _STOP_FIELDS = ("stop_reason", "stop_sequence", "stop_details")
 class MessagesAccumulator(_Accumulator):
     """``/v1/messages`` events -> the ``message`` object."""
 
+    # What a chunk ending the stream contains (.deferred): ``message_stop`` or ``error``, in its JSON or
+    # ``event:`` line, or a JSON escape (through which one could be spelled)
+    TERMINAL_MARKERS = (b"message_stop", b"error", b"\\u")
+
     def __init__(self) -> None:
         super().__init__()
         self._message: JsonDict | None = None

@@ -60,6 +60,11 @@ def _keep_streamed_logprobs(old_parts: object, new_parts: list[Any]) -> list[Any
 class ResponsesAccumulator(_Accumulator):
     """``/v1/responses`` events -> the ``response`` object."""
 
+    # What a chunk ending the stream contains (.deferred): a terminal type, in its JSON or ``event:`` line
+    # (``complete`` is in response.completed and response.incomplete: one scan for both), or a JSON escape
+    # (through which one could be spelled)
+    TERMINAL_MARKERS = (b"complete", b"response.failed", b"error", b"\\u")
+
     def __init__(self) -> None:
         super().__init__()
         self._shell: JsonDict | None = None  # latest response.created / in_progress / queued

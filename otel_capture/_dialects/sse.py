@@ -81,6 +81,11 @@ class SSEDecoder:
         self._event_overflow = False
 
     @property
+    def at_event_boundary(self) -> bool:
+        """Nothing of an event is held: no incomplete line, no undispatched data or event name."""
+        return not (self._tail or self._data or self._discarding_line or self._event is not None)
+
+    @property
     def pending_bytes(self) -> int:
         """Bytes held for the incomplete line and the undispatched event's data."""
         return len(self._tail) + self._data_size
@@ -98,10 +103,14 @@ class SSEDecoder:
             and not (self._tail or self._data or self._skip_lf or self._discarding_line)
             and self._event is None
             and b"\r" not in chunk
+            and len(chunk) - 2 <= self._max_line_bytes
         ):
-            whole = self._whole_data_events(chunk)
+            end = chunk.find(b"\n", 6)
+            if end == len(chunk) - 2:  # one event: the usual chunk
+                return [SSEEvent(None, chunk[6:end].decode("utf-8", "replace"))]
+            whole = self._whole_parts(chunk)
             if whole is not None:
-                return whole
+                return [SSEEvent(None, data) for data in whole]
         if self._skip_lf:
             self._skip_lf = False
             if chunk[0] == 0x0A:
@@ -149,22 +158,40 @@ class SSEDecoder:
 
     # -- internals ----------------------------------------------------------------------------------
 
-    def _whole_data_events(self, chunk: bytes) -> list[SSEEvent] | None:
-        """The fast path for what model servers send: a chunk of whole ``data: <one line>`` events, each
-        ending in a blank line, nothing pending before it (checked by the caller). Each event is then
-        exactly what the line-by-line rules give: no ``event:`` name, the line after ``data: `` as its data.
-        ``None`` when the chunk has any other shape (the caller takes the general path)."""
-        if len(chunk) - 2 > self._max_line_bytes:
+    def whole_data(self, chunk: bytes) -> list[str] | None:
+        """The fast path for what model servers send: the data of the events in a chunk of whole
+        ``data: <one line>`` events, each ending in a blank line, with nothing pending before it; each
+        such event is exactly what the line-by-line rules give (no ``event:`` name, the line after
+        ``data: `` as its data), and the decoder's state does not change. ``None`` when the chunk has any
+        other shape or something is pending: :meth:`feed` it then."""
+        if (
+            chunk[-2:] != b"\n\n"
+            or chunk[:6] != b"data: "
+            or not self._started
+            or self._tail
+            or self._data
+            or self._skip_lf
+            or self._discarding_line
+            or self._event is not None
+            or len(chunk) - 2 > self._max_line_bytes
+            or b"\r" in chunk
+        ):
             return None
+        return self._whole_parts(chunk)
+
+    @staticmethod
+    def _whole_parts(chunk: bytes) -> list[str] | None:
+        """:meth:`whole_data` once the chunk's ends and the decoder's state are checked."""
         end = chunk.find(b"\n", 6)
         if end == len(chunk) - 2:  # one event: the usual chunk
-            return [SSEEvent(None, chunk[6:end].decode("utf-8", "replace"))]
-        events = []
-        for part in chunk[:-2].split(b"\n\n"):
-            if part[:6] != b"data: " or b"\n" in part:
-                return None
-            events.append(SSEEvent(None, part[6:].decode("utf-8", "replace")))
-        return events
+            return [chunk[6:end].decode("utf-8", "replace")]
+        # Many events (a stream's chunks fed at once): every line feed is one of the two that end an event
+        # exactly when there are twice as many as events, and each event then is one ``data: `` line. The
+        # separators are ASCII, so decoding the whole and then splitting gives what decoding each would.
+        parts = chunk[6:-2].decode("utf-8", "replace").split("\n\ndata: ")
+        if chunk.count(b"\n") != 2 * len(parts):
+            return None
+        return parts
 
     def _extend_tail(self, part: bytes) -> None:
         if len(self._tail) + len(part) > self._max_line_bytes:

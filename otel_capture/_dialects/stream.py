@@ -181,7 +181,11 @@ class _Accumulator:
         text = self._texts.get(slot)
         if text is None:
             text = self._texts[slot] = _Text(container, key)
-        text.add(piece)
+        tail = text.tail  # _Text.add, inlined: this runs for nearly every event of a stream
+        tail.append(piece)
+        if len(tail) >= _Text._GROUP:
+            text.groups.append("".join(tail))
+            tail.clear()
 
     def _set(self, container: JsonDict, key: str, value: object) -> None:
         """``container[key] = value``, replacing any streamed pieces of that field."""
@@ -216,6 +220,9 @@ class _ChoicesAccumulator(_Accumulator, Generic[_ChoiceT]):
 
     _OBJECT: ClassVar[str]
     _SKIPPED_TOP: ClassVar[frozenset[str]]
+    # What a chunk ending the stream contains (.deferred): ``data: [DONE]``, an ``error`` (key or event
+    # name), or a JSON escape (through which the key could be spelled)
+    TERMINAL_MARKERS: ClassVar[tuple[bytes, ...]] = (b"[DONE]", b"error", b"\\u")
 
     def __init__(self) -> None:
         super().__init__()
@@ -225,6 +232,9 @@ class _ChoicesAccumulator(_Accumulator, Generic[_ChoiceT]):
         self._seen = False
         # read on every event: an instance attribute is a faster load than a class one (CPython 3.11)
         self._skipped_top = self._SKIPPED_TOP
+        # top-level keys a later chunk cannot change: skipped, or holding their first non-null value (the
+        # latest-wins ones are then only looked up): most chunks have no other key, and skip the walk
+        self._settled_top: set[str] = set(self._SKIPPED_TOP)
 
     def _add(self, event: SSEEvent) -> bool:
         data = event.data
@@ -240,12 +250,13 @@ class _ChoicesAccumulator(_Accumulator, Generic[_ChoiceT]):
             self._finish("error")
             self._record_error(error if error is not None else payload)
         top = self._top
-        skipped = self._skipped_top
-        for key, value in payload.items():
-            if key in skipped:
-                continue
-            if top.get(key) is None or (key in _LATEST_TOP and value is not None):
-                top[key] = value
+        if self._settled_top.issuperset(payload):
+            for key in _LATEST_TOP:
+                value = payload.get(key)
+                if value is not None:
+                    top[key] = value
+        else:
+            self._add_top(payload)
         usage = payload.get("usage")
         if isinstance(usage, dict):
             self._usage = usage
@@ -259,6 +270,18 @@ class _ChoicesAccumulator(_Accumulator, Generic[_ChoiceT]):
         if "choices" not in payload:
             self._add_without_choices(payload)
         return False
+
+    def _add_top(self, payload: JsonDict) -> None:
+        top = self._top
+        skipped = self._skipped_top
+        settled = self._settled_top
+        for key, value in payload.items():
+            if key in skipped:
+                continue
+            if top.get(key) is None or (key in _LATEST_TOP and value is not None):
+                top[key] = value
+            if top[key] is not None:
+                settled.add(key)
 
     def _add_choice(self, choice: JsonDict) -> bool:
         """Merge one ``choices[i]`` into its state; True if it carried model output."""

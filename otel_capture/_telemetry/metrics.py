@@ -6,6 +6,13 @@ They go through the OpenTelemetry metrics API, so whatever ``MeterProvider`` is 
 set they cost nothing. Their attributes are the low-cardinality span attributes only
 (:data:`otel_capture._attributes.METRIC_ATTRIBUTES`), never the rollout id.
 
+Two histograms of ours, by dialect, say what the capture itself costs, so its overhead shows in production
+and not only in benchmarks (``docs/performance.md``): ``otel_capture.capture.duration``, the time a call
+spent in the capture's own code on the request path (correlation, teeing and parsing each chunk, the span,
+the record line; not the time waiting for the app, the client or the disk), and
+``otel_capture.durability_wait.duration``, from the app's terminal chunk until the capture let it out (the
+record durable, failed or past its deadline) (contract D1, D6).
+
 Counters of ours, by dialect: ``otel_capture.uncorrelated_calls``, model calls served without a usable
 rollout id (none, or one outside the grammar; so not recorded): a missing prefix or header shows there at
 once (``docs/gateways.md``); ``otel_capture.late_calls``, calls to a frozen or retired rollout, answered
@@ -36,6 +43,27 @@ _logger = logging.getLogger(__name__)
 
 UNCORRELATED_CALLS = "otel_capture.uncorrelated_calls"
 LATE_CALLS = "otel_capture.late_calls"
+CAPTURE_DURATION = "otel_capture.capture.duration"
+DURABILITY_WAIT_DURATION = "otel_capture.durability_wait.duration"
+# the capture's own time per call is microseconds to milliseconds; the wait, one batch's fsync and more
+_BUCKETS_CAPTURE = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1)
+_BUCKETS_DURABILITY_WAIT = (
+    1e-4,
+    5e-4,
+    1e-3,
+    2.5e-3,
+    5e-3,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 TOKENS_MISSING_CALLS = "otel_capture.tokens_missing_calls"
 TOKEN_MISMATCH_CALLS = "otel_capture.token_mismatch_calls"
 _MAX_ATTRIBUTE_SETS = 1024  # past it (many models or hosts), further sets are built per call
@@ -92,6 +120,21 @@ class ServerMetrics:
             description="Time per output token generated after the first, for successful streamed responses.",
             explicit_bucket_boundaries_advisory=list(A.BUCKETS_TIME_PER_OUTPUT_TOKEN),
         )
+        self.capture_duration = meter.create_histogram(
+            CAPTURE_DURATION,
+            unit="s",
+            description="Time a model call spent in the capture's own code on the request path, not waiting "
+            "for the app, the client or the disk.",
+            explicit_bucket_boundaries_advisory=list(_BUCKETS_CAPTURE),
+        )
+        self.durability_wait = meter.create_histogram(
+            DURABILITY_WAIT_DURATION,
+            unit="s",
+            description="Time from the app's terminal chunk until the capture let it out: the record durable, "
+            "failed or past its deadline.",
+            explicit_bucket_boundaries_advisory=list(_BUCKETS_DURABILITY_WAIT),
+        )
+        self._dialect_sets: dict[str, dict[str, str]] = {}
         self.uncorrelated_calls = meter.create_counter(
             UNCORRELATED_CALLS,
             unit="{call}",
@@ -145,6 +188,19 @@ class ServerMetrics:
                 self.time_per_output_token.record(time_per_output_token, attributes)
         except Exception:
             _logger.exception("recording the gen_ai.server metrics failed")
+
+    def record_capture_cost(self, dialect: str, capture: float, durability_wait: float | None) -> None:
+        """Record one call's own capture time and its durability wait (``None``: no terminal chunk was
+        held). Never raises. The caller times the call only when :attr:`recording` said so at its start."""
+        try:
+            attributes = self._dialect_sets.get(dialect)
+            if attributes is None:
+                attributes = self._dialect_sets.setdefault(dialect, {A.MODEL_CALL_DIALECT: dialect})
+            self.capture_duration.record(capture, attributes)
+            if durability_wait is not None:
+                self.durability_wait.record(durability_wait, attributes)
+        except Exception:
+            _logger.exception("recording the capture's own cost failed")
 
     def count_uncorrelated(self, dialect: str) -> None:
         """Count one model call that had no rollout id. Never raises."""

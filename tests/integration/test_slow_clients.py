@@ -313,6 +313,70 @@ def test_a_response_over_the_cap_keeps_its_content_up_to_the_cap(tmp_path: Path,
         assert record.response["choices"][0]["finish_reason"] == "stop"
 
 
+def _small_events_app(events: int) -> Any:
+    """A stream of many small chat chunks (one ASGI message of 256 events at a time), then its end."""
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await serve_lifespan(receive, send)
+            return
+        await read_body(receive)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        event = (
+            b"data: " + json.dumps(dict(chunk, choices=[{"index": 0, "delta": {"content": "z"}}])).encode()
+        )
+        batch = (event + b"\n\n") * 256
+        for _ in range(events // 256):
+            await send({"type": "http.response.body", "body": batch, "more_body": True})
+        usage = {"prompt_tokens": 1, "completion_tokens": events, "total_tokens": events + 1}
+        last = dict(chunk, choices=[{"index": 0, "delta": {}, "finish_reason": "stop"}], usage=usage)
+        tail = b"data: " + json.dumps(last).encode() + b"\n\ndata: [DONE]\n\n"
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    return app
+
+
+def test_a_stream_of_small_events_over_the_cap_reassembles_into_about_the_cap(tmp_path: Path) -> None:
+    """The reassembly is bounded by the body cap as the raw stream is (contract D36): a stream of small
+    events 30 times the cap gives a record line of about twice the cap (the reassembled answer and the raw
+    bytes, each at most the cap), flagged truncated, which still says how the stream ended; the client gets
+    every byte."""
+    cap = 256 * 1024
+    events = 256 * 320  # about 8 MiB of ~100-byte events
+    with serve(_small_events_app(events)) as upstream:
+        process, url = start_cli_proxy(
+            upstream, "--capture-dir", str(tmp_path), env={"OTEL_CAPTURE_MAX_BODY_BYTES": str(cap)}
+        )
+        try:
+            answer = httpx.post(
+                f"{url}/ng-rollout/small/v1/chat/completions",
+                json={"model": "m", "stream": True, "messages": []},
+                timeout=60,
+            )
+        finally:
+            process.terminate()
+            process.communicate(timeout=60)
+    assert answer.status_code == 200
+    assert answer.content.count(b"\n\n") == events + 2 and answer.content.endswith(b"data: [DONE]\n\n")
+    (line,) = (tmp_path / "small.capture.jsonl").read_bytes().splitlines()
+    assert len(line) < 2 * cap + 64 * 1024  # was the whole stream's content: ~30 times the cap
+    (record,) = read_model_call_records(CaptureStore(tmp_path), "small")
+    assert record.truncated is True
+    assert record.response is not None
+    content = record.response["choices"][0]["message"]["content"]
+    assert set(content) == {"z"} and 0 < len(content) < cap // 50  # each event holds one "z" in ~100 bytes
+    assert record.error_category is None and record.stream_truncated is False  # the stream did complete
+    assert record.response["choices"][0]["finish_reason"] == "stop"
+    assert record.response["usage"]["completion_tokens"] == events
+
+
 def test_the_in_process_middleware_holds_back_only_the_terminal_chunk(telemetry: Telemetry) -> None:
     """Every chunk before the last reaches the client before the app sends the next one: the middleware
     buffers nothing but the terminal chunk (which waits until the record is durable)."""

@@ -252,3 +252,120 @@ def test_structured_garbage_never_raises(payloads: list[tuple[str | None, dict[s
         result = accumulator.result()
         assert accumulator.internal_errors == 0, dialect
         assert result is None or isinstance(orjson.dumps(result), bytes)
+
+
+# -- deferred reassembly (otel_capture._dialects.deferred) ---------------------------------------------
+
+_SPELLINGS = ["error", "message_stop", "response.completed", "response.incomplete", "response.failed", "stop"]
+
+
+def _spelled(text: str, escape: bool, spaced: bool) -> str:
+    """A payload's JSON as servers write it: with spaces after separators, and with the terminal names and
+    keys spelled through a JSON escape (``"\\u0065rror"``), which a server may do."""
+    if spaced:
+        text = text.replace('":', '": ').replace(',"', ', "')
+    if escape:
+        for name in _SPELLINGS:
+            text = text.replace(f'"{name}"', f'"\\u{ord(name[0]):04x}{name[1:]}"')
+    return text
+
+
+_ENDINGS: list[tuple[str | None, dict[str, Any]]] = [
+    ("response.completed", {"type": "response.completed", "response": {"output": []}}),
+    ("response.incomplete", {"type": "response.incomplete", "response": {}}),
+    ("response.failed", {"type": "response.failed", "response": {"error": {"code": "x"}}}),
+    ("error", {"type": "error", "error": {"message": "x"}}),
+    ("message_stop", {"type": "message_stop"}),
+    (None, {"error": {"message": "x"}}),
+    ("error", {"message": "x"}),
+    (None, {"content": "", "stop": True}),
+]
+_OUTPUT = [
+    {"choices": [{"index": 0, "delta": {"content": "a"}, "text": "a"}]},
+    {"type": "response.output_text.delta", "delta": "a"},
+    {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "a"}},
+]
+
+
+def _eager(make: Any, chunks: list[bytes]) -> tuple[Any, int | None, int | None]:
+    """What the capture did before the reassembly was deferred: every chunk decoded and accumulated as it
+    came. ``(accumulator, chunk of the first model output, chunk of the terminal event)``."""
+    decoder = SSEDecoder(1 << 24, keep_cut=True)
+    accumulator = make()
+    first = terminal = None
+    for i, chunk in enumerate(chunks):
+        for event in decoder.feed(chunk):
+            if accumulator.add(event) and first is None:
+                first = i
+        if terminal is None and accumulator.terminal is not None:
+            terminal = i
+    for event in decoder.close():
+        accumulator.add(event)
+    return accumulator, first, terminal
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=300)
+@given(
+    payloads=st.lists(
+        st.tuples(st.sampled_from([None, "error", *_TYPES[:6], "message_stop"]), _payloads), max_size=20
+    ),
+    done=st.booleans(),
+    ending=st.sampled_from([None, *range(8)]),
+    at=st.integers(min_value=0, max_value=20),
+    named=st.booleans(),
+    escape=st.booleans(),
+    spaced=st.booleans(),
+    crlf=st.booleans(),
+    by_event=st.booleans(),
+    cuts=st.lists(st.integers(min_value=0, max_value=6000), max_size=40),
+)
+def test_the_deferred_reassembly_is_the_eager_one_whatever_the_chunking_and_spelling(
+    payloads: list[tuple[str | None, dict[str, Any]]],
+    done: bool,
+    ending: int | None,
+    at: int,
+    named: bool,
+    escape: bool,
+    spaced: bool,
+    crlf: bool,
+    by_event: bool,
+    cuts: list[int],
+) -> None:
+    """The answer, the terminal event and its error, the chunk the terminal event completes (the one the
+    middleware holds) and the chunk of the first model output (the time to first token) are what decoding
+    every chunk as it came gave, for every dialect, however the stream is cut and spelled (``event:`` lines
+    or not, JSON spacing, names spelled through escapes, CRLF)."""
+    from otel_capture._dialects.deferred import StreamReassembly
+    from otel_capture._dialects.table import DIALECTS
+
+    # each dialect's model output first: the reassembly is deferred from there on
+    lines = [f"data: {orjson.dumps(first).decode()}\n\n" for first in _OUTPUT]
+    if ending is not None:  # a terminal event of some dialect, somewhere in the stream
+        payloads = [*payloads[:at], _ENDINGS[ending], *payloads[at:]]
+    for name, payload in payloads:
+        head = f"event: {name}\n" if named and name is not None else ""
+        body = _spelled(orjson.dumps(payload).decode(), escape, spaced)
+        lines.append(f"{head}data: {body}\n\n")
+    if done:
+        lines.append("data: [DONE]\n\n")
+    if by_event:  # one event per chunk, as servers flush them, then some cut further
+        pieces = [line.encode() for line in lines]
+        chunks = [c for piece in pieces for c in _split(piece, cuts[:1]) if c]
+    else:
+        chunks = [c for c in _split("".join(lines).encode(), cuts) if c]
+    if crlf:
+        chunks = [c.replace(b"\n", b"\r\n") for c in chunks]
+    for dialect, spec in DIALECTS.items():
+        reference, first, terminal = _eager(spec.accumulator, chunks)
+        reassembly = StreamReassembly(spec.accumulator, 1 << 24)
+        got_first = got_terminal = None
+        for i, chunk in enumerate(chunks):
+            if reassembly.feed(chunk) and got_first is None:
+                got_first = i
+            if got_terminal is None and reassembly.accumulator.terminal is not None:
+                got_terminal = i
+        accumulator = reassembly.close()
+        assert (got_first, got_terminal) == (first, terminal), dialect
+        assert orjson.dumps(accumulator.result()) == orjson.dumps(reference.result()), dialect
+        assert (accumulator.terminal, accumulator.error) == (reference.terminal, reference.error), dialect
+        assert not reassembly.truncated
