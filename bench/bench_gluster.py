@@ -12,6 +12,7 @@ proxy``) in front of one upstream that answers at once:
 
 * 32 and 1,024 rollouts, 64 and 256 concurrent connections: the proxy writing to the local disk, then
   the same proxy writing to the mount (node 1), each in its own process, alternating which goes first;
+* every rollout's file made before its first measurement (file creation is not what is compared);
 * one node against two: node 1's proxy alone, then node 1's and node 2's proxies writing into the same
   directory at once (each over its own 1,024 rollouts, each at the same concurrency), their sum against
   the one node.
@@ -103,6 +104,16 @@ def measure_together(
     return [out[0] for out in outs]
 
 
+def warm(proxy: H.ServerProcess, rollouts: int, prefix: str) -> None:
+    """Until every rollout's file exists: a run then measures appends, not the files' creation (each a
+    CREATE and a directory sync on the server), whichever load comes first."""
+    start = proxy.stats()["records"]
+    for _ in range(20):
+        H.run_load(proxy.url, body=REQUEST_BODY, concurrency=64, seconds=2, rollouts=rollouts, prefix=prefix)
+        if proxy.stats()["records"] - start >= rollouts:
+            return
+
+
 def _fsyncs_per_record(run: Run) -> float | None:
     return run.fsyncs / run.records if run.records else None
 
@@ -168,6 +179,9 @@ def _run(mounts: tuple[Path, Path], work: Path, seconds: int) -> int:
             by_case: dict[tuple[int, int], tuple[Run, Run]] = {}
             for n, (rollouts, concurrency) in enumerate(CASES):
                 prefix = f"/ng-rollout/r{rollouts}-"
+                if concurrency == CASES[0][1]:
+                    warm(on_disk, rollouts, prefix)
+                    warm(node1, rollouts, prefix)
                 order = [("disk", on_disk), ("mount", node1)]
                 if n % 2:
                     order.reverse()
@@ -219,6 +233,8 @@ def _run(mounts: tuple[Path, Path], work: Path, seconds: int) -> int:
             )
 
             rows = []
+            warm(node2, 1024, "/ng-rollout/n2-")
+            warm(node1, 1024, "/ng-rollout/n1-")
             for concurrency in (64, 256):
                 one = measure(node1, concurrency, seconds, 1024, "/ng-rollout/n1-")
                 two = measure_together(
