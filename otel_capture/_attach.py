@@ -56,7 +56,6 @@ Ours, added where they tell more (NeMo Gym's readers ignore unknown codes):
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import logging
 import os
@@ -78,7 +77,6 @@ from ._store import (
     read_available_model_call_records,
     validate_rollout_ids,
 )
-from ._store.lifecycle_io import INFLIGHT_REASON
 
 _logger = logging.getLogger(__name__)
 
@@ -350,17 +348,29 @@ def _freeze_directory(
     except Exception as exc:  # an unfreezable directory is a gap, never a crash
         _logger.warning("cannot freeze rollout %s in %s: %s", rollout_id, store.root, exc, exc_info=True)
         return _DirectoryRead(store, str(store.data_path(rollout_id)), None, f"{store.root}: {exc}"), None
-    read = _read_directory(store, rollout_id)  # the damage, the torn tail and the marker, as ever
-    in_flight = tuple(
-        _in_flight_detail(call.model_call_id, seen.get(call.model_call_id), wait_s, store)
-        for call in snapshot.incomplete_calls
-        if call.reason == INFLIGHT_REASON
+    return _snapshot_read(store, snapshot, seen, wait_s), snapshot
+
+
+def _snapshot_read(
+    store: CaptureStore, snapshot: CaptureSnapshot, seen: dict[str, float], wait_s: float
+) -> _DirectoryRead:
+    """What one directory's snapshot says, as the attachment needs it: the snapshot is the read model (its
+    records, damaged lines, torn tail, calls in flight and lost calls, read once by the freeze)."""
+    path = str(store.data_path(snapshot.rollout_id))
+    if snapshot.unreadable is not None:
+        return _DirectoryRead(store, path, None, f"{store.root}: {snapshot.unreadable}")
+    available = AvailableRecords(
+        records=list(snapshot.records),
+        invalid=list(snapshot.damaged_lines),
+        torn_tail=snapshot.torn_tail is not None,
+        incomplete=snapshot.marked,
+        torn_tail_line=snapshot.torn_tail,
     )
-    if read.available is not None:  # the calls are exactly the snapshot's
-        read = dataclasses.replace(
-            read, available=dataclasses.replace(read.available, records=list(snapshot.records))
-        )
-    return dataclasses.replace(read, in_flight=in_flight), snapshot
+    lost: tuple[str, ...] = ()
+    if snapshot.marked:
+        lost = tuple(f"{call.model_call_id or '?'}: {call.reason}" for call in snapshot.lost_calls)
+    in_flight = tuple(_in_flight_detail(mcid, seen.get(mcid), wait_s, store) for mcid in snapshot.in_flight)
+    return _DirectoryRead(store, path, available, lost=lost, in_flight=in_flight)
 
 
 def freeze_model_call_capture(

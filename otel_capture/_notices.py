@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from typing import Any
 
 _FORMAT = "%(levelname)s %(name)s: %(message)s"
@@ -42,3 +43,26 @@ def _level_chosen_for_us(logger: logging.Logger) -> bool:
             return True
         current = current.parent
     return False
+
+
+class RateLimitedNotice:
+    """When to log a recurring condition: the first time, then at most once per interval, with the number
+    of occurrences since the last line."""
+
+    def __init__(self, interval_s: float) -> None:
+        self._interval_s = interval_s
+        self._next_at: float | None = None
+        self._held = 0
+
+    def note(self) -> int | None:
+        """``0`` the first time, ``None`` while held back, else the occurrences since the last line."""
+        now = time.monotonic()
+        if self._next_at is None:
+            self._next_at = now + self._interval_s
+            return 0
+        self._held += 1
+        if now < self._next_at:
+            return None
+        held, self._held = self._held, 0
+        self._next_at = now + self._interval_s
+        return held

@@ -458,6 +458,10 @@ def upstream_url(name: str, url: str) -> str:
         parsed = URL(url)
     except ValueError as exc:
         raise ConfigurationError(name, f"not a URL: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigurationError(
+            name, "the upstream must be an absolute http:// or https:// URL, such as http://127.0.0.1:8000"
+        )
     for part in (parsed.user, parsed.password):
         if part is not None:
             header_value(name + " (its user or password, sent as Basic auth)", part)

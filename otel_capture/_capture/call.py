@@ -16,9 +16,11 @@ import orjson
 
 from .. import _attributes as A
 from .._dialects import DIALECTS, Dialect, StreamAccumulator
+from .._dialects.mismatch import token_mismatch
 from .._dialects.missing import tokens_missing
 from .._dialects.sse import SSEDecoder, SSEEvent
-from .._dialects.stream import close_cut_json
+from .._dialects.stream import close_cut_json, loads_nonstandard
+from .._dialects.tokens import extract_tokens
 from .._records import SCHEMA_VERSION, call_failed, encode_record_line
 from .._settings import CaptureSettings
 from .._telemetry import content_attributes, request_attributes, response_attributes
@@ -57,20 +59,34 @@ class _Body:
 
 
 def parse_object(raw: bytes) -> dict[str, Any] | None:
-    """A JSON object, or None for anything else (malformed, a list, a scalar, empty)."""
+    """A JSON object, or None for anything else (malformed, a list, a scalar, empty). A body with
+    ``NaN`` or ``±Infinity`` (Python's JSON, e.g. a NaN log-prob) is read too (:func:`nonstandard`)."""
     if not raw:
         return None
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return None
+        value = loads_nonstandard(raw)
     return value if isinstance(value, dict) else None
+
+
+def nonstandard(raw: bytes, parsed: dict[str, Any] | None) -> bool:
+    """Whether ``parsed`` came from a body strict JSON refuses (``NaN``, ``±Infinity``): it cannot be
+    embedded as sent (the line would not be JSON); it is written re-encoded, those values as ``null``, and
+    the bytes as sent are kept in ``response_raw``. Only looked at for a body that has those words."""
+    if parsed is None or (b"NaN" not in raw and b"Infinity" not in raw):
+        return False
+    try:
+        orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return True
+    return False
 
 
 def _as_fragment(raw: bytes, parsed: dict[str, Any]) -> Any:
     """Embed the exact body bytes in the line (no re-serialisation, no int/float drift) when they are one
-    line of JSON; else the parsed object."""
-    if b"\n" in raw or b"\r" in raw:
+    line of strict JSON; else the parsed object."""
+    if b"\n" in raw or b"\r" in raw or nonstandard(raw, parsed):
         return parsed
     return orjson.Fragment(raw)
 
@@ -131,14 +147,18 @@ def classify_exception(exc: BaseException) -> str:
     return "exception"
 
 
-def _tokens_missing(
+def _token_checks(
     request: dict[str, Any] | None, response: dict[str, Any] | None, dialect: str
-) -> str | None:
+) -> tuple[str | None, str | None]:
+    """``(tokens_missing, token_mismatch)`` of an answer (``docs/tokens.md``), its tokens read once."""
     try:
-        return tokens_missing(request, response, dialect)
+        found = extract_tokens(response)
+        return tokens_missing(request, response, dialect, found), token_mismatch(
+            request, response, dialect, found
+        )
     except Exception:  # capture never fails a call; a body this cannot read is a bug, logged
-        _logger.debug("could not tell whether the tokens asked for are there", exc_info=True)
-        return None
+        _logger.debug("could not check the answer's tokens", exc_info=True)
+        return None, None
 
 
 class InFlightCall:
@@ -185,6 +205,8 @@ class InFlightCall:
         self.latency_ms: float | None = None
         self.response_obj: dict[str, Any] | None = None
         self.tokens_missing: str | None = None  # why the tokens asked for are not all there (docs/tokens.md)
+        self.token_mismatch: str | None = None  # which token invariant the answer breaks (docs/tokens.md)
+        self._response_nonstandard = False  # a body with NaN/Infinity: re-encoded, its bytes kept raw
 
     # -- request ------------------------------------------------------------------------------------
 
@@ -274,7 +296,9 @@ class InFlightCall:
             if self._accumulator.error is not None:
                 self.failure = {"error": self._accumulator.error}
         elif not self.response.truncated:
-            self.response_obj = parse_object(self.response.bytes())
+            raw = self.response.bytes()
+            self.response_obj = parse_object(raw)
+            self._response_nonstandard = nonstandard(raw, self.response_obj)
         elif self.response.size:  # over the cap: what it kept, its JSON closed at the cut (flagged truncated)
             self.response_obj = parse_object(close_cut_json(self.response.bytes()) or b"")
         if exception is not None:
@@ -293,7 +317,9 @@ class InFlightCall:
             category = "capture_parse_error"
         self.error_category = category
         if category in (None, "incomplete"):  # an answer: are the tokens it was asked for there?
-            self.tokens_missing = _tokens_missing(self.request_obj, self.response_obj, self.dialect)
+            self.tokens_missing, self.token_mismatch = _token_checks(
+                self.request_obj, self.response_obj, self.dialect
+            )
 
     def release_bodies(self) -> None:
         """Once the line is built: a call waiting until its record is durable holds only its line, not
@@ -310,7 +336,9 @@ class InFlightCall:
         if self.stream:
             partial = self.error_category is not None or self.response_obj is None or self.response.truncated
             return partial or self.settings.keep_raw_stream
-        return self.response.size > 0 and (self.response_obj is None or self.response.truncated)
+        if self.response.size > 0 and (self.response_obj is None or self.response.truncated):
+            return True
+        return self._response_nonstandard  # its NaN are null in `response`: the bytes as sent are kept
 
     def line(self, trace_id: int, span_id: int) -> bytes:
         """The record as one NeMo Gym 0.7.0 line (its keys first, in its order; ours after): the values
@@ -351,6 +379,8 @@ class InFlightCall:
             record["failure"] = self.failure
         if self.tokens_missing is not None:
             record["tokens_missing"] = self.tokens_missing
+        if self.token_mismatch is not None:
+            record["token_mismatch"] = self.token_mismatch
         engine_version = engine_weight_version(self.response_obj)
         if engine_version is not None:
             record["engine_weight_version"] = engine_version
@@ -366,7 +396,7 @@ class InFlightCall:
     def _response_value(self) -> Any:
         if self.response_obj is None:
             return None
-        if self.stream or self.response.truncated:
+        if self.stream or self.response.truncated or self._response_nonstandard:
             return self.response_obj
         return _as_fragment(self.response.bytes(), self.response_obj)
 
@@ -410,6 +440,8 @@ class InFlightCall:
             attributes[A.ERROR_TYPE] = self.error_category
         if self.tokens_missing is not None:
             attributes[A.MODEL_CALL_TOKENS_MISSING] = self.tokens_missing
+        if self.token_mismatch is not None:
+            attributes[A.MODEL_CALL_TOKEN_MISMATCH] = self.token_mismatch
         engine_version = engine_weight_version(self.response_obj)
         if engine_version is not None:
             attributes[A.ENGINE_WEIGHT_VERSION] = engine_version

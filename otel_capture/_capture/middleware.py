@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
 from typing import Any
 
@@ -56,7 +55,7 @@ from .._correlation import (
     warn_ignored_carriers,
 )
 from .._dialects import DIALECTS, Dialect
-from .._notices import notify
+from .._notices import RateLimitedNotice, notify
 from .._records import tokens_line
 from .._settings import (
     ENV_API_KEY_ROLLOUT_PATTERN,
@@ -64,7 +63,7 @@ from .._settings import (
     JSONL_EXPORTER,
     CaptureSettings,
 )
-from .._store.uncorrelated import UncorrelatedCounter, counter_for
+from .._store import UncorrelatedCounter, counter_for
 from .._telemetry import ServerMetrics, SpanGate
 from .._version import __version__
 from .call import InFlightCall
@@ -117,7 +116,7 @@ class ModelCallCaptureMiddleware:
         self._spans = SpanGate(tracer_provider)
         self._metrics = ServerMetrics(meter_provider)
         self._span_kind = span_kind
-        self._uncorrelated_notice = _RateLimitedNotice(_UNCORRELATED_NOTICE_INTERVAL_S)
+        self._uncorrelated_notice = RateLimitedNotice(_UNCORRELATED_NOTICE_INTERVAL_S)
         self._uncorrelated_counter: UncorrelatedCounter | None = None
         self._deadlines: _Deadlines | None = None  # of the loop that last finished a call
 
@@ -265,6 +264,8 @@ class ModelCallCaptureMiddleware:
             call.finish(exception=exception, cancelled=cancelled)
             if call.tokens_missing is not None:
                 self._metrics.count_tokens_missing(call.dialect)
+            if call.token_mismatch is not None:
+                self._metrics.count_token_mismatch(call.dialect)
             recording = span.is_recording()
             if recording or attributes is not None:
                 end_attributes = call.end_attributes()
@@ -499,29 +500,6 @@ class _CapturedExchange:
                     self._scope[SCOPE_RESPONSE_COMPLETE] = True
                 return
         await self._send(message)
-
-
-class _RateLimitedNotice:
-    """When to log a recurring condition: the first time, then at most once per interval, with the number
-    of occurrences since the last line."""
-
-    def __init__(self, interval_s: float) -> None:
-        self._interval_s = interval_s
-        self._next_at: float | None = None
-        self._held = 0
-
-    def note(self) -> int | None:
-        """``0`` the first time, ``None`` while held back, else the occurrences since the last line."""
-        now = time.monotonic()
-        if self._next_at is None:
-            self._next_at = now + self._interval_s
-            return 0
-        self._held += 1
-        if now < self._next_at:
-            return None
-        held, self._held = self._held, 0
-        self._next_at = now + self._interval_s
-        return held
 
 
 class _NotDurableInTime(Exception):

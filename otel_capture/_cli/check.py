@@ -32,8 +32,8 @@ from .._store import (
     choose_sync,
     pending_losses,
     read_available_model_call_records,
+    read_uncorrelated,
 )
-from .._store.uncorrelated import read_uncorrelated
 from .show import torn_tail
 
 

@@ -34,6 +34,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from .._rollout_id import validate_rollout_id
 from .._settings import CorrelationSettings
 from .ids import (
     ROLLOUT_ID_HEADER,
@@ -41,7 +42,6 @@ from .ids import (
     rollout_context,
     rollout_path_prefix,
     split_rollout_prefix,
-    validate_rollout_id,
 )
 
 _logger = logging.getLogger(__name__)

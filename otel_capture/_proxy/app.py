@@ -35,6 +35,7 @@ from yarl import URL
 from .._asgi import ASGIApp, Message, Receive, Scope, Send, send_json
 from .._capture import SCOPE_RESPONSE_COMPLETE, ModelCallCaptureMiddleware
 from .._correlation import server_span_details, unprefixed_raw_path
+from .._notices import RateLimitedNotice, notify
 from .._settings import CaptureSettings, ProxySettings, WriterSettings, upstream_from_environ, upstream_url
 from .._telemetry import LeanServerSpanMiddleware, build_tracer_provider
 from .guards import CallLimit, RequestSizeLimit, limit_client_buffers
@@ -84,7 +85,8 @@ class UpstreamProxy:
         self._upstream = base
         self._origin = base.origin()
         self._base_path = base.raw_path.rstrip("/").encode("latin-1")
-        self.shown_upstream = display_url(upstream.rstrip("/"))  # for messages: never its password
+        self.shown_upstream = display_url(upstream.rstrip("/"))  # for the log: never its password
+        self._failure_notice = RateLimitedNotice(60.0)
         # credentials in the URL go as Basic auth, unless the client sends its own authorization
         auth = aiohttp.BasicAuth(base.user, base.password or "").encode() if base.user else None
         self._auth = b"authorization: " + auth.encode("latin-1") + b"\r\n" if auth else b""
@@ -198,27 +200,21 @@ class UpstreamProxy:
         try:
             response = await self._request(method, target, headers, body)
         except asyncio.TimeoutError as exc:  # no byte before the headers within the timeout (contract D28)
-            message = f"upstream {self.shown_upstream} timed out: {exc!r} (upstream timeout {self.timeout} s)"
+            self._upstream_failed("did not answer within the upstream timeout (%s s): %r", self.timeout, exc)
+            message = f"the upstream did not answer within {self.timeout} s"
             await send_json(send, 504, {"error": {"type": "upstream_timeout", "message": message}})
             return
         except UpstreamHeadTooLarge as exc:
-            message = (
-                f"upstream {self.shown_upstream} sent a response header line over this proxy's limit of "
-                f"{MAX_HEADER_LINE_BYTES} bytes: {exc.message}"
+            self._upstream_failed(
+                "sent a response header line over %s bytes: %s", MAX_HEADER_LINE_BYTES, exc.message
             )
+            message = f"the upstream sent a response header line over this proxy's limit of {MAX_HEADER_LINE_BYTES} bytes"
             await send_json(send, 502, {"error": {"type": "upstream_header_too_large", "message": message}})
             return
         except aiohttp.ClientError as exc:
-            await send_json(
-                send,
-                502,
-                {
-                    "error": {
-                        "type": "upstream_unreachable",
-                        "message": f"upstream {self.shown_upstream} failed: {exc!r}",
-                    }
-                },
-            )
+            self._upstream_failed("could not be reached (is it down?): %r", exc)
+            message = "the capture proxy could not reach its upstream; its log says why"
+            await send_json(send, 502, {"error": {"type": "upstream_unreachable", "message": message}})
             return
         complete = False
         try:
@@ -229,6 +225,14 @@ class UpstreamProxy:
                 response.release()  # read to its end: the connection goes back to the pool
             else:
                 response.close()  # stopped early, failed or cancelled: the connection is not reused
+
+    def _upstream_failed(self, what: str, *args: object) -> None:
+        """The log, not the client, learns where the upstream is and what failed: the first time, then at
+        most once a minute with the count since (a client's error body names neither)."""
+        held = self._failure_notice.note()
+        if held is not None:
+            since = f" ({held} more since the last line)" if held else ""
+            notify(_logger, logging.WARNING, "upstream %s " + what + "%s", self.shown_upstream, *args, since)
 
     async def _request(self, method: str, target: bytes, headers: bytes, body: bytes) -> _Response:
         """Send; a request the upstream dropped before any byte of the answer (it closed the kept-alive
@@ -320,6 +324,7 @@ class _FinishCallsFirst:
         self._calls = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self._shutting_down = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -329,6 +334,16 @@ class _FinishCallsFirst:
         self._idle.clear()
         try:
             await self.app(scope, receive, send)
+        except asyncio.CancelledError:
+            if not self._shutting_down:
+                raise
+            # The documented end of a call past --shutdown-timeout: its record says `cancelled`; the log
+            # gets one line, not the server's stack trace of an exception in the app.
+            notify(
+                _logger,
+                logging.WARNING,
+                "shutdown: a call still running after the shutdown timeout was cancelled (recorded as cancelled)",
+            )
         finally:
             self._calls -= 1
             if not self._calls:
@@ -338,6 +353,7 @@ class _FinishCallsFirst:
         async def receive_lifespan() -> Message:
             message = await receive()
             if message["type"] == "lifespan.shutdown":
+                self._shutting_down = True
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._idle.wait(), _DRAIN_BOUND)
             return message

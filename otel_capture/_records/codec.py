@@ -88,6 +88,8 @@ def tokens_line(
          "prompt_token_ids": [...] | null,
          "generations": [{"index": 0, "token_ids": [...] | null, "log_probs": [...] | null}, ...]}
 
+    An entry of a list may be ``null`` (an odd one: a NaN log-prob...; ``docs/tokens.md``, "Odd entries").
+
     What is read from which response shape is the dialects' (:func:`otel_capture._dialects.tokens.
     extract_tokens`); the ``request`` gives a token-in/token-out call's prompt ids."""
     found = extract_tokens(response, request)

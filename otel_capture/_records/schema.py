@@ -101,6 +101,9 @@ class ModelCallRecord(BaseModel):
     failure: dict[str, Any] | None = None
     # why the token ids or log-probs the request asked for are not all in the answer (docs/tokens.md)
     tokens_missing: str | None = None
+    # which token invariant the answer breaks, odd entries, log-probs against ids, ids against the usage
+    # (docs/tokens.md, "Token integrity")
+    token_mismatch: str | None = None
     # The weight (policy) version (docs/attachment.md, "Weight versions"): what the engine reported in its
     # answer; the version in force when the call was admitted (the caller's, else the one declared for the
     # directory); the declared version when it finished, only when that differs (weights changed meanwhile).

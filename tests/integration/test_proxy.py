@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -88,6 +89,30 @@ def test_unreachable_upstream_is_a_502_recorded_as_upstream_error(telemetry: Tel
     assert response.json()["error"]["type"] == "upstream_unreachable"
     (record,) = read_model_call_records(telemetry.store, "down")
     assert record.status_code == 502 and record.error_category == "upstream_error"
+
+
+def test_an_unreachable_upstream_is_named_in_the_log_not_in_the_clients_answer(
+    telemetry: Telemetry, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The client's 502 says the upstream could not be reached, without the proxy's internal address or a
+    library's repr; the proxy's log names the upstream and the error, once for a burst of failures."""
+    with serve(ReplayModelServer()) as dead:
+        pass
+    with (
+        caplog.at_level(logging.WARNING, logger="otel_capture"),
+        start_proxy(dead, settings=CaptureSettings(), tracer_provider=telemetry.provider) as proxy,
+    ):
+        answers = [
+            httpx.post(f"{proxy.url}/ng-rollout/down/v1/chat/completions", json={"model": "m"})
+            for _ in range(3)
+        ]
+    port = dead.rsplit(":", 1)[1]
+    for answer in answers:
+        assert answer.status_code == 502
+        assert port not in answer.text and "Error(" not in answer.text and "aiohttp" not in answer.text
+        assert answer.json()["error"]["type"] == "upstream_unreachable"
+    lines = [r.getMessage() for r in caplog.records if "could not be reached" in r.getMessage()]
+    assert len(lines) == 1 and dead.split("//")[1] in lines[0]  # once for the burst, naming the upstream
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])

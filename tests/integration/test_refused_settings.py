@@ -90,6 +90,22 @@ def test_the_proxy_command_refuses_an_upstream_url_a_head_cannot_carry(tmp_path:
     assert line.startswith("otel-capture: error: --upstream: character 22 of the URL (U+000D)")
 
 
+@pytest.mark.parametrize("upstream", ["localhost:8000", "127.0.0.1:8000", "ftp://127.0.0.1:8000", "http://"])
+def test_the_proxy_command_refuses_an_upstream_that_is_not_an_http_url_before_listening(
+    tmp_path: Path, upstream: str
+) -> None:
+    """``--upstream localhost:8000`` (no scheme) used to print ``listening on`` and then fail with the URL
+    parser's words; it is refused first, with the form it needs."""
+    result = _cli_proxy(tmp_path, {}, upstream=upstream)
+    assert result.returncode == 1
+    assert "listening on" not in result.stdout
+    (line,) = result.stderr.splitlines()
+    assert line == (
+        "otel-capture: error: --upstream: the upstream must be an absolute http:// or https:// URL, "
+        "such as http://127.0.0.1:8000"
+    )
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
     [

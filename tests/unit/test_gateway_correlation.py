@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from otel_capture import InvalidRolloutIdError, rollout_context, rollout_headers
-from otel_capture._capture.middleware import _RateLimitedNotice
 from otel_capture._correlation import Correlation, Refusal, server_span_details, unprefixed_raw_path
 from otel_capture._correlation import correlate as _correlate
 from otel_capture._correlation.ids import rollout_id_from_header
 from otel_capture._correlation.routing import DOUBLE_PREFIX_RULE
+from otel_capture._notices import RateLimitedNotice
 
 
 def _scope(
@@ -116,7 +116,7 @@ def test_server_spans_are_named_without_the_rollout(path: str, name: str, route:
 
 
 def test_the_notice_says_the_first_time_then_counts_what_it_held_back() -> None:
-    always = _RateLimitedNotice(0.0)
+    always = RateLimitedNotice(0.0)
     assert [always.note() for _ in range(3)] == [0, 1, 1]
-    rarely = _RateLimitedNotice(3600.0)
+    rarely = RateLimitedNotice(3600.0)
     assert [rarely.note() for _ in range(3)] == [0, None, None]

@@ -16,7 +16,7 @@ from otel_capture._cli.main import main
 from otel_capture._cli.show import format_calls_table, format_rollouts_table, short_model
 from otel_capture._records import InvalidLine, codec
 from otel_capture._store import CaptureStore
-from otel_capture._store import store as store_module
+from otel_capture._store import lines as store_module
 
 
 def record(**fields: Any) -> ModelCallRecord:
