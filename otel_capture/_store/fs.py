@@ -16,6 +16,7 @@ import io
 import logging
 import os
 import stat
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
@@ -154,36 +155,64 @@ def still_named(dir_fd: int, name: str, dev: int, ino: int) -> os.stat_result | 
     return st if st.st_ino == ino and st.st_dev == dev else None
 
 
+def _default_limit() -> int:
+    """How many data files the writer keeps open: a quarter of the process's descriptor limit, between 64
+    and 2,048 (1,024 rollouts with a tokens file each; a node's other descriptors keep three quarters)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):  # pragma: no cover - every Linux has it
+        return 64
+    if soft == resource.RLIM_INFINITY:
+        return 2048
+    return max(64, min(2048, soft // 4))
+
+
 class AppendFiles:
-    """The writer thread's data files, kept open from one batch to the next instead of opened, checked and
-    closed per rollout per batch (an ``openat``, an ``fstat`` and a ``close`` each time).
+    """The writer's data files, kept open from one batch to the next instead of opened, checked and closed
+    per rollout per batch (an ``openat``, an ``fstat`` and a ``close`` each time).
 
-    A kept descriptor is used again only if the name still leads to it: one ``lstat`` of the name (relative
-    to this batch's directory descriptor, no link followed) must find a regular file with one link, the
-    same device and inode, and no mode wider than ``mode``. Anything else (a retire or delete renamed the
-    file away, a link or another file planted in its place, a hard link made to it, the directory replaced)
-    closes it and opens the name afresh through :func:`open_append`, with every check of a first open. The
-    inode cannot be reused while the descriptor holds it, so the same inode is the same file.
+    A kept descriptor is used again only if the name still leads to it *while its ``flock`` is held*
+    (:meth:`open_locked`): one ``lstat`` of the name (relative to this batch's directory descriptor, no link
+    followed) must find a regular file with one link, the same device and inode, and no mode wider than
+    ``mode``. Anything else (a retire or delete renamed the file away, a link or another file planted in its
+    place, a hard link made to it, the directory replaced) unlocks and closes it and opens the name afresh
+    through :func:`open_append`, with every check of a first open. The inode cannot be reused while the
+    descriptor holds it, so the same inode is the same file; checked under the lock, the ``lstat``'s size is
+    the size the append starts at (no ``fstat`` of its own: one round trip fewer on a network filesystem).
 
-    At most ``limit`` files stay open (the least recently used is closed first); :meth:`close_all` closes
-    the rest when the writer goes idle or stops, so a retired rollout's file is not held open for long.
-    Used by one thread only.
+    At most ``limit`` files stay open (:meth:`trim`, after a batch is synced: a file of the batch is never
+    closed before its sync); :meth:`close_all` closes them when the writer goes idle or stops, so a retired
+    rollout's file is not held open for long. Used by the writer thread and, on a network filesystem, by
+    its pool at once, each name by one thread at a time (:mod:`.batch_io`): the table is guarded by a lock,
+    never held across I/O.
     """
 
-    def __init__(self, limit: int = 64) -> None:
-        self._limit = limit
+    def __init__(self, limit: int | None = None) -> None:
+        self._limit = _default_limit() if limit is None else limit
         self._files: dict[str, tuple[int, int, int]] = {}  # name -> (fd, st_dev, st_ino), oldest use first
         self._ends: dict[int, int] = {}  # fd -> size after our last append (its last byte is our "\n")
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._files)
 
-    def open(self, dir_fd: int, name: str, label: str, mode: int = FILE_MODE) -> tuple[int, bool]:
-        """Like :func:`open_append` (the descriptor stays owned by this object: never close it yourself;
-        :meth:`discard` it after a failure)."""
-        kept = self._files.pop(name, None)
+    def open_locked(
+        self, dir_fd: int, name: str, label: str, timeout: float, mode: int = FILE_MODE
+    ) -> tuple[int, bool, int]:
+        """The data file ``name``, open for appending and ``flock(LOCK_EX)``-ed (waited for ``timeout``
+        seconds at most) (contract D8, D21): ``(fd, created, size)``. The descriptor stays owned by this
+        object (never close it; :meth:`discard` it after a failure); the caller unlocks it."""
+        with self._lock:
+            kept = self._files.pop(name, None)
         if kept is not None:
             fd, dev, ino = kept
+            try:
+                flock_within(fd, fcntl.LOCK_EX, timeout, label)
+            except BaseException:
+                self._close(fd)  # fenced (EBADFD): the next batch opens the file afresh (contract D27)
+                raise
             try:
                 st = still_named(dir_fd, name, dev, ino)
             except OSError as exc:
@@ -191,24 +220,30 @@ class AppendFiles:
                 # descriptor stays open: close it, so that the next batch opens the file afresh.
                 self._close(fd)
                 raise fenced_error(exc, label) from None
+            except BaseException:
+                self._close(fd)
+                raise
             if (
                 st is not None
                 and problem(st, single_link=True) is None
                 and not stat.S_IMODE(st.st_mode) & ~mode
             ):
-                self._files[name] = kept  # most recently used last
-                return fd, False
+                with self._lock:
+                    self._files[name] = kept  # most recently used last
+                return fd, False, st.st_size
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
             self._close(fd)
         fd, created = open_append(dir_fd, name, label, mode)
         try:
+            flock_within(fd, fcntl.LOCK_EX, timeout, label)
             st = os.fstat(fd)
         except BaseException:
             os.close(fd)
             raise
-        self._files[name] = (fd, st.st_dev, st.st_ino)
-        while len(self._files) > self._limit:
-            self._close(self._files.pop(next(iter(self._files)))[0])
-        return fd, created
+        with self._lock:
+            self._files[name] = (fd, st.st_dev, st.st_ino)
+        return fd, created, st.st_size
 
     def clean_end(self, fd: int) -> int:
         """The size the file had after our last append to it through ``fd`` (-1 when unknown)."""
@@ -219,14 +254,23 @@ class AppendFiles:
 
     def discard(self, fd: int) -> None:
         """Close a descriptor after a failure on it (it is opened afresh next time)."""
-        for name, kept in self._files.items():
-            if kept[0] == fd:
-                del self._files[name]
-                self._close(fd)
+        with self._lock:
+            found = next((name for name, kept in self._files.items() if kept[0] == fd), None)
+            if found is None:
                 return
+            del self._files[found]
+        self._close(fd)
+
+    def trim(self) -> None:
+        """Close the least recently used files beyond the limit (after a batch's sync)."""
+        while len(self._files) > self._limit:
+            with self._lock:
+                fd = self._files.pop(next(iter(self._files)))[0]
+            self._close(fd)
 
     def close_all(self) -> None:
-        files, self._files = self._files, {}
+        with self._lock:
+            files, self._files = self._files, {}
         for fd, _, _ in files.values():
             self._close(fd)
 
@@ -400,6 +444,7 @@ class DirFds:
         self._fsync = fsync
         self._create = create
         self._fds: dict[str, int] = {}
+        self._opening = threading.RLock()  # a batch's pool opens them lazily from several threads
 
     def __enter__(self) -> DirFds:
         return self
@@ -415,6 +460,13 @@ class DirFds:
             os.close(fd)
 
     def root_fd(self) -> int:
+        fd = self._fds.get("")
+        if fd is not None:
+            return fd
+        with self._opening:
+            return self._open_root()
+
+    def _open_root(self) -> int:
         fd = self._fds.get("")
         if fd is None:
             flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -432,10 +484,14 @@ class DirFds:
         """``.otel-capture`` (``sub`` None) or ``.otel-capture/<sub>``."""
         label = STATE_DIR if sub is None else f"{STATE_DIR}/{sub}"
         fd = self._fds.get(label)
-        if fd is None:
-            parent = self.root_fd() if sub is None else self.state_fd()
-            fd = self._fds[label] = self._subdir(parent, STATE_DIR if sub is None else sub, label)
-        return fd
+        if fd is not None:
+            return fd
+        with self._opening:
+            fd = self._fds.get(label)
+            if fd is None:
+                parent = self.root_fd() if sub is None else self.state_fd()
+                fd = self._fds[label] = self._subdir(parent, STATE_DIR if sub is None else sub, label)
+            return fd
 
     def _subdir(self, parent: int, name: str, label: str) -> int:
         for _ in range(OPEN_TRIES):

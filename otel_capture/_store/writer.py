@@ -26,13 +26,14 @@ from pathlib import Path
 from .._errors import CaptureFrozenError, LockTimeoutError, WriterClosedError
 from .._rollout_id import validate_rollout_id
 from .._settings import DEFAULT_LOCK_TIMEOUT_S
-from .append import fenced_append
+from .append import AppendJob
+from .batch_io import BatchIO
 from .dirstate import DirState, dir_state
 from .fs import DIR_MODE, FILE_MODE, AppendFiles, check_directory, make_root
 from .fstype import SyncChoice, choose_sync
 from .libc import name_native_thread
-from .locks import LockFiles
-from .sync import LIBC_SYNCFS, sync_batch
+from .locks import LockFiles, StripedLocks
+from .sync import LIBC_SYNCFS, fsync_dir, sync_batch
 from .weight import DeclaredVersions, WeightStamp, stamp_batch
 from .writer_failures import WriterFailures
 from .writer_items import Completions, LoopWaiter, WriterStats, _Abandon, _Barrier, _Begin, _Discard, _Item
@@ -104,6 +105,8 @@ class JsonlWriter:
         # Why a filesystem decides the sync: syncfs does not reach a network or FUSE server (see _sync).
         self.sync_choice: SyncChoice = choose_sync(self.root, syncfs_allowed=syncfs is not None)
         _logger.info("capture directory %s: %s", self.root, self.sync_choice.describe())
+        # a network or FUSE filesystem: a batch's stripes are written at once (see batch_io)
+        self._io = BatchIO(self.sync_choice.shared, fsync)
         self._file_mode = file_mode
         self._dir_mode = dir_mode
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -306,6 +309,7 @@ class JsonlWriter:
                 _logger.exception("capture writer failed retrying the incomplete marks it holds")
             for barrier in barriers:
                 barrier.future.set_result(None)
+        self._io.close()
         self._files.close_all()
         self._lock_files.close_all()
         self._failures.close()
@@ -325,50 +329,72 @@ class JsonlWriter:
         except OSError as exc:
             self._failures.fail_all(batch, exc)
             return
-        # Phase 1: every rollout's lines are written (each under its lock, fenced); nothing synced yet
-        # (contract D3, D7).
+        stripes: dict[int, list[AppendJob]] = {}
+        for rollout_id, items in by_rollout.items():
+            job = AppendJob(
+                rollout_id,
+                [(i.model_call_id, i.line, i.tokens_line) for i in items],
+                begun.get(rollout_id, []),
+                self._data_lock_wait(rollout_id),
+            )
+            stripes.setdefault(StripedLocks.stripe(rollout_id), []).append(job)
+        # Phase 1: every rollout's lines are written (each under its lock, fenced), a stripe at a time or,
+        # on a network filesystem, stripes at once, each then syncing its files (contract D3, D7).
         written: list[tuple[str, list[_Item]]] = []
         fds: list[int] = []
         created_any = False
+        sync_error: OSError | None = None
+        synced = 0
         with self._state.dirs(lock_timeout=self._lock_timeout) as dirs:
             wrote_in = self._wrote_in = _identity(os.fstat(dirs.root_fd()))
-            for rollout_id, items in by_rollout.items():
-                try:
-                    outcome = fenced_append(
-                        self._state,
-                        dirs,
-                        rollout_id,
-                        [(i.model_call_id, i.line, i.tokens_line) for i in items],
-                        begun.get(rollout_id, []),
-                        file_mode=self._file_mode,
-                        data_lock_timeout=self._data_lock_wait(rollout_id),
-                        files=self._files,
-                        lock_files=self._lock_files,
-                    )
-                except (
-                    OSError
-                ) as exc:  # that rollout fails and is marked; the others go on (contract D5, D22)
-                    exc = self._locked_out_error(rollout_id, exc)
-                    self._failures.fail_append(rollout_id, items, begun.get(rollout_id, []), exc)
-                    dirs.close()  # reopened afresh: the failure may have been a directory removed under us
+            done = self._io.run(
+                self._state,
+                dirs,
+                stripes,
+                file_mode=self._file_mode,
+                files=self._files,
+                lock_files=self._lock_files,
+            )
+        for stripe in done:
+            synced += stripe.fsyncs
+            sync_error = sync_error or stripe.sync_error
+            for job, result in zip(stripe.jobs, stripe.results, strict=True):
+                rollout_id, items = job.rollout_id, by_rollout[job.rollout_id]
+                if isinstance(
+                    result, OSError
+                ):  # that rollout fails and is marked; the others go on (contract D5, D22)
+                    failure = self._locked_out_error(rollout_id, result)
+                    self._failures.fail_append(rollout_id, items, job.begins, failure)
                     continue
                 self._locked_out.pop(rollout_id, None)
-                self._failures.unmarked(rollout_id, outcome, items)
-                for index, error in outcome.dropped:
+                self._failures.unmarked(rollout_id, result, items)
+                for index, error in result.dropped:
                     self._drop_late(items[index], error)
-                written.append((rollout_id, [items[index] for index in outcome.accepted]))
-                fds.extend(outcome.fds)
-                created_any |= outcome.created
-        # Phase 2: one sync covers the whole batch; only then is any call acknowledged (contract D1, D3, D9).
-        # The files stay open for the next batch (AppendFiles), unless the sync failed.
+                written.append((rollout_id, [items[index] for index in result.accepted]))
+                if not stripe.synced:
+                    fds.extend(result.fds)
+                created_any |= result.created
+        # Phase 2: the whole batch is durable (one sync, or the workers' fsyncs and the directory's); only
+        # then is any call acknowledged (contract D1, D3, D9). The files stay open for the next batch
+        # (AppendFiles), unless a sync failed.
         try:
-            self._sync(fds, created_any)
+            self.stats.fsyncs += synced
+            if sync_error is not None:
+                raise sync_error
+            if synced:
+                fds.clear()  # on a network filesystem every file was synced by its stripe's worker
+                if created_any:
+                    fsync_dir(self.root, self._fsync)  # the new files' entries (contract D10)
+                    self.stats.fsyncs += 1
+            else:
+                self._sync(fds, created_any)
         except OSError as exc:
             self._files.close_all()  # after a failed fsync, nothing is assumed of those descriptors
             for rollout_id, items in written:
                 if items:
                     self._failures.fail(rollout_id, items, exc)
             return
+        self._files.trim()
         if written and not self._still_there(wrote_in):
             # The directory was removed (or replaced) under the batch: its lines went into files no reader
             # will find. Nothing is acknowledged; each call is marked in the directory as it is now
