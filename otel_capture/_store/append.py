@@ -274,9 +274,12 @@ def _write_admitted(
     # The marker is opened first: a damaged one fails the batch before any line is written. One that a
     # full filesystem cannot create does not: the lines matter more than another process's view of them.
     marker = None
+    unlink_marker = False  # its last calls end here, known without reading it (contract D19)
     if begun or ended:
         try:
-            marker = state.markers.open(dirs, rollout_id, create=bool(begun))
+            unlink_marker = not begun and state.markers.ends_all(dirs, rollout_id, ended)
+            if not unlink_marker:
+                marker = state.markers.open(dirs, rollout_id, create=bool(begun))
         except OSError as exc:
             if isinstance(exc, DamagedEntryError) or exc.errno not in _NO_ROOM:
                 raise
@@ -291,6 +294,8 @@ def _write_admitted(
                 _append_file(dirs, name, token_data, file_mode, outcome, lock_timeout, files)
         if marker is not None:
             state.markers.write_to(dirs, marker, rollout_id, begun, ended)
+        elif unlink_marker:
+            state.markers.remove(dirs, rollout_id)
     except BaseException:
         for fd in outcome.fds:
             if files is None:

@@ -12,6 +12,7 @@ D10, D12, D13, D18, D19, D20, D22, D26 and L9, each cited where it is kept.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import errno
 import logging
@@ -128,14 +129,31 @@ class JsonlWriter:
         """A call of ``rollout_id`` has started. Costs a dict insert and a deque append: the in-process view
         of calls in flight is updated at once; the ``+`` marker other processes read is written by the
         thread, and only for a call still in flight ``marker_delay`` after it began (or at a ``flush``):
-        a call whose line comes sooner is admitted in its line's batch with no marker file I/O at all, and
-        a begin wakes the thread only when it is idle with nothing else to time (contract D19)."""
+        a call whose line comes sooner is admitted in its line's batch with no marker file I/O at all. A
+        begin wakes the thread only when it is idle with nothing else to time, and then, from an event
+        loop, only when its marker falls due (a timer there) (contract D19)."""
         rid = validate_rollout_id(rollout_id)
         if self._closed:
             return  # its line or its abandon is what gets counted and marked
         self._state.calls.begin(rid, model_call_id)
         self._begins.append(_Begin(rid, model_call_id, time.monotonic()))
         if self._idle:
+            self._wake_when_due(rid, model_call_id)
+
+    def _wake_when_due(self, rollout_id: str, model_call_id: str) -> None:
+        """The thread is idle with nothing to time: it must wake when this call's marker falls due. On an
+        event loop a timer there wakes it then, only if the call is still in flight (a call whose line
+        came first costs no wake-up at all); elsewhere the thread is woken now to time it itself."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._queue.put(_TICK)
+            return
+        loop.call_later(self._marker_delay, self._marker_due, rollout_id, model_call_id)
+
+    def _marker_due(self, rollout_id: str, model_call_id: str) -> None:
+        # Still idle and the call still in flight: its begin waits in _begins for the thread to see it.
+        if self._idle and self._state.calls.has(rollout_id, model_call_id):
             self._queue.put(_TICK)
 
     def abandon(self, rollout_id: str, model_call_id: str, reason: str) -> None:
@@ -203,6 +221,7 @@ class JsonlWriter:
         self._idle = True  # set before looking: a begin either is seen here or sees the flag and wakes us
         try:
             if self._deferred or self._begins:
+                self._idle = False  # timing the oldest begin: the ones after it fall due later
                 oldest = next(iter(self._deferred.values()), None) or self._begins[0]
                 timeout = oldest.at + self._marker_delay - time.monotonic()
                 retry = self._failures.retry_in()
