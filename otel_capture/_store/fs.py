@@ -18,6 +18,7 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -401,12 +402,25 @@ def check_directory(root: Path, *, allow_shared: bool) -> bool:
     create it). (contract D26)"""
     if allow_shared:
         return False
+    return checked_root(root, allow_shared=False) is not None
+
+
+def checked_root(root: Path, *, allow_shared: bool) -> os.stat_result | None:
+    """The capture directory's ``stat`` (its path followed), after :func:`check_directory`'s refusal unless
+    ``allow_shared``; ``None`` when it is missing or not a directory. One ``stat`` for the writer's batch:
+    the check, and the identity its kept descriptors are compared with (:meth:`DirFds.revalidate`)."""
     try:
         st = os.stat(root)
     except (FileNotFoundError, NotADirectoryError):
-        return False
+        return None
     if not stat.S_ISDIR(st.st_mode):
-        return False
+        return None
+    if not allow_shared:
+        _refuse_unsafe(root, st)
+    return st
+
+
+def _refuse_unsafe(root: Path, st: os.stat_result) -> None:
     reasons = []
     if st.st_mode & stat.S_IWOTH:
         reasons.append(f"world-writable (mode {stat.S_IMODE(st.st_mode):04o})")
@@ -418,7 +432,6 @@ def check_directory(root: Path, *, allow_shared: bool) -> bool:
             "links or files in it; use a directory only you can write, or opt in with "
             "allow_shared_directory=True (OTEL_CAPTURE_ALLOW_SHARED_DIR=1)"
         )
-    return True
 
 
 class DirFds:
@@ -426,8 +439,9 @@ class DirFds:
     subdirectories, each opened relative to its parent without following a link (a link there is a
     :class:`DamagedEntryError`). With ``create``, missing ones are made ``0700`` and their parent synced.
 
-    Opened lazily, closed together (a context manager). Held for one operation or one writer batch only:
-    a directory removed and recreated under a running process is simply opened afresh next time.
+    Opened lazily, closed together (a context manager). Held for one operation, or (``keep``, the writer's)
+    from one batch to the next, each then checked by :meth:`revalidate` before it serves again: a
+    directory removed and recreated under a running process is simply opened afresh.
     """
 
     def __init__(
@@ -437,9 +451,12 @@ class DirFds:
         *,
         create: bool = True,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
+        keep: bool = False,
     ) -> None:
         self.root = root
         self.lock_timeout = lock_timeout
+        self._keep = keep
+        self._ids: dict[str, tuple[int, int]] = {}  # label -> (st_dev, st_ino) at open (``keep`` only)
         """The longest wait for any file lock of this operation (:func:`flock_within`)."""
         self._fsync = fsync
         self._create = create
@@ -456,8 +473,60 @@ class DirFds:
 
     def close(self) -> None:
         fds, self._fds = self._fds, {}
+        self._ids = {}
         for fd in fds.values():
             os.close(fd)
+
+    def is_open(self) -> bool:
+        return bool(self._fds)
+
+    def identity(self) -> tuple[int, int]:
+        """The capture directory's ``(st_dev, st_ino)`` as opened (``keep`` only: no ``fstat`` again)."""
+        self.root_fd()
+        return self._ids[""]
+
+    def revalidate(self, root_st: os.stat_result) -> None:
+        """Before kept descriptors serve another batch (contract D18, D24): the capture directory's path
+        must still lead to the kept directory (``root_st``: the batch's ``stat`` of it), and each kept
+        subdirectory's name, ``lstat``-ed relative to its kept parent (no link followed), to the same
+        directory; whatever does not is closed, with everything below it, and opened afresh when next
+        needed. One ``lstat`` per kept subdirectory."""
+        with self._opening:
+            if "" not in self._fds:
+                return
+            if self._ids.get("") != (root_st.st_dev, root_st.st_ino):
+                self.close()
+                return
+            if STATE_DIR in self._fds and not self._still(self._fds[""], STATE_DIR, STATE_DIR):
+                self._forget(lambda label: label == STATE_DIR or label.startswith(STATE_DIR + "/"))
+                return
+            for label in [label for label in self._fds if label.startswith(STATE_DIR + "/")]:
+                if not self._still(self._fds[STATE_DIR], label.split("/", 1)[1], label):
+                    self._ids.pop(label, None)
+                    os.close(self._fds.pop(label))
+
+    def _still(self, parent: int, name: str, label: str) -> bool:
+        try:
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except OSError:
+            return False
+        return stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) == self._ids.get(label)
+
+    def _forget(self, which: Callable[[str], bool]) -> None:
+        for label in [label for label in self._fds if which(label)]:
+            self._ids.pop(label, None)
+            os.close(self._fds.pop(label))
+
+    def _opened(self, label: str, fd: int) -> int:
+        if self._keep:
+            try:
+                st = os.fstat(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._ids[label] = (st.st_dev, st.st_ino)
+        self._fds[label] = fd
+        return fd
 
     def root_fd(self) -> int:
         fd = self._fds.get("")
@@ -477,7 +546,7 @@ class DirFds:
                     raise
                 make_root(self.root, self._fsync)
                 fd = os.open(self.root, flags)
-            self._fds[""] = fd
+            self._opened("", fd)
         return fd
 
     def state_fd(self, sub: str | None = None) -> int:
@@ -490,7 +559,7 @@ class DirFds:
             fd = self._fds.get(label)
             if fd is None:
                 parent = self.root_fd() if sub is None else self.state_fd()
-                fd = self._fds[label] = self._subdir(parent, STATE_DIR if sub is None else sub, label)
+                fd = self._opened(label, self._subdir(parent, STATE_DIR if sub is None else sub, label))
             return fd
 
     def _subdir(self, parent: int, name: str, label: str) -> int:

@@ -30,7 +30,7 @@ from .._settings import DEFAULT_LOCK_TIMEOUT_S
 from .append import AppendJob
 from .batch_io import BatchIO
 from .dirstate import DirState, dir_state
-from .fs import DIR_MODE, FILE_MODE, AppendFiles, check_directory, make_root
+from .fs import DIR_MODE, FILE_MODE, AppendFiles, check_directory, checked_root, make_root
 from .fstype import SyncChoice, choose_sync
 from .libc import name_native_thread
 from .locks import LockFiles, StripedLocks
@@ -117,6 +117,8 @@ class JsonlWriter:
         self._idle = False  # the thread is blocked with nothing to time: a begin must wake it
         self._files = AppendFiles()  # data files kept open between batches (thread only)
         self._lock_files = LockFiles()  # stripe lock files kept open between batches (thread only)
+        # the directory descriptors, kept between batches too (thread only; revalidated each batch)
+        self._dirs = self._state.dirs(lock_timeout=lock_timeout_s, keep=True)
         self.weights: DeclaredVersions = self._state.weights  # refreshed once per batch
         self._closed = False
         self._wrote_in: tuple[int, int] | None = None  # the directory the last batch wrote in (dev, ino)
@@ -233,12 +235,13 @@ class JsonlWriter:
                     return self._queue.get(timeout=timeout)
                 except queue.Empty:
                     return _TICK
-            if self._files or self._lock_files:
+            if self._files or self._lock_files or self._dirs.is_open():
                 try:
                     return self._queue.get(timeout=IDLE_CLOSE)
                 except queue.Empty:
                     self._files.close_all()  # idle: a retired rollout's file is not held open for long
                     self._lock_files.close_all()
+                    self._dirs.close()
             retry = self._failures.retry_in()
             if retry is not None:  # lost calls whose marks are still to be written
                 try:
@@ -329,6 +332,7 @@ class JsonlWriter:
             for barrier in barriers:
                 barrier.future.set_result(None)
         self._io.close()
+        self._dirs.close()
         self._files.close_all()
         self._lock_files.close_all()
         self._failures.close()
@@ -344,7 +348,7 @@ class JsonlWriter:
             begun.setdefault(begin.rollout_id, []).append(begin.model_call_id)
             by_rollout.setdefault(begin.rollout_id, [])
         try:
-            self._ensure_dir()
+            root_st = self._ensure_dir()
         except OSError as exc:
             self._failures.fail_all(batch, exc)
             return
@@ -364,8 +368,10 @@ class JsonlWriter:
         created_any = False
         sync_error: OSError | None = None
         synced = 0
-        with self._state.dirs(lock_timeout=self._lock_timeout) as dirs:
-            wrote_in = self._wrote_in = _identity(os.fstat(dirs.root_fd()))
+        dirs = self._dirs
+        dirs.revalidate(root_st)  # kept from the last batch: each still the directory its name leads to
+        try:
+            wrote_in = self._wrote_in = dirs.identity()
             done = self._io.run(
                 self._state,
                 dirs,
@@ -374,6 +380,11 @@ class JsonlWriter:
                 files=self._files,
                 lock_files=self._lock_files,
             )
+        except BaseException:
+            dirs.close()
+            raise
+        if any(isinstance(result, OSError) for stripe in done for result in stripe.results):
+            dirs.close()  # reopened afresh: the failure may have been a directory removed under us
         for stripe in done:
             synced += stripe.fsyncs
             sync_error = sync_error or stripe.sync_error
@@ -418,6 +429,7 @@ class JsonlWriter:
             # The directory was removed (or replaced) under the batch: its lines went into files no reader
             # will find. Nothing is acknowledged; each call is marked in the directory as it is now
             # (contract D18).
+            self._dirs.close()
             self._files.close_all()
             self._lock_files.close_all()
             gone = OSError(errno.ENOENT, "the capture directory was removed or replaced during the write")
@@ -472,12 +484,15 @@ class JsonlWriter:
         except OSError:
             return False
 
-    def _ensure_dir(self) -> None:
-        """Checked each batch (one ``stat``): a directory made world-writable under a running writer stops
-        capture. Created 0700 (records are training data); its parent is synced so it survives a crash
-        (contract D10, D18, D26)."""
-        if not check_directory(self.root, allow_shared=self._allow_shared):
+    def _ensure_dir(self) -> os.stat_result:
+        """Checked each batch (one ``stat``, returned): a directory made world-writable under a running
+        writer stops capture. Created 0700 (records are training data); its parent is synced so it
+        survives a crash (contract D10, D18, D26)."""
+        st = checked_root(self.root, allow_shared=self._allow_shared)
+        if st is None:
             make_root(self.root, self._fsync, self._dir_mode)
+            st = os.stat(self.root)
+        return st
 
     def _drop_late(self, item: _Item, error: CaptureFrozenError) -> None:
         # Quietly: a late call of a frozen or retired rollout is the lifecycle working, not a failure
