@@ -390,9 +390,8 @@ class JsonlWriter:
             sync_error = sync_error or stripe.sync_error
             for job, result in zip(stripe.jobs, stripe.results, strict=True):
                 rollout_id, items = job.rollout_id, by_rollout[job.rollout_id]
-                if isinstance(
-                    result, OSError
-                ):  # that rollout fails and is marked; the others go on (contract D5, D22)
+                if isinstance(result, OSError):
+                    # that rollout fails and is marked; the others go on (contract D5, D22)
                     failure = self._locked_out_error(rollout_id, result)
                     self._failures.fail_append(rollout_id, items, job.begins, failure)
                     continue
