@@ -21,8 +21,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_capture import WriterSettings
 from otel_capture._capture import FinishedCall
-from otel_capture._store import LIBC_SYNCFS, JsonlWriter, WriterStats
-from otel_capture._store.weight import DeclaredVersions
+from otel_capture._store import LIBC_SYNCFS, DeclaredVersions, JsonlWriter, WriterStats
 
 _logger = logging.getLogger(__name__)
 

@@ -30,6 +30,7 @@ from ._correlation import (
 )
 from ._dialects.tokens import extract_tokens
 from ._errors import CaptureError, InvalidRolloutIdError
+from ._health import health_summary, rollout_health
 from ._instrumentor import ModelCallInstrumentor
 from ._proxy import build_proxy_app, start_proxy
 from ._records import CaptureReadError, InvalidLine, ModelCallRecord
@@ -95,6 +96,7 @@ __all__ = [
     "current_rollout_id",
     "extract_tokens",
     "freeze_model_call_capture",
+    "health_summary",
     "inject_rollout_baggage",
     "instrument_http_client",
     "is_valid_rollout_id",
@@ -106,6 +108,7 @@ __all__ = [
     "rollout_context",
     "rollout_context_for_run",
     "rollout_headers",
+    "rollout_health",
     "rollout_id_from_run",
     "start_proxy",
     "url_path_for_request",

@@ -7,7 +7,7 @@ The flow of a collector (NeMo Gym's ``rollout_collection``):
 2. dispatch; the agent's calls are captured under the rollout id (``/ng-rollout/<id>/`` or baggage);
 3. :func:`attach_model_call_capture` on each result record: it waits (up to ``wait_s``) until no call of
    the rollout is in flight in any directory, freezes the rollout in every directory, and adds
-   ``ng_model_call_capture = {"rollout_id", "metrics", "calls", "gaps"?}`` built from exactly those
+   ``ng_model_call_capture = {"rollout_id", "metrics", "calls", "gaps"?, "health"}`` built from exactly those
    snapshots, changing nothing else; with ``drop=True`` it then drops exactly those snapshots (never a
    plain retire: a directory that changed after its snapshot is not dropped, and says so in a gap);
 4. write the records durably (with ``drop=False``: then drop the snapshots, :class:`FrozenCapture`).
@@ -56,7 +56,6 @@ Ours, added where they tell more (NeMo Gym's readers ignore unknown codes):
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import logging
 import os
@@ -67,6 +66,7 @@ from datetime import datetime, timezone
 from typing import Any, TypeAlias
 
 from ._correlation import maybe_rollout_id_from_run_body, validate_rollout_id
+from ._health import RolloutEvidence, judge_rollout
 from ._records import ModelCallRecord, aggregate_model_call_records
 from ._store import (
     AvailableRecords,
@@ -78,7 +78,6 @@ from ._store import (
     read_available_model_call_records,
     validate_rollout_ids,
 )
-from ._store.lifecycle_io import INFLIGHT_REASON
 
 _logger = logging.getLogger(__name__)
 
@@ -170,6 +169,9 @@ class _DirectoryRead:
     error: str | None = None
     lost: tuple[str, ...] = ()  # "<model_call_id>: <reason>" of each call the marker (or a reserve) names
     in_flight: tuple[str, ...] = ()  # gap details of the calls a freeze found in flight
+    # the same calls as data, for the verdict (:mod:`._health`): (model_call_id, reason), and the ids
+    lost_calls: tuple[tuple[str, str], ...] = ()
+    in_flight_ids: tuple[str, ...] = ()
 
 
 def _read_directory(store: CaptureStore, rollout_id: str) -> _DirectoryRead:
@@ -182,14 +184,16 @@ def _read_directory(store: CaptureStore, rollout_id: str) -> _DirectoryRead:
         if nothing and store.rollout_state(rollout_id) == "retired":
             return _DirectoryRead(store, path, None, f"{store.root}: retired (its records were removed)")
         lost: tuple[str, ...] = ()
+        lost_calls: tuple[tuple[str, str], ...] = ()
         if available.incomplete:
-            lost = tuple(f"{c.model_call_id or '?'}: {c.reason}" for c in store.incomplete_calls(rollout_id))
+            lost_calls = tuple((c.model_call_id, c.reason) for c in store.incomplete_calls(rollout_id))
+            lost = tuple(f"{mcid or '?'}: {reason}" for mcid, reason in lost_calls)
     except Exception as exc:  # an unreadable directory is a gap in the attachment, never a crash
         _logger.warning(
             "cannot read the captures of rollout %s in %s: %s", rollout_id, store.root, exc, exc_info=True
         )
         return _DirectoryRead(store, path, None, f"{store.root}: {type(exc).__name__}: {exc}")
-    return _DirectoryRead(store, path, available, lost=lost)
+    return _DirectoryRead(store, path, available, lost=lost, lost_calls=lost_calls)
 
 
 def _merge_key_sequence(records: Sequence[ModelCallRecord]) -> Iterator[tuple[float, ModelCallRecord]]:
@@ -253,6 +257,13 @@ def _attachment(rollout_id: str, reads: Sequence[_DirectoryRead], include_payloa
     gaps = _gaps(reads)
     if gaps:
         attachment["gaps"] = gaps
+    evidence = RolloutEvidence(
+        rollout_id,
+        records,
+        [call for read in reads for call in read.lost_calls],
+        list(dict.fromkeys(mcid for read in reads for mcid in read.in_flight_ids)),
+    )
+    attachment["health"] = judge_rollout(evidence)
     return attachment
 
 
@@ -261,7 +272,7 @@ def build_model_call_capture(
 ) -> dict[str, Any]:
     """The ``ng_model_call_capture`` value for one rollout, read from every directory.
 
-    ``{"rollout_id", "metrics", "calls", "gaps"?}``: ``metrics`` is
+    ``{"rollout_id", "metrics", "calls", "gaps"?, "health"}``: ``metrics`` is
     :func:`~otel_capture._records.aggregate.aggregate_model_call_records` (NeMo Gym's keys with its values, then
     ours); each call is its ``ModelCallRecord`` without the payloads (``request``, ``response``,
     ``request_raw``, ``response_raw``) unless ``include_payloads``: NeMo Gym's keys, then ours (``None``
@@ -350,17 +361,39 @@ def _freeze_directory(
     except Exception as exc:  # an unfreezable directory is a gap, never a crash
         _logger.warning("cannot freeze rollout %s in %s: %s", rollout_id, store.root, exc, exc_info=True)
         return _DirectoryRead(store, str(store.data_path(rollout_id)), None, f"{store.root}: {exc}"), None
-    read = _read_directory(store, rollout_id)  # the damage, the torn tail and the marker, as ever
-    in_flight = tuple(
-        _in_flight_detail(call.model_call_id, seen.get(call.model_call_id), wait_s, store)
-        for call in snapshot.incomplete_calls
-        if call.reason == INFLIGHT_REASON
+    return _snapshot_read(store, snapshot, seen, wait_s), snapshot
+
+
+def _snapshot_read(
+    store: CaptureStore, snapshot: CaptureSnapshot, seen: dict[str, float], wait_s: float
+) -> _DirectoryRead:
+    """What one directory's snapshot says, as the attachment needs it: the snapshot is the read model (its
+    records, damaged lines, torn tail, calls in flight and lost calls, read once by the freeze)."""
+    path = str(store.data_path(snapshot.rollout_id))
+    if snapshot.unreadable is not None:
+        return _DirectoryRead(store, path, None, f"{store.root}: {snapshot.unreadable}")
+    available = AvailableRecords(
+        records=list(snapshot.records),
+        invalid=list(snapshot.damaged_lines),
+        torn_tail=snapshot.torn_tail is not None,
+        incomplete=snapshot.marked,
+        torn_tail_line=snapshot.torn_tail,
     )
-    if read.available is not None:  # the calls are exactly the snapshot's
-        read = dataclasses.replace(
-            read, available=dataclasses.replace(read.available, records=list(snapshot.records))
-        )
-    return dataclasses.replace(read, in_flight=in_flight), snapshot
+    lost: tuple[str, ...] = ()
+    lost_calls: tuple[tuple[str, str], ...] = ()
+    if snapshot.marked:
+        lost_calls = tuple((call.model_call_id, call.reason) for call in snapshot.lost_calls)
+        lost = tuple(f"{mcid or '?'}: {reason}" for mcid, reason in lost_calls)
+    in_flight = tuple(_in_flight_detail(mcid, seen.get(mcid), wait_s, store) for mcid in snapshot.in_flight)
+    return _DirectoryRead(
+        store,
+        path,
+        available,
+        lost=lost,
+        in_flight=in_flight,
+        lost_calls=lost_calls,
+        in_flight_ids=tuple(snapshot.in_flight),
+    )
 
 
 def freeze_model_call_capture(

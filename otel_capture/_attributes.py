@@ -66,6 +66,8 @@ MODEL_CALL_DIALECT = "otel_capture.model_call.dialect"  # the uncorrelated-calls
 MODEL_CALL_ROLLOUT_SOURCE = "otel_capture.rollout.source"  # url_prefix, header, api_key, session_id, baggage
 # why the token ids or log-probs the request asked for are not all in the answer (docs/tokens.md)
 MODEL_CALL_TOKENS_MISSING = "otel_capture.model_call.tokens_missing"
+# which token invariant the answer breaks: odd entries, log-probs against ids, ids against the usage
+MODEL_CALL_TOKEN_MISMATCH = "otel_capture.model_call.token_mismatch"
 # The weight (policy) version (docs/attachment.md, "Weight versions"): in force at admission, declared at
 # the end when it differs, and what the engine reported.
 WEIGHT_VERSION = "otel_capture.weight_version"

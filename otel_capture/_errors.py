@@ -1,4 +1,4 @@
-"""``CaptureError``: the root of every error otel-capture raises on purpose, so ``except CaptureError``
+"""``CaptureError``: the root of every error class otel-capture defines, so ``except CaptureError``
 catches them all. Each one also keeps the built-in base it always had, so older ``except`` clauses (and
 ``errno`` checks) keep working::
 
@@ -18,10 +18,12 @@ catches them all. Each one also keeps the built-in base it always had, so older 
                                               caught by every reader; never raised to a caller)
 
 Capture itself never raises into a model call: these come from the store's API, the readers, the
-collector's helpers, the conformance kit, and the settings (at start, never on a call). Every class of the tree is defined here; the modules that
-raise them import them from here and their faces re-export them. Private control-flow signals that never
-leave the module that raises them (the middleware's durability wait, the proxy's read timeout and its
-too-large upstream head) stay beside that code.
+collector's helpers, the conformance kit, and the settings (at start, never on a call). Every class of the
+tree is defined here and the modules that raise them import them from here; ``otel_capture`` exports the
+root and the ones its store and readers raise. Private control-flow signals that never leave the module
+that raises them (the middleware's durability wait, the proxy's read timeout and its too-large upstream
+head) stay beside that code. A wrong argument is Python's own ``TypeError`` or ``ValueError``, and a failed
+system call its ``OSError``, as in the standard library: not a ``CaptureError``.
 """
 
 from __future__ import annotations

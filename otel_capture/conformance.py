@@ -21,47 +21,23 @@ import asyncio
 import functools
 import logging
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from ._errors import CheckFailed
 from ._store import (
+    VERBS,
+    CaptureBackend,
     CaptureFrozenError,
     CaptureRetiredError,
-    CaptureSnapshot,
     InMemoryCaptureBackend,
     RemovalResult,
-    RolloutState,
 )
 
 _logger = logging.getLogger(__name__)
 
 __all__ = ["CaptureBackend", "CheckResult", "ConformanceReport", "InMemoryCaptureBackend", "run_conformance"]
-
-
-class CaptureBackend(Protocol):
-    """What a lifecycle backend offers (``CaptureStore`` and ``InMemoryCaptureBackend`` both do)."""
-
-    def append_now(
-        self,
-        rollout_id: str,
-        model_call_id: str,
-        record: dict[str, Any],
-        tokens: dict[str, Any] | None = None,
-    ) -> None: ...
-    def begin_call(self, rollout_id: str, model_call_id: str) -> None: ...
-    def mark_incomplete(self, rollout_id: str, model_call_id: str, reason: str) -> None: ...
-    def rollout_state(self, rollout_id: str) -> RolloutState: ...
-    def list_rollouts(self, state: RolloutState | None = None) -> dict[str, RolloutState]: ...
-    def freeze_now(self, rollout_id: str) -> CaptureSnapshot: ...
-    def drop_now(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool: ...
-    def retire_now(self, rollout_ids: Iterable[str]) -> RemovalResult: ...
-    def delete_now(self, rollout_ids: Iterable[str]) -> RemovalResult: ...
-    async def freeze(self, rollout_id: str) -> CaptureSnapshot: ...
-    async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool: ...
-    async def retire(self, rollout_ids: Iterable[str]) -> RemovalResult: ...
-    async def delete(self, rollout_ids: Iterable[str]) -> RemovalResult: ...
 
 
 @dataclass(frozen=True)
@@ -132,6 +108,13 @@ def _write(client: CaptureBackend, rid: str, n: int, *, tokens: bool = True) -> 
 
 
 # --- the checks ---------------------------------------------------------------------------------------
+
+
+def _offers_every_verb(factory: Factory, rid: str) -> None:
+    """The client has every verb of :class:`CaptureBackend` (the protocol both backends declare)."""
+    client = factory()
+    missing = [verb for verb in VERBS if not callable(getattr(client, verb, None))]
+    _expect(not missing and isinstance(client, CaptureBackend), f"the backend lacks {', '.join(missing)}")
 
 
 def _write_then_freeze(factory: Factory, rid: str) -> None:
@@ -343,6 +326,7 @@ def _async_forms(factory: Factory, rid: str) -> None:
 
 
 CHECKS: tuple[tuple[str, Callable[[Factory, str], None]], ...] = (
+    ("offers_every_verb", _offers_every_verb),
     ("write_then_freeze", _write_then_freeze),
     ("freeze_fences_writes", _freeze_fences_writes),
     ("mark_incomplete_after_freeze", _mark_incomplete_after_freeze),

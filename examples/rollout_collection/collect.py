@@ -15,7 +15,8 @@ The loop, as a NeMo Gym style collector runs it:
    still in flight, freezes the rollout, attaches exactly that snapshot and drops exactly it; a call still
    running then is a gap naming it, and its late line is refused by the fence), and the record is written to
    ``--out`` as one JSON line, flushed and ``fsync``-ed once per round. A rollout that failed every attempt
-   gets no record; its attempts' captures stay in the capture directory for inspection.
+   gets no record; its attempts' captures stay in the capture directory for inspection. Each attached
+   rollout's health verdict (the attachment's ``health``) is printed, and their counts at the end.
 
 ``drop=True`` lets the captures go before the record that carries them is durable (a crash in between
 loses those calls): a collector that cannot afford that freezes with :func:`freeze_model_call_capture` and
@@ -60,6 +61,7 @@ MAX_TOKENS = 8
 MAX_ATTEMPTS = 2
 PARALLEL = 4  # the tiny model serves four calls at once
 CALL_TIMEOUT_S = 120.0
+VERDICTS = ("healthy", "unhealthy", "unobserved")
 WAIT_S = 5.0  # how long attaching waits for a rollout's calls still in flight (the default)
 
 Say = Callable[[str], None]
@@ -134,6 +136,15 @@ class Summary:
     """Attempts that raised; their captures are kept."""
     given_up: list[str] = field(default_factory=list)
     """Rollouts that failed every attempt (no record)."""
+    verdicts: dict[str, str] = field(default_factory=dict)
+    """Each written rollout's health verdict (the attachment's ``health``): healthy, unhealthy, unobserved."""
+
+    def health_line(self) -> str:
+        """``Rollout health: N checked, H healthy, U unhealthy, O unobserved``, over the written rollouts."""
+        counts = {verdict: list(self.verdicts.values()).count(verdict) for verdict in VERDICTS}
+        return f"Rollout health: {len(self.verdicts)} checked, " + ", ".join(
+            f"{counts[verdict]} {verdict}" for verdict in VERDICTS
+        )
 
 
 def load_tasks(path: Path) -> list[dict[str, Any]]:
@@ -203,10 +214,15 @@ def collect(
                 record = {**row, **outcome}
                 attachment = attach_model_call_capture(record, store, wait_s=WAIT_S, drop=True)
                 gaps = [gap["code"] for gap in attachment.get("gaps", [])]
+                # the verdict a trainer acts on: train on it, or not (docs/attachment.md, "Rollout health")
+                health = attachment["health"]
+                checks = [check["name"] for check in health["checks"]]
                 say(
-                    f"  {rollout_id}: {len(attachment['calls'])} calls attached"
+                    f"  {rollout_id}: {len(attachment['calls'])} calls attached, {health['verdict']}"
+                    + (f" ({', '.join(checks)})" if checks else "")
                     + (f", gaps {gaps}" if gaps else "")
                 )
+                summary.verdicts[rollout_id] = health["verdict"]
                 records.write(json.dumps(record) + "\n")
                 written.append(attachment["rollout_id"])
             # The snapshots were dropped as attached (a drop keeps a fence, so a straggling call of a
@@ -276,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             max_attempts=args.max_attempts,
         )
     print(f"{len(summary.written)} rollout records appended to {args.out}")
+    print(summary.health_line())
     if summary.failed_attempts:
         print(f"failed attempts (captures kept in {store.root}): {', '.join(summary.failed_attempts)}")
     if summary.given_up:

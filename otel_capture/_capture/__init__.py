@@ -14,11 +14,15 @@ the dialects.
 
 from __future__ import annotations
 
+from .call import SCOPE_LOCAL_RESPONSE, SCOPE_UPSTREAM, SCOPE_UPSTREAM_REQUEST_ID
 from .middleware import SCOPE_RESPONSE_COMPLETE, ModelCallCaptureMiddleware
 from .sink import CallSink, FinishedCall, LoopWaiter
 
 __all__ = [
+    "SCOPE_LOCAL_RESPONSE",
     "SCOPE_RESPONSE_COMPLETE",
+    "SCOPE_UPSTREAM",
+    "SCOPE_UPSTREAM_REQUEST_ID",
     "CallSink",
     "FinishedCall",
     "LoopWaiter",

@@ -7,19 +7,25 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import random
+import socket
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
 from .. import _attributes as A
 from .._dialects import DIALECTS, Dialect, StreamAccumulator
+from .._dialects.mismatch import token_mismatch
 from .._dialects.missing import tokens_missing
 from .._dialects.sse import SSEDecoder, SSEEvent
-from .._dialects.stream import close_cut_json
+from .._dialects.stream import close_cut_json, loads_nonstandard
+from .._dialects.tokens import extract_tokens
 from .._records import SCHEMA_VERSION, call_failed, encode_record_line
+from .._records.schema import REFUSED_OVER_CAPACITY
 from .._settings import CaptureSettings
 from .._telemetry import content_attributes, request_attributes, response_attributes
 from .content_encoding import ResponseDecoding, decoding_for
@@ -28,6 +34,34 @@ from .weight import engine_weight_version
 _logger = logging.getLogger(__name__)
 
 _MODEL_REF_TYPE = "responses_api_models"  # the only type NeMo Gym's reader accepts
+
+# Set in a captured call's scope by the app below the capture when it is the capture proxy (its forwarding,
+# :mod:`otel_capture._proxy.app`): the upstream it forwards to (credentials removed), the upstream's
+# ``x-request-id``, and a local answer's reason (a refusal for capacity). Read when the line is built.
+SCOPE_UPSTREAM = "otel_capture.upstream"
+SCOPE_UPSTREAM_REQUEST_ID = "otel_capture.upstream_request_id"
+SCOPE_LOCAL_RESPONSE = "otel_capture.local_response"
+
+# The record's ``writer``, one per (process, upstream): built once, not per call (os.getpid is a syscall);
+# a forked child starts again with its own process id.
+_WRITERS: dict[str | None, dict[str, Any]] = {}
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_WRITERS.clear)
+
+
+def writer_of(upstream: str | None) -> dict[str, Any]:
+    """The record's ``writer``: this host and process, the capture layer (``proxy`` when there is an
+    ``upstream``, else ``in_process``) and the upstream. The same dict for every call: never changed."""
+    writer = _WRITERS.get(upstream)
+    if writer is None:
+        writer = {"host": socket.gethostname(), "pid": os.getpid()}
+        if upstream is None:
+            writer["layer"] = "in_process"
+        else:
+            writer["layer"] = "proxy"
+            writer["upstream"] = upstream
+        _WRITERS[upstream] = writer
+    return writer
 
 
 class _Body:
@@ -57,20 +91,34 @@ class _Body:
 
 
 def parse_object(raw: bytes) -> dict[str, Any] | None:
-    """A JSON object, or None for anything else (malformed, a list, a scalar, empty)."""
+    """A JSON object, or None for anything else (malformed, a list, a scalar, empty). A body with
+    ``NaN`` or ``±Infinity`` (Python's JSON, e.g. a NaN log-prob) is read too (:func:`nonstandard`)."""
     if not raw:
         return None
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return None
+        value = loads_nonstandard(raw)
     return value if isinstance(value, dict) else None
+
+
+def nonstandard(raw: bytes, parsed: dict[str, Any] | None) -> bool:
+    """Whether ``parsed`` came from a body strict JSON refuses (``NaN``, ``±Infinity``): it cannot be
+    embedded as sent (the line would not be JSON); it is written re-encoded, those values as ``null``, and
+    the bytes as sent are kept in ``response_raw``. Only looked at for a body that has those words."""
+    if parsed is None or (b"NaN" not in raw and b"Infinity" not in raw):
+        return False
+    try:
+        orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return True
+    return False
 
 
 def _as_fragment(raw: bytes, parsed: dict[str, Any]) -> Any:
     """Embed the exact body bytes in the line (no re-serialisation, no int/float drift) when they are one
-    line of JSON; else the parsed object."""
-    if b"\n" in raw or b"\r" in raw:
+    line of strict JSON; else the parsed object."""
+    if b"\n" in raw or b"\r" in raw or nonstandard(raw, parsed):
         return parsed
     return orjson.Fragment(raw)
 
@@ -131,14 +179,18 @@ def classify_exception(exc: BaseException) -> str:
     return "exception"
 
 
-def _tokens_missing(
+def _token_checks(
     request: dict[str, Any] | None, response: dict[str, Any] | None, dialect: str
-) -> str | None:
+) -> tuple[str | None, str | None]:
+    """``(tokens_missing, token_mismatch)`` of an answer (``docs/tokens.md``), its tokens read once."""
     try:
-        return tokens_missing(request, response, dialect)
+        found = extract_tokens(response)
+        return tokens_missing(request, response, dialect, found), token_mismatch(
+            request, response, dialect, found
+        )
     except Exception:  # capture never fails a call; a body this cannot read is a bug, logged
-        _logger.debug("could not tell whether the tokens asked for are there", exc_info=True)
-        return None
+        _logger.debug("could not check the answer's tokens", exc_info=True)
+        return None, None
 
 
 class InFlightCall:
@@ -152,6 +204,7 @@ class InFlightCall:
         *,
         session_id: str | None = None,
         weight_version: str | None = None,
+        scope: Mapping[str, Any] | None = None,
     ) -> None:
         # 128 random bits as 32 hex digits, like NeMo Gym's uuid4().hex; from `random` (reseeded after fork,
         # as the OpenTelemetry SDK's span ids are) because os.urandom is a ~10 us syscall per call here
@@ -162,6 +215,7 @@ class InFlightCall:
         self.settings = settings
         self.session_id = session_id
         self.weight_version = weight_version  # the caller's (x-weight-version or baggage), if it sent one
+        self._scope = scope  # what the app below writes there for the record (SCOPE_UPSTREAM...)
         # One clock reading starts both the record's latency and the span (start_time_ns, end_time_ns): a
         # span's duration in a tracing backend is the record's latency_ms
         self.start_time_ns = time.time_ns()
@@ -185,6 +239,8 @@ class InFlightCall:
         self.latency_ms: float | None = None
         self.response_obj: dict[str, Any] | None = None
         self.tokens_missing: str | None = None  # why the tokens asked for are not all there (docs/tokens.md)
+        self.token_mismatch: str | None = None  # which token invariant the answer breaks (docs/tokens.md)
+        self._response_nonstandard = False  # a body with NaN/Infinity: re-encoded, its bytes kept raw
 
     # -- request ------------------------------------------------------------------------------------
 
@@ -274,7 +330,9 @@ class InFlightCall:
             if self._accumulator.error is not None:
                 self.failure = {"error": self._accumulator.error}
         elif not self.response.truncated:
-            self.response_obj = parse_object(self.response.bytes())
+            raw = self.response.bytes()
+            self.response_obj = parse_object(raw)
+            self._response_nonstandard = nonstandard(raw, self.response_obj)
         elif self.response.size:  # over the cap: what it kept, its JSON closed at the cut (flagged truncated)
             self.response_obj = parse_object(close_cut_json(self.response.bytes()) or b"")
         if exception is not None:
@@ -293,7 +351,9 @@ class InFlightCall:
             category = "capture_parse_error"
         self.error_category = category
         if category in (None, "incomplete"):  # an answer: are the tokens it was asked for there?
-            self.tokens_missing = _tokens_missing(self.request_obj, self.response_obj, self.dialect)
+            self.tokens_missing, self.token_mismatch = _token_checks(
+                self.request_obj, self.response_obj, self.dialect
+            )
 
     def release_bodies(self) -> None:
         """Once the line is built: a call waiting until its record is durable holds only its line, not
@@ -310,7 +370,9 @@ class InFlightCall:
         if self.stream:
             partial = self.error_category is not None or self.response_obj is None or self.response.truncated
             return partial or self.settings.keep_raw_stream
-        return self.response.size > 0 and (self.response_obj is None or self.response.truncated)
+        if self.response.size > 0 and (self.response_obj is None or self.response.truncated):
+            return True
+        return self._response_nonstandard  # its NaN are null in `response`: the bytes as sent are kept
 
     def line(self, trace_id: int, span_id: int) -> bytes:
         """The record as one NeMo Gym 0.7.0 line (its keys first, in its order; ours after): the values
@@ -338,11 +400,21 @@ class InFlightCall:
             record["request_raw"] = self.request.bytes().decode("utf-8", errors="replace")
         if self._raw_response_needed():
             record["response_raw"] = self.response.bytes().decode("utf-8", errors="replace")
+        scope = self._scope or {}
+        refused = scope.get(SCOPE_LOCAL_RESPONSE) == REFUSED_OVER_CAPACITY
+        if refused:
+            record["upstream_attempted"] = False
+            record["response_source"] = "local"
+            record["local_response_reason"] = REFUSED_OVER_CAPACITY
         record["schema_version"] = SCHEMA_VERSION
         record["rollout_id"] = self.rollout_id
         record["trace_id"] = format(trace_id, "032x")
         record["span_id"] = format(span_id, "016x")
-        record["stream"] = self.stream
+        if refused:
+            # answered by the proxy itself (a JSON 503): the call's `stream` is what the client asked for
+            record["stream"] = bool(self.request_obj and self.request_obj.get("stream") is True)
+        else:
+            record["stream"] = self.stream
         record["stream_truncated"] = self.error_category in ("stream_truncated", "cancelled") and self.stream
         if self.request.truncated or self.response.truncated:
             # which body was cut shows in the record itself: its parsed form is null and its raw form is cut
@@ -351,6 +423,12 @@ class InFlightCall:
             record["failure"] = self.failure
         if self.tokens_missing is not None:
             record["tokens_missing"] = self.tokens_missing
+        if self.token_mismatch is not None:
+            record["token_mismatch"] = self.token_mismatch
+        record["writer"] = writer_of(scope.get(SCOPE_UPSTREAM))
+        upstream_request_id = scope.get(SCOPE_UPSTREAM_REQUEST_ID)
+        if upstream_request_id is not None:
+            record["upstream_request_id"] = upstream_request_id
         engine_version = engine_weight_version(self.response_obj)
         if engine_version is not None:
             record["engine_weight_version"] = engine_version
@@ -366,7 +444,7 @@ class InFlightCall:
     def _response_value(self) -> Any:
         if self.response_obj is None:
             return None
-        if self.stream or self.response.truncated:
+        if self.stream or self.response.truncated or self._response_nonstandard:
             return self.response_obj
         return _as_fragment(self.response.bytes(), self.response_obj)
 
@@ -410,6 +488,8 @@ class InFlightCall:
             attributes[A.ERROR_TYPE] = self.error_category
         if self.tokens_missing is not None:
             attributes[A.MODEL_CALL_TOKENS_MISSING] = self.tokens_missing
+        if self.token_mismatch is not None:
+            attributes[A.MODEL_CALL_TOKEN_MISMATCH] = self.token_mismatch
         engine_version = engine_weight_version(self.response_obj)
         if engine_version is not None:
             attributes[A.ENGINE_WEIGHT_VERSION] = engine_version

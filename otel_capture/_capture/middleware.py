@@ -63,7 +63,7 @@ from .._settings import (
     JSONL_EXPORTER,
     CaptureSettings,
 )
-from .._store.uncorrelated import UncorrelatedCounter, counter_for
+from .._store import UncorrelatedCounter, counter_for
 from .._telemetry import ServerMetrics, SpanGate
 from .._version import __version__
 from .call import InFlightCall
@@ -264,6 +264,8 @@ class ModelCallCaptureMiddleware:
             call.finish(exception=exception, cancelled=cancelled)
             if call.tokens_missing is not None:
                 self._metrics.count_tokens_missing(call.dialect)
+            if call.token_mismatch is not None:
+                self._metrics.count_token_mismatch(call.dialect)
             recording = span.is_recording()
             if recording or attributes is not None:
                 end_attributes = call.end_attributes()
@@ -390,6 +392,7 @@ class _CapturedExchange:
             middleware.settings,
             session_id=session_id(headers),
             weight_version=caller_weight_version(headers),
+            scope=self._scope,
         )
         self._receive = receive
         self._send = send

@@ -19,7 +19,6 @@ See ``docs/architecture.md`` for the whole data path.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -27,16 +26,9 @@ from typing import Any, Protocol, runtime_checkable
 from opentelemetry import trace
 
 from .._sdk_private import processor_exporter, span_processors
+from .._store import LoopWaiter as LoopWaiter  # the writer's completion signal, defined in the store
 
 _logger = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class LoopWaiter:
-    """An asyncio future to resolve (on its own loop) when a call's line is durable or has failed."""
-
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[None]
 
 
 @dataclass(slots=True)

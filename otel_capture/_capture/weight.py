@@ -21,20 +21,14 @@ from urllib.parse import unquote
 
 from .. import _attributes as A
 from .._asgi import Scope
+from .._store import usable_weight_version
 
 _logger = logging.getLogger(__name__)
 
 WEIGHT_VERSION_HEADER = "x-weight-version"
 BAGGAGE_WEIGHT_VERSION_KEY = "weight.version"
 _HEADER = WEIGHT_VERSION_HEADER.encode()
-_MAX_LENGTH = 200
-
-
-def _usable(text: str) -> str | None:
-    text = text.strip()
-    if not text or len(text) > _MAX_LENGTH or not text.isprintable():
-        return None
-    return text
+_usable = usable_weight_version  # the store's one rule of a usable version (1-200 printable characters)
 
 
 def caller_weight_version(headers: dict[str, list[bytes]]) -> str | None:

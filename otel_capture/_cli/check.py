@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._records import InvalidLine
-from .._settings import ENV_SYNC
+from .._settings import WriterSettings
 from .._store import (
     CAPTURE_SUFFIX,
     INCOMPLETE_SUFFIX,
@@ -32,8 +32,8 @@ from .._store import (
     choose_sync,
     pending_losses,
     read_available_model_call_records,
+    read_uncorrelated,
 )
-from .._store.uncorrelated import read_uncorrelated
 from .show import torn_tail
 
 
@@ -152,8 +152,8 @@ def _size(size: int | None) -> str:
 def sync_report(directory: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> str:
     """The sync a writer started now on ``directory`` would use, and why (the filesystem's type, or
     ``OTEL_CAPTURE_SYNC``) (contract D4)."""
-    env = os.environ if environ is None else environ
-    allowed = env.get(ENV_SYNC, "auto").strip().lower() != "fsync" and LIBC_SYNCFS is not None
+    sync = WriterSettings.from_environ(environ, directory=directory).sync  # the settings' one reading
+    allowed = sync != "fsync" and LIBC_SYNCFS is not None
     return choose_sync(Path(directory), syncfs_allowed=allowed).describe()
 
 

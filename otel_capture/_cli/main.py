@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from . import health
+
 if TYPE_CHECKING:
     from .._settings import ProxySettings
     from .._store import CaptureStore, RolloutState
@@ -23,6 +25,7 @@ _logger = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .._store import ROLLOUT_STATES
     from .._version import __version__
 
     parser = argparse.ArgumentParser(
@@ -85,11 +88,12 @@ def _parser() -> argparse.ArgumentParser:
         description="List the rollouts of a capture directory, one line each, damaged ones included. The "
         "columns: rollout (its id); state (live: records may still come; frozen: a snapshot was taken, "
         "later calls are refused; retired: records removed, a fence drops late calls); calls (the records "
-        "read); errors (the failed calls); tokens in (the prompts' tokens summed; 120+? when some calls "
+        "read); errors (the failed calls, refused ones apart); tokens in (the prompts' tokens summed; 120+? when some calls "
         "were answered without usage, e.g. a stream sent without include_usage: their tokens are unknown, "
         "not zero; ? when no call had usage); tokens out (the answers', likewise); model s (the calls' "
         "latencies summed, in seconds: the rollout's time in the model); p50 ms (the median call latency); "
-        "max ms (the longest); ttft ms (the mean time to first chunk of the streamed calls); incomplete (yes "
+        "max ms (the longest); ttft ms (the mean time to first chunk of the streamed calls); refused (the "
+        "calls the capture proxy refused for capacity, 503 with Retry-After: retries, not errors); incomplete (yes "
         "when a capture failed); damaged (2 lines: lines that are not records, skipped; torn 37 B: a last "
         "line of 37 bytes cut by a crash; unreadable: its file could not be read, e.g. its lock was held past "
         "the lock timeout). A retired rollout is listed until it is deleted. Notes follow "
@@ -98,7 +102,8 @@ def _parser() -> argparse.ArgumentParser:
         "says where).",
     )
     ls.add_argument("dir", metavar="DIR", help="the capture directory")
-    ls.add_argument("--state", choices=("live", "frozen", "retired"), help="only rollouts in this state")
+    states = [state for state in ROLLOUT_STATES if state != "absent"]  # ls lists only rollouts that exist
+    ls.add_argument("--state", choices=states, help="only rollouts in this state")
 
     show = commands.add_parser(
         "show",
@@ -142,6 +147,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also fail when a rollout is marked incomplete or a call had no rollout id",
     )
+    health.add_parser(commands)
 
     freeze = commands.add_parser(
         "freeze",
@@ -225,6 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _show(args)
         if args.command == "check":
             return _check(args)
+        if args.command == "health":
+            return health.run(args)
         if args.command in ("ls", "freeze", "retire", "delete"):
             return _lifecycle(args)
         if args.command == "weight-version":

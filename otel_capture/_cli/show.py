@@ -53,10 +53,11 @@ ROLLOUT_HEADERS = (
     "p50 ms",
     "max ms",
     "ttft ms",
+    "refused",
     "incomplete",
     "damaged",
 )
-ROLLOUT_RIGHT = frozenset(range(2, 10))
+ROLLOUT_RIGHT = frozenset(range(2, 11))
 
 
 class TornTail(NamedTuple):
@@ -79,6 +80,7 @@ class RolloutSummary:
     tokens_out: int
     incomplete: bool
     state: str = MISSING  # live, frozen or retired (``CaptureStore.list_rollouts``)
+    refused: int = 0  # calls the capture proxy refused for capacity: retries to come, not in ``errors``
     no_usage: int = 0  # calls answered without usage: their tokens are unknown, not in the sums
     model_ms: float | None = None  # the calls' latencies summed: the rollout's time in the model
     p50_ms: float | None = None  # the median call latency
@@ -173,7 +175,7 @@ def _call_row(record: ModelCallRecord) -> list[str]:
         UNKNOWN if unknown else _cell(record.tokens_out),
         _cell(record.latency_total_ms),
         _cell(record.latency_ttft_ms),
-        _cell(record.error_category),
+        "refused" if record.refused else _cell(record.error_category),
         weight_cell(record),
     ]
 
@@ -235,11 +237,12 @@ def summarize_rollout(
     state: str = MISSING,
     torn: TornTail | None = None,
 ) -> RolloutSummary:
-    """A rollout's calls, failed calls (:attr:`ModelCallRecord.failed`, as ``num_errors`` counts them),
+    """A rollout's calls, failed calls (:attr:`ModelCallRecord.failed`, as ``num_errors`` counts them:
+    refused calls apart, in ``refused``),
     summed tokens (the calls without usage counted apart), latencies and damaged lines, in one pass:
     ``items`` may be an iterator (records and damaged lines as the tolerant reader yields them), so a
     rollout is never held whole, only its calls' latencies."""
-    calls = errors = tokens_in = tokens_out = no_usage = damaged = 0
+    calls = errors = refused = tokens_in = tokens_out = no_usage = damaged = 0
     latencies: list[float] = []
     ttfts: list[float] = []
     for item in items:
@@ -247,7 +250,10 @@ def summarize_rollout(
             damaged += 1
             continue
         calls += 1
-        errors += item.failed
+        if item.refused:
+            refused += 1
+        else:
+            errors += item.failed
         no_usage += usage_unknown(item)
         tokens_in += item.tokens_in or 0
         tokens_out += item.tokens_out or 0
@@ -263,6 +269,7 @@ def summarize_rollout(
         tokens_out,
         incomplete,
         state,
+        refused=refused,
         no_usage=no_usage,
         model_ms=sum(latencies) if latencies else None,
         p50_ms=statistics.median(latencies) if latencies else None,
@@ -310,6 +317,7 @@ def _rollout_row(s: RolloutSummary) -> list[str]:
         _cell(s.p50_ms),
         _cell(s.max_ms),
         _cell(s.ttft_ms),
+        str(s.refused),
         "yes" if s.incomplete else "no",
         damage_cell(s),
     ]

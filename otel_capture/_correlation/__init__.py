@@ -12,6 +12,7 @@ Below it are only the flat bottom floor and :mod:`otel_capture._dialects`.
 
 from __future__ import annotations
 
+from .._rollout_id import ROLLOUT_ID_PATTERN, is_valid_rollout_id, validate_rollout_id
 from .agent import (
     base_url_for_run,
     capture_correlation_enabled,
@@ -32,12 +33,9 @@ from .baggage import (
 from .ids import (
     BAGGAGE_ROLLOUT_KEY,
     ROLLOUT_ID_HEADER,
-    ROLLOUT_ID_PATTERN,
     RolloutRules,
     current_rollout_id,
-    is_valid_rollout_id,
     rollout_context,
-    validate_rollout_id,
 )
 from .routing import (
     SCOPE_CAPTURED,

@@ -40,6 +40,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .._notices import notify
+from .._rollout_id import validate_rollout_id
 from .._settings import ENV_CAPTURE_DIR, ENV_CORRELATION, CorrelationSettings
 from .ids import (
     ROLLOUT_ID_HEADER,
@@ -47,7 +48,6 @@ from .ids import (
     rollout_context,
     rollout_path_prefix,
     split_rollout_prefix,
-    validate_rollout_id,
 )
 
 _logger = logging.getLogger(__name__)

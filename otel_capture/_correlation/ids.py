@@ -4,7 +4,8 @@ headers), then, each only when configured (:class:`RolloutRules`), the API key (
 or ``x-api-key``, through a pattern with a group ``rollout``) and the ``x-session-id`` header, and last the
 W3C baggage entry ``rollout.id``. See ``docs/gateways.md``.
 
-Every place that accepts a rollout id (middleware, store, collector) validates it here, with the same rule.
+Every place that accepts a rollout id (middleware, store, collector) validates it with the one grammar
+(:mod:`otel_capture._rollout_id`, on the bottom floor so the store below this package reads it too).
 The API key's pattern is matched by RE2, in time linear in the key whatever the pattern, and must spell a
 fixed text outside its group, so the id is never a whole key (:class:`ApiKeyRolloutPattern`).
 """
@@ -13,16 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
-from .._errors import InvalidRolloutIdError
 from .._key_pattern import ApiKeyRolloutPattern
+from .._rollout_id import is_valid_rollout_id, validate_rollout_id
 
-ROLLOUT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
-ROLLOUT_ID_RULE = "a rollout id is 1-200 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit"
 ROLLOUT_PATH_PREFIX = "ng-rollout"
 BAGGAGE_ROLLOUT_KEY = "rollout.id"
 ROLLOUT_ID_HEADER = "x-rollout-id"
@@ -33,21 +31,8 @@ API_KEY_HEADER = "x-api-key"
 CAPTURED_HEADER = "x-otel-capture"
 CAPTURED_VALUE = "captured"
 
-_ROLLOUT_ID_RE = re.compile(ROLLOUT_ID_PATTERN)
 _API_KEY_HEADER = API_KEY_HEADER.encode()
 _PREFIX = "/" + ROLLOUT_PATH_PREFIX + "/"
-
-
-def is_valid_rollout_id(rollout_id: object) -> bool:
-    return isinstance(rollout_id, str) and _ROLLOUT_ID_RE.fullmatch(rollout_id) is not None
-
-
-def validate_rollout_id(rollout_id: object) -> str:
-    """Return ``rollout_id`` if it follows the grammar, else raise :class:`InvalidRolloutIdError`: an id
-    that passes is a file name inside the capture directory (contract D38)."""
-    if not is_valid_rollout_id(rollout_id):
-        raise InvalidRolloutIdError(rollout_id, ROLLOUT_ID_RULE)
-    return rollout_id  # type: ignore[return-value]  # narrowed by is_valid_rollout_id
 
 
 def split_rollout_prefix(path: str) -> tuple[str, str] | None:

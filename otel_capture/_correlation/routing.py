@@ -18,17 +18,16 @@ from .. import _attributes as A
 from .._asgi import Scope
 from .._dialects import DIALECT_PATHS, Dialect
 from .._notices import notify
+from .._rollout_id import ROLLOUT_ID_RULE, is_valid_rollout_id
 from .._settings import ENV_API_KEY_ROLLOUT_PATTERN
 from .ids import (
     CAPTURED_HEADER,
     CAPTURED_VALUE,
     NO_RULES,
     ROLLOUT_ID_HEADER,
-    ROLLOUT_ID_RULE,
     ROLLOUT_PATH_PREFIX,
     SESSION_ID_HEADER,
     RolloutRules,
-    is_valid_rollout_id,
     match_api_key,
     rollout_id_from_baggage,
     rollout_id_from_header,

@@ -33,6 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 from .stream import JsonDict, _ChoicesAccumulator
+from .token_values import log_prob_list, spelled_ids
 
 __all__ = [
     "LEGACY_LOGPROB_LISTS",
@@ -126,17 +127,12 @@ class CompletionsAccumulator(_ChoicesAccumulator[_Choice]):
 # -- the legacy log-probs, for the tokens line ---------------------------------------------------------
 
 
-def _token_id(token: object) -> int | None:
-    if isinstance(token, str) and token.startswith("token_id:") and token[9:].isdigit():
-        return int(token[9:])
-    return None
-
-
 def legacy_log_probs(
-    logprobs: object, token_ids: list[int] | None, prompt_length: int | None
-) -> tuple[list[int] | None, list[float] | None]:
+    logprobs: object, token_ids: list[int | None] | None, prompt_length: int | None
+) -> tuple[list[int | None] | None, list[float | None] | None]:
     """``(token ids, log-probs)`` of a choice's generated tokens from its legacy ``logprobs``
     (``token_logprobs``; ids only from vLLM's ``token_id:N`` tokens, ``return_tokens_as_token_ids``).
+    An odd entry (``null``, NaN, ±inf; a token that is not ``token_id:N`` among ones that are) is ``None``.
 
     With ``echo`` the lists start with the prompt's tokens, the first of which has no log-prob (``null``):
     the generated ones are then the last ``len(token_ids)`` (or all after the ``prompt_length`` first);
@@ -150,22 +146,15 @@ def legacy_log_probs(
     tokens = logprobs.get("tokens")
     tokens = tokens if isinstance(tokens, list) and len(tokens) == len(values) else None
     start = 0
-    if any(v is None for v in values):  # echo: the prompt's tokens come first
+    if values[0] is None:  # echo: the prompt's tokens come first (or an odd first entry: told apart so)
         if token_ids is not None and len(token_ids) <= len(values):
             start = len(values) - len(token_ids)
         elif prompt_length is not None and prompt_length <= len(values):
             start = prompt_length
         else:
             return None, None
-    kept = values[start:]
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in kept):
-        return None, None
-    ids: list[int] | None = None
-    if tokens is not None:
-        found = [_token_id(t) for t in tokens[start:]]
-        if found and all(i is not None for i in found):
-            ids = [i for i in found if i is not None]
-    return ids, [float(v) for v in kept]
+    ids = spelled_ids(tokens[start:]) if tokens is not None else None
+    return ids, log_prob_list(values[start:])
 
 
 # -- the semconv messages -------------------------------------------------------------------------------

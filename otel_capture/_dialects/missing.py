@@ -1,6 +1,8 @@
-"""Tokens expected but absent: a request that asked for token ids or log-probs, answered without them (or
-with fewer than its output tokens). A pure function of the request, the response and the dialect; the
+"""Tokens expected but absent: a request that asked for token ids or log-probs, answered without them (in
+no choice, or not in some choices). A pure function of the request, the response and the dialect; the
 record's ``tokens_missing``, the span attribute and the counter say what it returns (``docs/tokens.md``).
+Tokens that are there but disagree (with each other, or in number with the usage) are a
+``token_mismatch`` (:mod:`.mismatch`), not missing.
 
 What asks for what (whatever the server; a key the server does not know is simply not honoured, which is
 exactly what this catches):
@@ -13,10 +15,9 @@ exactly what this catches):
 - prompt log-probs: ``prompt_logprobs: N`` (vLLM): a non-empty ``prompt_logprobs`` (top level for Chat, on
   each choice for Completions).
 
-"Fewer than its output tokens" compares the ids or log-probs of all generations with the usage's output
-tokens (all choices together). For Responses the reasoning tokens are left out (output-text log-probs do
-not cover them), and a response with tool calls is not compared (nor are their tokens covered). Without
-usage (a stream without ``include_usage``) only absence is seen.
+An answer that generated nothing (``usage`` says 0 output tokens: echo with ``max_tokens: 0``) misses
+nothing. Legacy log-probs sent with ``echo`` that cannot be told apart from the prompt's (no token ids, no
+usage: a stream without ``include_usage``) are not called absent: the reason says so.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from .derive import token_stats
+from .token_values import token_id
 from .tokens import extract_tokens
 
 __all__ = ["tokens_missing"]
@@ -75,6 +77,33 @@ def _expected_outputs(response: dict[str, Any], dialect: str) -> int | None:
     return out
 
 
+def _choice_indices(response: dict[str, Any], dialect: str) -> list[int]:
+    """The indices of a Chat or Completions answer's choices (Responses: none, its output items are not
+    each a generation)."""
+    choices = response.get("choices")
+    if dialect == "responses" or not isinstance(choices, list):
+        return []
+    indices = []
+    for position, choice in enumerate(choices):
+        if isinstance(choice, dict):
+            index = token_id(choice.get("index"))
+            indices.append(index if index is not None else position)
+    return indices
+
+
+def _echoed_log_probs(response: dict[str, Any]) -> bool:
+    """Whether a choice sent legacy log-probs that start with echo's ``null`` (the prompt's first token)."""
+    choices = response.get("choices")
+    return isinstance(choices, list) and any(
+        isinstance(choice, dict)
+        and isinstance(logprobs := choice.get("logprobs"), dict)
+        and isinstance(values := logprobs.get("token_logprobs"), list)
+        and bool(values)
+        and values[0] is None
+        for choice in choices
+    )
+
+
 def _prompt_log_probs(response: dict[str, Any]) -> bool:
     if response.get("prompt_logprobs"):
         return True
@@ -84,27 +113,37 @@ def _prompt_log_probs(response: dict[str, Any]) -> bool:
     )
 
 
-def tokens_missing(request: object, response: object, dialect: str) -> str | None:
+def tokens_missing(
+    request: object, response: object, dialect: str, found: dict[str, Any] | None = None
+) -> str | None:
     """Why the answer lacks tokens its request asked for, or ``None`` (nothing asked, or all there).
+    ``found``: the response's :func:`.tokens.extract_tokens`, when the caller has it (read once per call).
     Never raises on odd bodies: an unreadable shape gives ``None``."""
     if not isinstance(request, dict) or not isinstance(response, dict) or dialect == "messages":
         return None
     ids_asked, probs_asked, prompt_asked = _asked(request, dialect)
     if not ids_asked and not probs_asked and prompt_asked is None:
         return None
-    found = extract_tokens(response) or {"prompt_token_ids": None, "generations": []}
+    found = found or extract_tokens(response) or {"prompt_token_ids": None, "generations": []}
     generations = found["generations"]
     expected = _expected_outputs(response, dialect)
     reasons: list[str] = []
     for asked, key, what in ((ids_asked, "token_ids", "token ids"), (probs_asked, "log_probs", "log-probs")):
         if not asked or expected == 0:  # nothing generated (echo with max_tokens=0): nothing to cover
             continue
-        lists = [g[key] for g in generations if g.get(key) is not None]
         why = ", ".join(asked)
-        if not lists:
-            reasons.append(f"{what} asked for ({why}), none in the response")
-        elif expected is not None and (have := sum(map(len, lists))) < expected:
-            reasons.append(f"{what} asked for ({why}), {have} in the response for {expected} output tokens")
+        having = {g["index"] for g in generations if g.get(key) is not None}
+        if not having:
+            if key == "log_probs" and request.get("echo") is True and _echoed_log_probs(response):
+                reasons.append(
+                    f"{what} asked for ({why}), sent with echo's prompt entries that neither token ids nor a"
+                    " usage tell apart from the output's"
+                )
+            else:
+                reasons.append(f"{what} asked for ({why}), none in the response")
+        elif lacking := [i for i in _choice_indices(response, dialect) if i not in having]:
+            choices = ", ".join(map(str, lacking))
+            reasons.append(f"{what} asked for ({why}), none for choice{'s' * (len(lacking) > 1)} {choices}")
     if (
         ids_asked
         and found["prompt_token_ids"] is None

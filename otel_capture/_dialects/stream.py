@@ -7,6 +7,7 @@ See :mod:`otel_capture._dialects.reassembly` for the rules every accumulator fol
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
@@ -15,7 +16,7 @@ from pydantic_core import from_json
 
 from .sse import SSEEvent
 
-__all__ = ["JsonDict", "StreamAccumulator", "TerminalKind"]
+__all__ = ["JsonDict", "StreamAccumulator", "TerminalKind", "loads_nonstandard"]
 
 _logger = logging.getLogger(__name__)
 
@@ -37,11 +38,36 @@ class StreamAccumulator(Protocol):
     def result(self) -> JsonDict | None: ...
 
 
+_NONSTANDARD = ("NaN", "Infinity")
+
+
+def loads_nonstandard(data: str | bytes) -> Any:
+    """A JSON text that strict JSON (orjson) refused, read again allowing ``NaN``, ``Infinity`` and
+    ``-Infinity`` (what Python's ``json.dumps`` writes for a NaN or infinite float, e.g. a log-prob):
+    the value with those as floats, or ``None`` when it does not contain them or is still not JSON. The
+    caller writes them back as ``null`` (orjson does), never the text ``NaN`` that no JSON reader takes
+    (``docs/tokens.md``, "Odd entries")."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    if not any(word in text for word in _NONSTANDARD):
+        return None
+    try:
+        return json.loads(text, parse_int=_int64)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _int64(digits: str) -> int | float:
+    """An integer as orjson reads it: past 64 bits a float (which orjson can write back; a larger int it
+    cannot, and the record line would fail)."""
+    value = int(digits)
+    return value if -(2**63) <= value < 2**64 else float(value)
+
+
 def _loads(data: str) -> JsonDict | None:
     try:
         obj = orjson.loads(data)
     except ValueError:  # orjson.JSONDecodeError, and surrogates that are not valid UTF-8
-        return None
+        obj = loads_nonstandard(data)
     return obj if isinstance(obj, dict) else None
 
 

@@ -26,6 +26,10 @@ Shapes read (whichever are present; nothing is invented):
   gives ``output_ids`` and ``meta_info.output_token_logprobs`` (:func:`.generate.sglang_generations`); for
   both the prompt's ids are the request's (``token_ids``, ``input_ids``) when the answer has none.
 
+An odd entry (a log-prob ``null``, NaN or ±inf; an id that is not one) is ``None`` and the rest of its list is
+kept (:mod:`.token_values`); that it is odd, and whether the lists agree with each other and the usage, is
+:mod:`.mismatch`'s (``docs/tokens.md``, "Odd entries" and "Token integrity").
+
 A streamed response is read from its reassembled object (:mod:`.reassembly`), which keeps what the
 non-streaming body carries: vLLM's first-chunk ``prompt_token_ids`` and per-chunk ``choices[i].token_ids``
 joined, the chunks' ``logprobs.content`` joined, and a Responses stream's final response (or, for a stream
@@ -40,79 +44,91 @@ from typing import Any
 
 from .completions import legacy_log_probs
 from .generate import generate_prompt_ids, is_sglang_body, sglang_generations
+from .token_values import id_list, log_prob_list, spelled_ids, token_id
+
+_DICT = {dict}
 
 
-def _int_list(value: Any) -> list[int] | None:
-    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return value
-    return None
-
-
-def _float_list(value: Any) -> list[float] | None:
-    if isinstance(value, list) and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
-    ):
-        return [float(v) for v in value]
-    return None
-
-
-def _token_id(entry: dict[str, Any]) -> int | None:
-    value = entry.get("id")
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    token = entry.get("token")
-    if isinstance(token, str) and token.startswith("token_id:") and token[9:].isdigit():
-        return int(token[9:])
-    return None
-
-
-def _from_logprob_entries(entries: Any) -> tuple[list[int] | None, list[float] | None]:
-    """Ids (only when every entry has one) and log-probs from a list of ``{token, logprob, ...}``."""
+def _from_logprob_entries(entries: Any) -> tuple[list[int | None] | None, list[float | None] | None]:
+    """Ids (when any entry has one) and log-probs from a list of ``{token, logprob, ...}``; an odd entry
+    (not an object, a log-prob ``null``/NaN/±inf, no id among entries that have one) is ``None`` there.
+    An entry's id is its ``id`` (llama.cpp), else its ``"token_id:N"`` token (vLLM)."""
     if not isinstance(entries, list) or not entries:
         return None, None
-    log_probs: list[float] = []
-    ids: list[int] | None = []
-    for entry in entries:
-        if not isinstance(entry, dict):
-            return None, None
-        value = entry.get("logprob")
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            return None, None
-        log_probs.append(float(value))
-        token_id = _token_id(entry)
-        if ids is not None:
-            if token_id is None:
-                ids = None
-            else:
-                ids.append(token_id)
+    if set(map(type, entries)) != _DICT:
+        entries = [entry if isinstance(entry, dict) else {} for entry in entries]
+    log_probs = log_prob_list([entry.get("logprob") for entry in entries])
+    ids = id_list([entry.get("id") for entry in entries])
+    if ids is None or None in ids:
+        spelled = spelled_ids([entry.get("token") for entry in entries])
+        if spelled is not None:
+            ids = (
+                spelled
+                if ids is None
+                else [i if i is not None else s for i, s in zip(ids, spelled, strict=True)]
+            )
     return ids, log_probs
 
 
+def _index(choice: dict[str, Any], position: int) -> int:
+    """A choice's ``index`` (an id-like integer), else its position in ``choices``."""
+    index = token_id(choice.get("index"))
+    return index if index is not None else position
+
+
+def _usage_count(usage: Any, key: str) -> int | None:
+    value = usage.get(key) if isinstance(usage, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _echo_prompt_length(choices: list[Any], usage: Any) -> int | None:
+    """With ``echo`` and neither token ids nor the prompt's ids, how many entries of each choice's legacy
+    lists are the prompt's: the usage's ``prompt_tokens``, when every choice's lists start with the echo's
+    ``null`` and their lengths less the prompt add up to the usage's ``completion_tokens`` (one prompt
+    echoed in every choice); ``None`` otherwise (then nothing is kept rather than prompt and output mixed)."""
+    prompt, completion = _usage_count(usage, "prompt_tokens"), _usage_count(usage, "completion_tokens")
+    if prompt is None or completion is None:
+        return None
+    lengths = []
+    for choice in choices:
+        logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
+        values = logprobs.get("token_logprobs") if isinstance(logprobs, dict) else None
+        if not isinstance(values, list) or not values or values[0] is not None:
+            return None
+        lengths.append(len(values))
+    return prompt if sum(lengths) - prompt * len(lengths) == completion else None
+
+
 def _generation(
-    index: int, token_ids: list[int] | None, log_probs: list[float] | None
+    index: int, token_ids: list[int | None] | None, log_probs: list[float | None] | None
 ) -> dict[str, Any] | None:
     if token_ids is None and log_probs is None:
         return None
     return {"index": index, "token_ids": token_ids, "log_probs": log_probs}
 
 
-def _chat_generations(choices: Any) -> list[dict[str, Any]]:
+def _chat_generations(choices: Any, usage: Any) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     if not isinstance(choices, list):
         return found
+    echo_prompt: int | None = None
+    if any(
+        isinstance(c, dict) and c.get("token_ids") is None and c.get("prompt_token_ids") is None
+        for c in choices
+    ):
+        echo_prompt = _echo_prompt_length(choices, usage)
     for position, choice in enumerate(choices):
         if not isinstance(choice, dict):
             continue
-        raw_index = choice.get("index")
-        index = raw_index if isinstance(raw_index, int) else position
-        token_ids = _int_list(choice.get("token_ids"))
+        index = _index(choice, position)
+        token_ids = id_list(choice.get("token_ids"))
         log_probs = None
         logprobs = choice.get("logprobs")
         if isinstance(logprobs, dict):
             if isinstance(logprobs.get("token_logprobs"), list):  # /v1/completions' legacy lists
-                prompt = _int_list(choice.get("prompt_token_ids"))
+                prompt = id_list(choice.get("prompt_token_ids"))
                 ids, log_probs = legacy_log_probs(
-                    logprobs, token_ids, None if prompt is None else len(prompt)
+                    logprobs, token_ids, echo_prompt if prompt is None else len(prompt)
                 )
             else:
                 ids, log_probs = _from_logprob_entries(logprobs.get("content"))
@@ -123,16 +139,15 @@ def _chat_generations(choices: Any) -> list[dict[str, Any]]:
     return found
 
 
-def _choice_prompts(choices: Any, generations: list[dict[str, Any]]) -> list[int] | None:
+def _choice_prompts(choices: Any, generations: list[dict[str, Any]]) -> list[int | None] | None:
     """vLLM's ``/v1/completions`` puts ``prompt_token_ids`` on each choice: the one prompt of them all; for
     a request of several prompts (choices of different prompts) each generation carries its own."""
     if not isinstance(choices, list):
         return None
-    prompts: dict[int, list[int]] = {}
+    prompts: dict[int, list[int | None]] = {}
     for position, choice in enumerate(choices):
-        if isinstance(choice, dict) and (ids := _int_list(choice.get("prompt_token_ids"))) is not None:
-            raw_index = choice.get("index")
-            prompts[raw_index if isinstance(raw_index, int) else position] = ids
+        if isinstance(choice, dict) and (ids := id_list(choice.get("prompt_token_ids"))) is not None:
+            prompts[_index(choice, position)] = ids
     distinct = {tuple(ids) for ids in prompts.values()}
     if len(distinct) == 1:
         return next(iter(prompts.values()))
@@ -142,17 +157,17 @@ def _choice_prompts(choices: Any, generations: list[dict[str, Any]]) -> list[int
     return None
 
 
-def _responses_generations(output: Any) -> tuple[list[dict[str, Any]], list[int] | None]:
+def _responses_generations(output: Any) -> tuple[list[dict[str, Any]], list[int | None] | None]:
     found: list[dict[str, Any]] = []
-    prompt: list[int] | None = None
+    prompt: list[int | None] | None = None
     if not isinstance(output, list):
         return found, prompt
     for position, item in enumerate(output):
         if not isinstance(item, dict):
             continue
-        prompt = prompt or _int_list(item.get("prompt_token_ids"))
-        token_ids = _int_list(item.get("generation_token_ids"))
-        log_probs = _float_list(item.get("generation_log_probs"))
+        prompt = prompt or id_list(item.get("prompt_token_ids"))
+        token_ids = id_list(item.get("generation_token_ids"))
+        log_probs = log_prob_list(item.get("generation_log_probs"))
         contents = item.get("content")
         if token_ids is None and log_probs is None and isinstance(contents, list):
             for part in contents:
@@ -166,23 +181,23 @@ def _responses_generations(output: Any) -> tuple[list[dict[str, Any]], list[int]
     return found, prompt
 
 
-def _raw_message_tokens(messages: Any) -> list[int] | None:
+def _raw_message_tokens(messages: Any) -> list[int | None] | None:
     """vLLM's ``input_messages`` / ``output_messages`` (``enable_response_messages``): the ``tokens`` of
     its ``raw_message_tokens`` entries joined; ``None`` when there is none or one is not a list of ids."""
     if not isinstance(messages, list) or not messages:
         return None
-    joined: list[int] = []
+    joined: list[int | None] = []
     for message in messages:
         if not isinstance(message, dict) or message.get("type") != "raw_message_tokens":
             return None
-        tokens = _int_list(message.get("tokens"))
+        tokens = id_list(message.get("tokens"))
         if tokens is None:
             return None
         joined += tokens
     return joined
 
 
-def _with_output_ids(generations: list[dict[str, Any]], output: Any, ids: list[int]) -> None:
+def _with_output_ids(generations: list[dict[str, Any]], output: Any, ids: list[int | None]) -> None:
     """Put a Responses call's generated ids (``output_messages``) beside its log-probs: into the one
     generation without ids, or a new generation (the first message item's position) when there is none.
     Several generations without ids cannot be told apart: left as they are."""
@@ -210,8 +225,8 @@ def extract_tokens(
     ``request`` gives a token-in/token-out call's prompt ids when the answer does not repeat them."""
     if not isinstance(response, dict):
         return None
-    prompt = _int_list(response.get("prompt_token_ids"))
-    generations = _chat_generations(response.get("choices"))
+    prompt = id_list(response.get("prompt_token_ids"))
+    generations = _chat_generations(response.get("choices"), response.get("usage"))
     if not generations and is_sglang_body(response):
         generations = sglang_generations(response)
     if prompt is None:
@@ -226,7 +241,7 @@ def extract_tokens(
         if output_ids is not None:
             _with_output_ids(generations, response.get("output"), output_ids)
     if prompt is None and generations:
-        prompt = generate_prompt_ids(request)
+        prompt = id_list(generate_prompt_ids(request))
     if prompt is None and not generations:
         return None
     return {"prompt_token_ids": prompt, "generations": generations}

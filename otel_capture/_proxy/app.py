@@ -33,9 +33,16 @@ from opentelemetry.util.http import remove_url_credentials
 from yarl import URL
 
 from .._asgi import ASGIApp, Message, Receive, Scope, Send, send_json
-from .._capture import SCOPE_RESPONSE_COMPLETE, ModelCallCaptureMiddleware
+from .._capture import (
+    SCOPE_LOCAL_RESPONSE,
+    SCOPE_RESPONSE_COMPLETE,
+    SCOPE_UPSTREAM,
+    SCOPE_UPSTREAM_REQUEST_ID,
+    ModelCallCaptureMiddleware,
+)
 from .._correlation import server_span_details, unprefixed_raw_path
 from .._notices import RateLimitedNotice, notify
+from .._records.schema import REFUSED_OVER_CAPACITY
 from .._settings import CaptureSettings, ProxySettings, WriterSettings, upstream_from_environ, upstream_url
 from .._telemetry import LeanServerSpanMiddleware, build_tracer_provider
 from .guards import CallLimit, RequestSizeLimit, limit_client_buffers
@@ -68,6 +75,7 @@ _RESPONSE_DROP = frozenset(
 # Methods sent without Content-Length when they carry no body (as aiohttp sends them); others say 0.
 _BODYLESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "CONNECT"})
 
+_MAX_REQUEST_ID = 200  # characters of an upstream's x-request-id kept in the record
 _DRAIN_BOUND = 10.0  # seconds a shutdown waits for cancelled calls to hand over their records
 
 
@@ -86,6 +94,8 @@ class UpstreamProxy:
         self._origin = base.origin()
         self._base_path = base.raw_path.rstrip("/").encode("latin-1")
         self.shown_upstream = display_url(upstream.rstrip("/"))  # for the log: never its password
+        # for each record's `writer.upstream`: no user, password or query (a key may ride in either)
+        self.upstream_name = str(base.with_user(None).with_query(None)).rstrip("/")
         self._failure_notice = RateLimitedNotice(60.0)
         # credentials in the URL go as Basic auth, unless the client sends its own authorization
         auth = aiohttp.BasicAuth(base.user, base.password or "").encode() if base.user else None
@@ -137,8 +147,10 @@ class UpstreamProxy:
             await pool.close()
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # Inside the capture: a refused model call is recorded as answered (503, the reason in its body).
+        # Inside the capture: a refused model call is recorded as refused, a retry to come (503, Retry-After)
+        scope[SCOPE_UPSTREAM] = self.upstream_name
         if not self.calls.enter():
+            scope[SCOPE_LOCAL_RESPONSE] = REFUSED_OVER_CAPACITY
             await self.calls.refuse(send)
             return
         try:
@@ -256,6 +268,9 @@ class UpstreamProxy:
 
     async def _relay(self, scope: Scope, response: _Response, target: bytes, send: Send) -> None:
         headers = [(k, v) for k, v in response.raw_headers if k.lower() not in _RESPONSE_DROP]
+        request_id = response.headers.get("x-request-id")
+        if request_id:  # the upstream's own id of this answer (OpenAI, vLLM --enable-request-id-headers)
+            scope[SCOPE_UPSTREAM_REQUEST_ID] = request_id[:_MAX_REQUEST_ID]
         if 300 <= response.status < 400:  # a redirect leads back through the proxy, with the rollout
             requested = self._origin.join(URL(target.decode("latin-1"), encoded=True))
             headers = relocate(headers, scope, requested, self._upstream)
@@ -324,6 +339,7 @@ class _FinishCallsFirst:
         self._calls = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self._shutting_down = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -333,6 +349,16 @@ class _FinishCallsFirst:
         self._idle.clear()
         try:
             await self.app(scope, receive, send)
+        except asyncio.CancelledError:
+            if not self._shutting_down:
+                raise
+            # The documented end of a call past --shutdown-timeout: its record says `cancelled`; the log
+            # gets one line, not the server's stack trace of an exception in the app.
+            notify(
+                _logger,
+                logging.WARNING,
+                "shutdown: a call still running after the shutdown timeout was cancelled (recorded as cancelled)",
+            )
         finally:
             self._calls -= 1
             if not self._calls:
@@ -342,6 +368,7 @@ class _FinishCallsFirst:
         async def receive_lifespan() -> Message:
             message = await receive()
             if message["type"] == "lifespan.shutdown":
+                self._shutting_down = True
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._idle.wait(), _DRAIN_BOUND)
             return message

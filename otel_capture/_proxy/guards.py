@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from .._asgi import ASGIApp, Message, Receive, Scope, Send, send_json
+from .._records.schema import REFUSED_OVER_CAPACITY
 
 _logger = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ class CallLimit:
     async def refuse(self, send: Send) -> None:
         payload = {
             "error": {
-                "type": "proxy_over_capacity",
+                "type": REFUSED_OVER_CAPACITY,
                 "message": (
                     f"this proxy forwards at most {self.max_calls} calls at once; retry after "
                     f"{RETRY_AFTER_S} s (otel-capture proxy --max-concurrent-calls, "

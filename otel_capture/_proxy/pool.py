@@ -1,5 +1,5 @@
 """The capture proxy's upstream client: ``_Pool``, aiohttp's connector and response protocol without
-``ClientSession``, and ``_Response``, the answer it hands back. :class:`._proxy.UpstreamProxy` forwards
+``ClientSession``, and ``_Response``, the answer it hands back. :class:`.app.UpstreamProxy` forwards
 every call over one of these pools, and sends a request again on a fresh connection when ``_stale`` says
 the upstream dropped it before answering.
 

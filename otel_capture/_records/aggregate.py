@@ -21,8 +21,10 @@ def aggregate_model_call_records(records: Iterable[ModelCallRecord]) -> dict[str
     """Gym's aggregate (each value the sum over calls that have it, ``None`` if none do), then ours.
 
     Gym's keys: ``tokens_in``, ``tokens_out``, ``tokens_reasoning``, ``tokens_total``, ``cached_tokens``,
-    ``latency_total_ms``, ``num_calls`` (failed calls included). Ours: ``num_errors`` (the calls that
-    :attr:`~.schema.ModelCallRecord.failed`), ``cache_creation_tokens`` (a sum),
+    ``latency_total_ms``, ``num_calls`` (failed and refused calls included). Ours: ``num_errors`` (the calls
+    that :attr:`~.schema.ModelCallRecord.failed`, refused ones apart), ``num_refused`` (the calls the
+    capture proxy refused for capacity, :attr:`~.schema.ModelCallRecord.refused`: retries to come, not
+    failures), ``cache_creation_tokens`` (a sum),
     ``latency_ttft_ms_mean`` (the mean over calls that have a TTFT), ``num_tokens_missing`` (the calls
     answered without the token ids or log-probs they asked for: ``tokens_missing``), ``weight_versions``
     (the distinct ``weight_version`` values of the calls, in the order first seen; calls without one are
@@ -30,7 +32,7 @@ def aggregate_model_call_records(records: Iterable[ModelCallRecord]) -> dict[str
     with a ``weight_version_at_end``). One pass: ``records`` may be an iterator.
     """
     sums: dict[str, Any] = dict.fromkeys((*_SUMMED, "cache_creation_tokens"))
-    calls = errors = ttft_count = tokens_missing = 0
+    calls = errors = refused = ttft_count = tokens_missing = 0
     ttft_sum = 0.0
     versions: dict[str, None] = {}
     changed = 0
@@ -39,7 +41,10 @@ def aggregate_model_call_records(records: Iterable[ModelCallRecord]) -> dict[str
         if call.weight_version is not None:
             versions.setdefault(call.weight_version)
         changed += call.weight_version_at_end is not None
-        errors += call.failed
+        if call.refused:
+            refused += 1
+        else:
+            errors += call.failed
         tokens_missing += call.tokens_missing is not None
         for attr in sums:
             value = getattr(call, attr)
@@ -52,6 +57,7 @@ def aggregate_model_call_records(records: Iterable[ModelCallRecord]) -> dict[str
         **{attr: sums[attr] for attr in _SUMMED},
         "num_calls": calls,
         "num_errors": errors,
+        "num_refused": refused,
         "cache_creation_tokens": sums["cache_creation_tokens"],
         "latency_ttft_ms_mean": ttft_sum / ttft_count if ttft_count else None,
         "num_tokens_missing": tokens_missing,

@@ -13,7 +13,7 @@ its value.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 import orjson
@@ -28,9 +28,11 @@ __all__ = [
     "CaptureReadError",
     "DamagedLine",
     "InvalidLine",
+    "chunked_lines",
     "damaged_line",
     "decode_record_line",
     "encode_record_line",
+    "final_tail",
     "line_spans",
     "parse_record_line",
     "preview",
@@ -88,6 +90,8 @@ def tokens_line(
          "prompt_token_ids": [...] | null,
          "generations": [{"index": 0, "token_ids": [...] | null, "log_probs": [...] | null}, ...]}
 
+    An entry of a list may be ``null`` (an odd one: a NaN log-prob...; ``docs/tokens.md``, "Odd entries").
+
     What is read from which response shape is the dialects' (:func:`otel_capture._dialects.tokens.
     extract_tokens`); the ``request`` gives a token-in/token-out call's prompt ids."""
     found = extract_tokens(response, request)
@@ -116,10 +120,35 @@ def split_lines(data: bytes) -> tuple[list[bytes], bytes]:
     return lines, tail
 
 
+def final_tail(data: bytes) -> bytes:
+    """What follows the last ``\\n`` of ``data``: the tail :func:`split_lines` returns, without splitting
+    the rest (a non-blank one is a torn final line)."""
+    return data[data.rfind(b"\n") + 1 :]
+
+
+def chunked_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """The complete lines of a file read a chunk at a time (newline removed, blank ones kept), as
+    :func:`split_lines` would give them for the chunks joined; the tail after the last newline is not
+    yielded. A line that spans chunks is joined once."""
+    pending: list[bytes] = []  # the start of a line that continues in the next chunk
+    for chunk in chunks:
+        start = 0
+        while (end := chunk.find(b"\n", start)) != -1:
+            if pending:
+                pending.append(chunk[start:end])
+                yield b"".join(pending)
+                pending.clear()
+            else:
+                yield chunk[start:end]
+            start = end + 1
+        if start < len(chunk):
+            pending.append(chunk[start:])
+
+
 def line_spans(data: bytes) -> Iterator[tuple[int, int, int]]:
     """``(physical line number, start, end)`` of each non-blank complete line of ``data`` (the newline
     excluded), one at a time and without copying most lines: the splitter of a file held as one buffer
-    (a freeze's snapshot, the in-flight markers). Agrees with :func:`split_lines` on what a line is."""
+    (a freeze's snapshot, the incomplete marker). Agrees with :func:`split_lines` on what a line is."""
     start = 0
     number = 0
     while (end := data.find(b"\n", start)) != -1:

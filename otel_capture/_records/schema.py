@@ -18,6 +18,7 @@ __all__ = [
     "EXTRA_RECORD_TYPES",
     "GYM_RECORD_FIELDS",
     "LINE_KEYS",
+    "REFUSED_OVER_CAPACITY",
     "SCHEMA_VERSION",
     "TOKENS_SCHEMA_VERSION",
     "ModelCallRecord",
@@ -31,6 +32,9 @@ SCHEMA_VERSION = 1  # of a record line (its ``schema_version``)
 TOKENS_SCHEMA_VERSION = 1  # of a tokens line
 
 FAILED_RESPONSE_STATUSES = frozenset({"failed", "error", "cancelled"})
+# ``local_response_reason`` of a call the capture proxy answered itself, 503 with ``Retry-After``, because it
+# already forwarded ``--max-concurrent-calls`` calls: a retry to come, not a model failure (docs/attachment.md)
+REFUSED_OVER_CAPACITY = "proxy_over_capacity"
 
 
 def call_failed(status_code: int | None, error_category: str | None, response_status: str | None) -> bool:
@@ -101,6 +105,14 @@ class ModelCallRecord(BaseModel):
     failure: dict[str, Any] | None = None
     # why the token ids or log-probs the request asked for are not all in the answer (docs/tokens.md)
     tokens_missing: str | None = None
+    # which token invariant the answer breaks, odd entries, log-probs against ids, ids against the usage
+    # (docs/tokens.md, "Token integrity")
+    token_mismatch: str | None = None
+    # Which server wrote the line (docs/attachment.md, "Writers"): ``{"host", "pid", "layer"}``, ``layer``
+    # ``proxy`` or ``in_process``, and for the proxy ``upstream``, the URL it forwarded to (no credentials);
+    # and the upstream's ``x-request-id`` response header, when its answer had one.
+    writer: dict[str, Any] | None = None
+    upstream_request_id: str | None = None
     # The weight (policy) version (docs/attachment.md, "Weight versions"): what the engine reported in its
     # answer; the version in force when the call was admitted (the caller's, else the one declared for the
     # directory); the declared version when it finished, only when that differs (weights changed meanwhile).
@@ -112,6 +124,12 @@ class ModelCallRecord(BaseModel):
     def failed(self) -> bool:
         """Whether the call failed (:func:`call_failed`)."""
         return call_failed(self.status_code, self.error_category, self.response_status)
+
+    @property
+    def refused(self) -> bool:
+        """Whether the capture proxy refused the call for capacity (503, ``Retry-After``): the client's
+        retry is the call; counted apart from the failed calls (``num_refused``, not ``num_errors``)."""
+        return self.response_source == "local" and self.local_response_reason == REFUSED_OVER_CAPACITY
 
 
 _FIELDS = tuple(ModelCallRecord.model_fields)

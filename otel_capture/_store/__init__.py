@@ -1,6 +1,8 @@
 """The store: durable files under one capture directory, and everything the rest of the package takes from
 them. This is its face: outside ``_store/``, code imports from here, never from its modules.
 
+- :class:`CaptureBackend`: the lifecycle's verbs, spelled once (:mod:`.backend`), which both backends
+  declare and the conformance kit checks;
 - :class:`CaptureStore`: a directory's rollouts (read, freeze, retire, delete) and its file names
   (``CAPTURE_SUFFIX``, ``TOKENS_SUFFIX``, ``INCOMPLETE_SUFFIX``); :class:`InMemoryCaptureBackend`, the
   lifecycle without files (the conformance kit's reference);
@@ -10,10 +12,14 @@ them. This is its face: outside ``_store/``, code imports from here, never from 
 - :func:`check_directory`: whether a capture directory is safe to use (others cannot write to it);
   :func:`pending_losses`: calls a writer could not record and could not yet mark on disk (:mod:`.losses`);
   :func:`choose_sync`: how its writer makes a batch durable, chosen by its filesystem (:mod:`.fstype`);
-- the lifecycle's types and errors (:mod:`.types`).
+- the lifecycle's types and errors (:mod:`.types`), ``ROLLOUT_STATES`` among them;
+- :class:`LoopWaiter`, a call's completion signal (the writer resolves it), :class:`DeclaredVersions`
+  and :func:`usable_weight_version` (weight versions), and the uncorrelated counts
+  (:class:`UncorrelatedCounter`, :func:`counter_for`, :func:`read_uncorrelated`).
 
-Below it are only the record codec (:mod:`otel_capture._records`), the id grammar, the settings and the
-sink's ``LoopWaiter``; the durability contract is at the top of :mod:`.writer`.
+Below it are only the record codec (:mod:`otel_capture._records`), the id grammar, the errors and the
+settings: importing the store loads no tracing SDK. Its rooms are listed in ``docs/architecture.md``;
+the contract it keeps is ``docs/durability.md`` and ``docs/lifecycle.md``, cited where each clause is kept.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from .._errors import (
     LockTimeoutError,
     UnsafeDirectoryError,
 )
+from .backend import VERBS, CaptureBackend
 from .fs import check_directory
 from .fstype import SyncChoice, choose_sync
 from .losses import Loss, pending_losses
@@ -40,6 +47,7 @@ from .reading import (
 )
 from .store import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX, CaptureStore
 from .types import (
+    ROLLOUT_STATES,
     CaptureSnapshot,
     IncompleteCall,
     RemovalResult,
@@ -47,38 +55,50 @@ from .types import (
     empty_result,
     validate_rollout_ids,
 )
+from .uncorrelated import UncorrelatedCounter, counter_for, read_uncorrelated
+from .weight import DeclaredVersions, usable_weight_version
 from .writer import LIBC_SYNCFS, JsonlWriter, WriterStats
+from .writer_items import LoopWaiter
 
 __all__ = [
     "CAPTURE_SUFFIX",
     "INCOMPLETE_SUFFIX",
     "LIBC_SYNCFS",
+    "ROLLOUT_STATES",
     "TOKENS_SUFFIX",
+    "VERBS",
     "AvailableRecords",
+    "CaptureBackend",
     "CaptureFrozenError",
     "CaptureRetiredError",
     "CaptureSnapshot",
     "CaptureStateError",
     "CaptureStore",
     "DamagedEntryError",
+    "DeclaredVersions",
     "InMemoryCaptureBackend",
     "IncompleteCall",
     "JsonlWriter",
     "LockTimeoutError",
+    "LoopWaiter",
     "Loss",
     "RemovalResult",
     "RolloutState",
     "SyncChoice",
+    "UncorrelatedCounter",
     "UnsafeDirectoryError",
     "WriterStats",
     "aggregate_model_call_metrics",
     "check_directory",
     "choose_sync",
+    "counter_for",
     "empty_result",
     "iter_model_call_records",
     "pending_losses",
     "read_available_model_call_records",
     "read_model_call_records",
+    "read_uncorrelated",
     "scan_available_model_call_records",
+    "usable_weight_version",
     "validate_rollout_ids",
 ]

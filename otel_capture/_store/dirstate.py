@@ -1,18 +1,9 @@
-"""One process's lifecycle state for one capture directory: everything lives in ``<dir>/.otel-capture/``,
-which NeMo Gym never looks at.
-
-* ``locks/NN.lock``: striped rollout locks (:mod:`.locks`);
-* ``journal.lock`` and ``fences.journal``: the fence journal (:mod:`.journal`);
-* ``inflight/<id>.calls``: calls in flight, for freezes in other processes (:mod:`.inflight`);
-* ``trash/``: record files that a retire or delete took out of the directory (a ``rename``, as atomic as
-  an ``unlink`` and much cheaper than freeing a synced file's blocks); a background task unlinks them;
-* ``losses/<writer>.losses``: each writer's loss reserve (:mod:`.losses`).
-
-All of it but the in-flight markers and the reserves is made whole ahead of need (:meth:`DirState.prepare`,
-when a writer or a lifecycle operation first opens the directory): from then on a freeze, a read and a
-mark of a rollout that has a file need no new inode, so a filesystem out of inodes cannot stop them.
-
-Every path is opened through :class:`.fs.DirFds` (no link followed). ``docs/lifecycle.md`` has the protocol.
+"""One process's lifecycle state for one capture directory, shared by every store and writer of the
+process: the stripe locks, the fence journal's view, the calls in flight, the declared weight versions.
+It all lives in ``<dir>/.otel-capture/`` (the entries are named in :mod:`.names`), which NeMo Gym never
+looks at, and all of it but the in-flight markers and the loss reserves is made whole ahead of need
+(:meth:`DirState.prepare`) (contract L15), so a filesystem out of inodes cannot stop a freeze, a read or
+a mark. Every path is opened through :class:`.fs.DirFds` (no link followed) (contract D24).
 """
 
 from __future__ import annotations
@@ -23,14 +14,13 @@ import threading
 from pathlib import Path
 
 from .._settings import DEFAULT_LOCK_TIMEOUT_S
-from .fs import STATE_DIR, DirFds, Fsync
+from .fs import DirFds
 from .inflight import InflightCalls, InflightMarkers
 from .journal import FenceJournal
 from .locks import StripedLocks
-from .losses import RESERVE_DIR
+from .names import STATE_DIR, STATE_SUBDIRS
+from .sync import Fsync
 from .weight import DeclaredVersions
-
-SUBDIRS = ("locks", "inflight", "trash", RESERVE_DIR)
 
 _logger = logging.getLogger(__name__)
 
@@ -50,6 +40,7 @@ class DirState:
         self.markers = InflightMarkers()
         self.weights = DeclaredVersions(root)  # the declared weight versions, refreshed once per batch
         self.fsync: Fsync = os.fsync  # syncs the parent of a state directory created on first use
+        self.shared_allowed = False  # a writer of this process was told to use the directory, shared or not
         self._prepared: tuple[int, int] | None = None  # the capture directory (dev, ino) made whole
         self._prepare_lock = threading.Lock()
 
@@ -59,8 +50,8 @@ class DirState:
         return DirFds(self.root, self.fsync, create=create, lock_timeout=lock_timeout)
 
     def prepare(self, dirs: DirFds) -> bool:
-        """Make the state directory whole, once per capture directory (again when it was removed and made
-        anew): its subdirectories, the 64 stripe lock files, the journal's lock and the journal itself.
+        """Make the state directory whole (contract L15), once per capture directory (again when it was
+        removed and made anew): its subdirectories, the 64 stripe lock files, the journal's lock and the journal itself.
         What an operation would otherwise create on first use is created now, while there are inodes
         (``docs/durability.md``, "When files cannot be created"). Best effort: an entry that cannot be
         made (no space, a planted link) is left to the operation that needs it, which reports it. True
@@ -73,7 +64,7 @@ class DirState:
             if self._prepared == key:
                 return True
             complete = True
-            for sub in SUBDIRS:
+            for sub in STATE_SUBDIRS:
                 try:
                     dirs.state_fd(sub)
                 except OSError as exc:

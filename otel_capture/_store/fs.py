@@ -1,20 +1,15 @@
-"""The store's only way to touch the filesystem: no path is followed through a link, no open can block,
-and every file is checked to be what the store made before it is read or written.
+"""The store's no-follow I/O: the one way it touches the filesystem (contract D21, D24, D25).
 
-* The capture directory's own path is the user's choice and is followed (``/data/calls`` may be a link to
-  a bigger disk). Every path inside it is opened relative to a directory descriptor with ``O_NOFOLLOW``:
-  ``.otel-capture`` and its subdirectories one component at a time (:class:`DirFds`), files by name.
-* Every file is opened ``O_NONBLOCK`` (a FIFO never blocks the open) and ``fstat``-ed: anything but a
-  regular file, or a data file with more than one link (a hard link to a file outside), is a
-  :class:`DamagedEntryError` naming the entry and what it is.
-* Opens that race a creator retry a bounded number of times, and every ``flock`` wait ends: it is polled
-  with ``LOCK_NB`` up to a deadline (:func:`flock_within`), then a :class:`LockTimeoutError`.
-
-``docs/durability.md`` ("A hostile directory") lists each guarantee with its test.
+The capture directory's own path is the user's choice and is followed; every path inside it is opened
+relative to a directory descriptor with ``O_NOFOLLOW`` (:class:`DirFds`: ``.otel-capture`` and its
+subdirectories one component at a time), ``O_NONBLOCK``, and ``fstat``-ed: anything but a regular file
+(of one link, for a file the store writes) is a :class:`DamagedEntryError`. Opens that race a creator
+retry a bounded number of times; every ``flock`` wait ends (:func:`flock_within`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import io
@@ -22,22 +17,21 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
 from .._errors import DamagedEntryError, LockTimeoutError, UnsafeDirectoryError
 from .._settings import DEFAULT_LOCK_TIMEOUT_S
+from .names import STATE_DIR
+from .sync import Fsync, fsync_dir
 
 _logger = logging.getLogger(__name__)
 
-STATE_DIR = ".otel-capture"
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 OPEN_TRIES = 3
 LOCK_POLL_MAX_S = 0.05  # the longest sleep between two tries of a busy flock
 
-Fsync = Callable[[int], None]
 
 _NOFOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _SUBDIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -73,6 +67,11 @@ def problem(st: os.stat_result, *, single_link: bool) -> str | None:
     return None
 
 
+def describe_error(exc: OSError) -> str:
+    """An ``OSError`` in one line, its errno's name included (``OSError: ENOSPC No space left on device``)."""
+    return f"{type(exc).__name__}: {errno.errorcode.get(exc.errno or 0, '')} {exc.strerror or exc}".strip()
+
+
 def damaged(label: str, what: str) -> DamagedEntryError:
     return DamagedEntryError(label, what)
 
@@ -97,7 +96,7 @@ def open_file(
 ) -> tuple[int, os.stat_result]:
     """Open ``name`` in ``dir_fd`` (a path when ``None``) without following a link or blocking: a regular
     file (with one link when ``single_link``) or :class:`DamagedEntryError`. Returns the descriptor and its
-    ``fstat``."""
+    ``fstat`` (contract D24, D25)."""
     try:
         fd = os.open(name, flags | _NOFOLLOW, mode, dir_fd=dir_fd)
     except OSError as exc:
@@ -136,7 +135,7 @@ def open_append(dir_fd: int, name: str, label: str, mode: int = FILE_MODE) -> tu
             created = True
         try:
             if stat.S_IMODE(st.st_mode) & ~mode:
-                os.fchmod(fd, mode)  # records are training data: an old 0644 file becomes 0600
+                os.fchmod(fd, mode)  # records are training data: 0644 becomes 0600 (contract D26)
         except BaseException:
             os.close(fd)
             raise
@@ -243,7 +242,8 @@ def flock_within(fd: int, operation: int, timeout: float, label: str) -> None:
     """``flock(fd, operation)``, waiting at most ``timeout`` seconds: tried with ``LOCK_NB``, then again
     after a sleep that doubles from 1 ms to 50 ms. A blocking ``flock`` would wait as long as its holder
     likes, and the holder may be any process of the same user (NeMo Gym's writers lock the data files
-    too). Raises :class:`LockTimeoutError` naming ``label`` when the lock is still held at the deadline."""
+    too). Raises :class:`LockTimeoutError` naming ``label`` when the lock is still held at the deadline
+    (contract D21)."""
     try:
         fcntl.flock(fd, operation | fcntl.LOCK_NB)
         return
@@ -268,7 +268,8 @@ def flock_within(fd: int, operation: int, timeout: float, label: str) -> None:
 
 def fenced_error(exc: OSError, label: str) -> OSError:
     """``exc`` itself, or, for an error of :data:`FENCED_ERRNOS`, the same errno with a reason that says
-    what it means: the shared filesystem took this node's lock away (fenced), nothing more is written."""
+    what it means: the shared filesystem took this node's lock away (fenced), nothing more is written
+    (contract D27)."""
     if exc.errno not in FENCED_ERRNOS:
         return exc
     return OSError(
@@ -293,16 +294,22 @@ def read_locked(
     except FileNotFoundError:
         return None
     try:
-        flock_within(fd, fcntl.LOCK_SH, timeout, label)
-        try:
-            data = read_all(fd)
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        if fsync is not None:
-            fsync(fd)
-        return data
+        return read_shared(fd, label, timeout, fsync)
     finally:
         os.close(fd)
+
+
+def read_shared(fd: int, label: str, timeout: float, fsync: Fsync | None = None) -> bytes:
+    """An open file's bytes, read whole under ``flock(LOCK_SH)``: every read of a rollout's file, the
+    readers' and the freeze's, goes through here (contract D8). ``fsync``: make what was read durable."""
+    flock_within(fd, fcntl.LOCK_SH, timeout, label)
+    try:
+        data = read_all(fd)
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    if fsync is not None:
+        fsync(fd)
+    return data
 
 
 def read_all(fd: int) -> bytes:
@@ -318,12 +325,19 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         view = view[written:]
 
 
-def fsync_dir(path: str | os.PathLike[str], fsync: Fsync) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def replace_file(dir_fd: int, name: str, data: bytes, mode: int = FILE_MODE) -> None:
+    """Replace ``name`` in ``dir_fd`` whole: ``data`` goes to ``<name>.tmp`` (whatever stood there, a link
+    included, is unlinked first, never followed or truncated through), which is then renamed over ``name``
+    (a rename replaces a planted link, never writes through it). Not synced: for hints, not records."""
+    tmp = name + ".tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp, dir_fd=dir_fd)
+    fd, _ = open_file(dir_fd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, tmp, mode=mode)
     try:
-        fsync(fd)
+        write_all(fd, data)
     finally:
         os.close(fd)
+    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # atomic: the old content or the new
 
 
 def make_root(root: Path, fsync: Fsync, mode: int = DIR_MODE) -> None:
@@ -332,7 +346,7 @@ def make_root(root: Path, fsync: Fsync, mode: int = DIR_MODE) -> None:
     if root.is_dir():
         return
     root.mkdir(mode=mode, parents=True, exist_ok=True)
-    fsync_dir(root.parent, fsync)
+    fsync_dir(root.parent, fsync)  # the new directory survives a crash (contract D10)
 
 
 def check_directory(root: Path, *, allow_shared: bool) -> bool:
@@ -340,7 +354,7 @@ def check_directory(root: Path, *, allow_shared: bool) -> bool:
     links the store refuses, and make every capture fail. A missing directory passes (it is created 0700).
 
     True when ``root`` was checked and is an existing directory (the caller need not ``stat`` it again to
-    create it)."""
+    create it). (contract D26)"""
     if allow_shared:
         return False
     try:
@@ -437,7 +451,7 @@ class DirFds:
                 raise
             try:
                 os.mkdir(name, DIR_MODE, dir_fd=parent)
-                self._fsync(parent)  # the new directory's entry survives a crash
+                self._fsync(parent)  # the new directory's entry survives a crash (contract D10)
             except FileExistsError:
                 pass
         raise OSError(errno.EAGAIN, f"{label}: created and removed under us {OPEN_TRIES} times in a row")

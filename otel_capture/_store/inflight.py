@@ -1,11 +1,10 @@
-"""Calls in flight: begun, not yet recorded. Two views of one thing.
+"""Calls in flight: begun, not yet recorded. Two views of one thing (contract D19, L10).
 
 * :class:`InflightCalls`: this process's calls, in memory, with the epoch each was admitted at.
 * :class:`InflightMarkers`: every process's calls, in ``.otel-capture/inflight/<id>.calls``: ``+<call>``
   when a call begins, ``-<call>`` when it is recorded or marked incomplete, written under the rollout's
-  stripe without ``fsync`` (a marker matters while its process lives), so that a freeze in *another*
-  process sees calls in flight. A file whose calls have all ended is removed: one file per rollout with a
-  call in flight, not one per rollout ever seen. See ``docs/lifecycle.md``.
+  stripe without ``fsync`` (a marker matters while its process lives). A file whose calls have all ended
+  is removed: one file per rollout with a call in flight, not one per rollout ever seen.
 """
 
 from __future__ import annotations
@@ -19,11 +18,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .._records.codec import split_lines
-from .fs import STATE_DIR, DirFds, open_file, read_all, write_all
+from .fs import DirFds, open_file, read_all, write_all
+from .names import INFLIGHT_DIR, INFLIGHT_SUFFIX, STATE_DIR, state_label
+
+INFLIGHT_REASON = "in flight when frozen: the call began and was never recorded"
+"""The reason a snapshot gives a call that was in flight when the rollout was frozen."""
 
 _logger = logging.getLogger(__name__)
-
-MARKER_SUFFIX = ".calls"
 
 
 class InflightCalls:
@@ -71,7 +72,7 @@ class InflightCalls:
 
 
 def marker_label(rollout_id: str) -> str:
-    return f"{STATE_DIR}/inflight/{rollout_id}{MARKER_SUFFIX}"
+    return state_label(INFLIGHT_DIR, rollout_id + INFLIGHT_SUFFIX)
 
 
 def _apply(data: bytes, begun: set[str]) -> set[str]:
@@ -85,7 +86,8 @@ def _apply(data: bytes, begun: set[str]) -> set[str]:
 
 
 class InflightMarkers:
-    """The marker files. Writers hold the rollout's stripe; readers (a freeze, ``list_rollouts``) need not."""
+    """The marker files (contract D19, L10). Writers hold the rollout's stripe; readers (a freeze,
+    ``list_rollouts``) need not."""
 
     @staticmethod
     def open(dirs: DirFds, rollout_id: str, *, create: bool) -> int | None:
@@ -94,7 +96,7 @@ class InflightMarkers:
         flags = os.O_RDWR | os.O_APPEND | (os.O_CREAT if create else 0)
         try:
             fd, _ = open_file(
-                dirs.state_fd("inflight"), rollout_id + MARKER_SUFFIX, flags, marker_label(rollout_id)
+                dirs.state_fd(INFLIGHT_DIR), rollout_id + INFLIGHT_SUFFIX, flags, marker_label(rollout_id)
             )
         except FileNotFoundError:
             if create:
@@ -107,7 +109,7 @@ class InflightMarkers:
         """Append ``+`` lines for ``begun`` and ``-`` lines for ``ended``; when that would leave no call in
         flight the file is removed instead (under the stripe, nobody else has it open)."""
         if ended and not (_apply(read_all_from(fd), set()) | set(begun)) - set(ended):
-            os.unlink(rollout_id + MARKER_SUFFIX, dir_fd=dirs.state_fd("inflight"))
+            os.unlink(rollout_id + INFLIGHT_SUFFIX, dir_fd=dirs.state_fd(INFLIGHT_DIR))
             return
         # "@<call> <time>" says when the "+" was written (readers that know only "+" and "-" skip it)
         now = b" %.3f\n" % time.time() if begun else b""
@@ -132,7 +134,7 @@ class InflightMarkers:
     def pending(root: Path, rollout_id: str) -> set[str]:
         """Calls whose ``+`` has no ``-`` (begun in any process, never recorded). A damaged marker raises
         ``DamagedEntryError``; it is never followed or waited on."""
-        path = root / STATE_DIR / "inflight" / (rollout_id + MARKER_SUFFIX)
+        path = root / STATE_DIR / INFLIGHT_DIR / (rollout_id + INFLIGHT_SUFFIX)
         try:
             fd, _ = open_file(None, path, os.O_RDONLY, marker_label(rollout_id), single_link=False)
         except FileNotFoundError:
@@ -147,7 +149,7 @@ class InflightMarkers:
         """When each call's ``+`` marker was written (its ``@`` line, UTC Unix seconds): the call began
         at most the writer's marker delay (and one batch) before. A damaged marker raises
         ``DamagedEntryError``."""
-        path = root / STATE_DIR / "inflight" / (rollout_id + MARKER_SUFFIX)
+        path = root / STATE_DIR / INFLIGHT_DIR / (rollout_id + INFLIGHT_SUFFIX)
         try:
             fd, _ = open_file(None, path, os.O_RDONLY, marker_label(rollout_id), single_link=False)
         except FileNotFoundError:
@@ -168,10 +170,10 @@ class InflightMarkers:
     def rollouts(dirs: DirFds) -> list[str]:
         """Rollouts with a marker file (``dirs`` made with ``create=False``)."""
         try:
-            names = os.listdir(dirs.state_fd("inflight"))
+            names = os.listdir(dirs.state_fd(INFLIGHT_DIR))
         except FileNotFoundError:
             return []
-        return [name[: -len(MARKER_SUFFIX)] for name in names if name.endswith(MARKER_SUFFIX)]
+        return [name[: -len(INFLIGHT_SUFFIX)] for name in names if name.endswith(INFLIGHT_SUFFIX)]
 
 
 def read_all_from(fd: int) -> bytes:

@@ -1,19 +1,11 @@
-"""The fence journal: ``.otel-capture/fences.journal``, and this process's view of it.
+"""The fence journal: ``.otel-capture/fences.journal``, and this process's view of it
+(contract L11, L12, L13).
 
 Append-only, one JSON line per lifecycle event (``freeze``, ``retire``, ``delete``), each with a
-journal-wide ``seq``. A rollout's state is its last event: ``freeze`` → Frozen, ``retire`` → Retired,
-``delete`` (or no event) → Absent/Live. One append + one ``fsync`` makes a whole batch of fences durable,
-instead of one fence file (and one fsync) per rollout. ``journal.lock`` serialises appends and compaction.
-
-Readers keep an in-memory view and refresh it with one ``lstat``: unchanged size, inode and change time
-means nothing to read; a larger size means read only the new tail; a new inode (compaction) means reload. Once more
-than a third of the lines are superseded (a drop's freeze line, a deleted rollout's earlier events, a
-delete older than :data:`DELETE_RETENTION_S`), the next append rewrites the journal with only the fences
-in force and the recent deletes: amortised O(1) per event, and at most 1.5 lines per line in force.
-
-A delete line is kept for :data:`DELETE_RETENTION_S` (it carries its wall-clock time ``at``): it is what
-makes a call admitted before the delete late in every process, and a compaction that dropped it at once
-would let such a call write into the reused id. See ``docs/lifecycle.md``.
+journal-wide ``seq``; a rollout's state is its last event. One append + one ``fsync`` makes a whole batch
+of fences durable; ``journal.lock`` serialises appends and compaction. Readers keep a view in memory and
+refresh it with one ``lstat`` (same size, inode and change time: nothing to read; larger: read the new
+tail; a new inode, a compaction: reload). A delete line is kept :data:`DELETE_RETENTION_S` (contract L12).
 """
 
 from __future__ import annotations
@@ -33,13 +25,13 @@ from typing import Any, Literal
 
 import orjson
 
-from .._errors import LockTimeoutError
-from .fs import FILE_MODE, DirFds, Fsync, damaged, flock_within, open_file, problem, write_all
+from .._errors import CaptureFrozenError, CaptureRetiredError, LockTimeoutError
+from .fs import FILE_MODE, DirFds, damaged, flock_within, open_file, problem, write_all
+from .names import JOURNAL, JOURNAL_LOCK, state_label
+from .sync import Fsync
 
 _logger = logging.getLogger(__name__)
 
-JOURNAL_NAME = "fences.journal"
-LOCK_NAME = "journal.lock"
 COMPACT_MIN_LINES = 4096
 CHUNK_BYTES = 1 << 20  # lines are encoded and written (and read back) a chunk at a time, whatever the batch
 # How long a compaction keeps a delete line: longer than any call can stay in flight (a call admitted before
@@ -49,7 +41,7 @@ DELETE_RETENTION_S = 24 * 3600.0
 FenceKind = Literal["frozen", "retired"]
 Hook = Callable[[str], None]
 
-_LABEL = f".otel-capture/{JOURNAL_NAME}"
+_LABEL = state_label(JOURNAL)
 _ID_IN_LINE = re.compile(rb'"id":"([A-Za-z0-9][A-Za-z0-9._-]{0,199})"')
 
 
@@ -72,7 +64,7 @@ class FenceJournal:
     """The fence journal of one capture directory and this process's view of it."""
 
     def __init__(self, state_dir: Path) -> None:
-        self.path = state_dir / JOURNAL_NAME
+        self.path = state_dir / JOURNAL
         self._thread_lock = threading.Lock()
         self._view_lock = threading.RLock()
         self._reset_view()
@@ -93,8 +85,9 @@ class FenceJournal:
         self._raw_corrupt: list[bytes] = []
 
     def refresh(self) -> None:
-        """Bring the view up to date: one ``lstat`` when nothing changed. A journal that is not a regular
-        file of its own (a link, a FIFO, a hard link) is a ``DamagedEntryError``, never read."""
+        """Bring the view up to date: one ``lstat`` when nothing changed; what another process appended is
+        seen here (contract L11). A journal that is not a regular file of its own (a link, a FIFO, a hard
+        link) is a ``DamagedEntryError``, never read."""
         with self._view_lock:
             try:
                 st = os.stat(self.path, follow_symlinks=False)
@@ -202,11 +195,11 @@ class FenceJournal:
 
     @contextlib.contextmanager
     def _locked(self, dirs: DirFds) -> Iterator[None]:
-        label = f".otel-capture/{LOCK_NAME}"
+        label = state_label(JOURNAL_LOCK)
         if not self._thread_lock.acquire(timeout=dirs.lock_timeout):
             raise LockTimeoutError(label, dirs.lock_timeout, "another thread of this process")
         try:
-            fd, _ = open_file(dirs.state_fd(), LOCK_NAME, os.O_RDWR | os.O_CREAT, label, single_link=False)
+            fd, _ = open_file(dirs.state_fd(), JOURNAL_LOCK, os.O_RDWR | os.O_CREAT, label, single_link=False)
             try:
                 flock_within(fd, fcntl.LOCK_EX, dirs.lock_timeout, label)
                 yield
@@ -231,11 +224,9 @@ class FenceJournal:
             state_fd = dirs.state_fd()
             created = False
             try:
-                fd, _ = open_file(state_fd, JOURNAL_NAME, os.O_RDWR | os.O_APPEND, _LABEL)
+                fd, _ = open_file(state_fd, JOURNAL, os.O_RDWR | os.O_APPEND, _LABEL)
             except FileNotFoundError:  # under the journal lock: nobody else creates it meanwhile
-                fd, _ = open_file(
-                    state_fd, JOURNAL_NAME, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, _LABEL
-                )
+                fd, _ = open_file(state_fd, JOURNAL, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, _LABEL)
                 created = True
             try:
                 count, wrote = self._write_events(fd, created, events)
@@ -262,7 +253,7 @@ class FenceJournal:
         else:
             size = os.fstat(fd).st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":
-                chunk += b"\n"  # terminate a line torn by a crashed appender
+                chunk += b"\n"  # terminate a line torn by a crashed appender (contract L13)
         wrote = bool(chunk)
         count = 0
         now = round(time.time(), 3)
@@ -301,12 +292,12 @@ class FenceJournal:
 
     def _compact(self, dirs: DirFds, fsync: Fsync) -> None:
         """Rewrite the journal with only the fences still in force (under the journal lock): written to a
-        temporary file, synced, renamed over the journal, and the directory synced."""
+        temporary file, synced, renamed over the journal, and the directory synced (contract L12)."""
         state_fd = dirs.state_fd()
         for name in os.listdir(state_fd):
-            if name.startswith(JOURNAL_NAME + ".tmp-"):
+            if name.startswith(JOURNAL + ".tmp-"):
                 os.unlink(name, dir_fd=state_fd)  # left by a compaction that crashed
-        tmp = f"{JOURNAL_NAME}.tmp-{uuid.uuid4().hex}"
+        tmp = f"{JOURNAL}.tmp-{uuid.uuid4().hex}"
         fd = os.open(
             tmp,
             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -320,7 +311,7 @@ class FenceJournal:
             fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, JOURNAL_NAME, src_dir_fd=state_fd, dst_dir_fd=state_fd)
+        os.replace(tmp, JOURNAL, src_dir_fd=state_fd, dst_dir_fd=state_fd)
         fsync(state_fd)
         self.refresh()
 
@@ -356,3 +347,10 @@ class FenceJournal:
 
 def _dumps(event: dict[str, Any]) -> bytes:
     return orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def fence_error(rollout_id: str, fence: Fence) -> CaptureFrozenError:
+    """The typed refusal of a fenced rollout (contract L2)."""
+    if fence.kind == "retired":
+        return CaptureRetiredError(f"rollout {rollout_id} is retired: its captures take no more writes")
+    return CaptureFrozenError(f"rollout {rollout_id} is frozen: its captures take no more records")

@@ -28,7 +28,8 @@ _SUMMARY_OVER = 20  # a repr of more values than this names their count instead 
 
 class LazyLines(Sequence[_T], Generic[_T]):
     """The lines ``data[start:end]`` of ``spans`` (``start, end, index`` triples), each parsed on access
-    by ``parse(line, index)``. ``spans`` must name lines ``parse`` accepted (returned a value for)."""
+    by ``parse(line, index)``. ``spans`` must name lines ``parse`` accepted (returned a value for)
+    (contract L19)."""
 
     __slots__ = ("_data", "_parse", "_spans")
 

@@ -1,10 +1,8 @@
-"""Striped rollout locks: ``.otel-capture/locks/NN.lock``, chosen by ``crc32(rollout_id) % 64``.
+"""Striped rollout locks: ``.otel-capture/locks/NN.lock``, chosen by ``crc32(rollout_id) % 64`` (contract L4).
 
-A rollout's writers and lifecycle operations hold its stripe (``flock(LOCK_EX)`` plus an in-process lock,
-because ``flock`` does not exclude two threads sharing one open file) for the whole fence check + append,
-or fence + removal. Lock files are created on first use and never deleted, so two processes can never
-lock different inodes. Order: stripes (sorted) first, then the journal's lock. Every wait for a stripe
-ends after the operation's lock timeout (:class:`LockTimeoutError`). See ``docs/lifecycle.md``.
+A stripe is ``flock(LOCK_EX)`` plus an in-process lock (``flock`` does not exclude two threads sharing one
+open file). Lock files are never deleted, so two processes never lock different inodes. Order: stripes
+(sorted), then the journal's lock. Every wait ends at the lock timeout (contract D21).
 """
 
 from __future__ import annotations
@@ -20,12 +18,13 @@ from collections.abc import Iterable, Iterator
 
 from .._errors import DamagedEntryError, LockTimeoutError
 from .fs import DirFds, flock_within, open_file, still_named
+from .names import LOCKS_DIR, state_label
 
 _logger = logging.getLogger(__name__)
 
 STRIPES = 64
 _NAMES = [f"{stripe:02d}.lock" for stripe in range(STRIPES)]
-_LABELS = [f".otel-capture/locks/{name}" for name in _NAMES]
+_LABELS = [state_label(LOCKS_DIR, name) for name in _NAMES]
 
 
 class LockFiles:
@@ -115,7 +114,7 @@ class StripedLocks:
         """Create every stripe's lock file that is missing (:meth:`.dirstate.DirState.prepare`): a lock is
         then never the file a full filesystem cannot create. Never follows a link; raises ``OSError`` for
         the first file it cannot create, after trying the others."""
-        locks_fd = dirs.state_fd("locks")
+        locks_fd = dirs.state_fd(LOCKS_DIR)
         present = set(os.listdir(locks_fd))
         first: OSError | None = None
         for name, label in zip(_NAMES, _LABELS, strict=True):
@@ -166,7 +165,8 @@ class StripedLocks:
 
     def acquire(self, dirs: DirFds, stripe: int, files: LockFiles | None = None) -> int:
         """Hold one stripe (the writer's path: no context manager, no sorting); returns the lock file's
-        descriptor, for :meth:`release`. On any error nothing is held."""
+        descriptor, for :meth:`release`. On any error nothing is held. Waits at most the lock timeout
+        (contract L4, D21, D23)."""
         name = _NAMES[stripe]
         if not self._threads[stripe].acquire(timeout=dirs.lock_timeout):
             raise LockTimeoutError(_LABELS[stripe], dirs.lock_timeout, "another thread of this process")
@@ -193,7 +193,7 @@ class StripedLocks:
     @staticmethod
     def _locked(dirs: DirFds, stripe: int, name: str, label: str, files: LockFiles | None) -> int:
         """A descriptor of the stripe's lock file, ``flock``-ed (kept by ``files`` when given)."""
-        locks_fd = dirs.state_fd("locks")
+        locks_fd = dirs.state_fd(LOCKS_DIR)
         if files is not None:
             fd = files.kept(stripe)
             if fd is not None:

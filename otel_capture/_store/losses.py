@@ -1,24 +1,13 @@
-"""The loss reserve: where a writer says a call was lost when even its incomplete mark cannot be written.
+"""The loss reserve: where a writer says a call was lost when even its incomplete mark cannot be written
+(no inode for a marker, no block for its line) (contract D13, D14, D15, D16).
 
-A lost call is normally named in ``<id>.capture.incomplete``. That file may be impossible to write: the
-filesystem is out of inodes (the rollout has no marker yet and none can be created) or out of blocks (the
-marker exists, empty, and takes no more bytes). So that such a loss is never indistinguishable from "no
-calls", each writer makes, when it opens the directory and before it needs it, one reserve file:
-
-* ``.otel-capture/losses/<pid>-<random>.losses``, created and given :data:`RESERVE_BYTES` of blocks
-  (``posix_fallocate``) at once, so writing an entry into it later needs no inode and no free block.
-* An entry is one line, written with one ``pwrite`` into the reserved bytes and ``fsync``-ed:
-  ``!{"rollout_id", "calls", "reason", "at"}``. Once the writer has written the calls' marker lines after
-  all (it retries), it turns the ``!`` into ``.`` in place (one byte, no new block): reported.
-* The bytes after the last entry are zeros. The last :data:`OVERFLOW_BYTES` are kept for one entry that
-  says the reserve filled up (``"overflow": true``: more calls were lost than it names; the writer's log
-  and ``WriterStats.unreported`` name them).
-* The writer holds ``flock(LOCK_SH)`` on its reserve for as long as it runs: a reserve nobody holds belongs
-  to a writer that is gone, and another writer adopts it (writes its pending marks, then unlinks it).
-
-Readers (``check``, ``show``, a freeze, the attachment) read every reserve without a lock: an entry is
-complete once its line ends in ``\\n`` and parses; a pending entry (``!``) is a loss not yet reported in its
-rollout's marker, and ``otel-capture check`` exits non-zero while one exists.
+* ``.otel-capture/losses/<pid>-<random>.losses``, given :data:`RESERVE_BYTES` of blocks at creation
+  (``posix_fallocate``), so an entry later needs no inode and no free block.
+* An entry is one line ``!{"rollout_id", "calls", "reason", "at"}``, one ``pwrite`` and ``fsync``; once
+  its marks are in the marker, its ``!`` becomes ``.`` in place (reported). A pending entry is a
+  :class:`Loss`. The last :data:`OVERFLOW_BYTES` hold one overflow entry (``"overflow": true``).
+* The writer holds ``flock(LOCK_SH)`` on its reserve while it runs; a reserve nobody holds is an orphan,
+  adopted by the next writer. Readers read every reserve without a lock.
 """
 
 from __future__ import annotations
@@ -36,12 +25,12 @@ from pathlib import Path
 
 import orjson
 
-from .fs import FILE_MODE, STATE_DIR, DirFds, Fsync, open_file, read_all, still_named
+from .fs import FILE_MODE, DirFds, open_file, read_all, still_named
+from .names import LOSSES_DIR, LOSSES_SUFFIX, STATE_DIR, state_label
+from .sync import Fsync
 
 _logger = logging.getLogger(__name__)
 
-RESERVE_DIR = "losses"
-RESERVE_SUFFIX = ".losses"
 RESERVE_BYTES = 64 * 1024
 """Blocks reserved per writer: about 250 entries of 250 bytes (an entry names up to :data:`MAX_IDS` calls)."""
 OVERFLOW_BYTES = 256
@@ -112,7 +101,7 @@ def _parse_from(data: bytes, offset: int, source: str) -> Iterator[tuple[int, Lo
 def pending_losses(root: str | os.PathLike[str]) -> list[Loss]:
     """Every pending entry of every reserve in ``root`` (no lock, nothing created; a reserve that is not a
     regular file is skipped). ``[]`` when there is no reserve."""
-    losses_dir = Path(root) / STATE_DIR / RESERVE_DIR
+    losses_dir = Path(root) / STATE_DIR / LOSSES_DIR
     try:
         dir_fd = os.open(losses_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
@@ -124,9 +113,9 @@ def pending_losses(root: str | os.PathLike[str]) -> list[Loss]:
     found: list[Loss] = []
     try:
         for name in sorted(os.listdir(dir_fd)):
-            if not name.endswith(RESERVE_SUFFIX):
+            if not name.endswith(LOSSES_SUFFIX):
                 continue
-            label = f"{STATE_DIR}/{RESERVE_DIR}/{name}"
+            label = state_label(LOSSES_DIR, name)
             try:
                 fd, _ = open_file(dir_fd, name, os.O_RDONLY, label, single_link=False)
             except OSError:  # gone meanwhile, or not a regular file: nothing of ours
@@ -160,7 +149,8 @@ def _used(fd: int) -> bytes:
 
 
 def pending_for(root: str | os.PathLike[str], rollout_id: str) -> list[Loss]:
-    """The pending losses of one rollout; an overflow entry (rollout unknown) counts for every rollout."""
+    """The pending losses of one rollout; an overflow entry (rollout unknown) counts for every rollout
+    (contract D14)."""
     return [loss for loss in pending_losses(root) if loss.rollout_id in (rollout_id, "")]
 
 
@@ -183,29 +173,30 @@ class LossReserve:
 
     @property
     def label(self) -> str:
-        return f"{STATE_DIR}/{RESERVE_DIR}/{self._name}"
+        return state_label(LOSSES_DIR, self._name)
 
     def ready(self, dirs: DirFds) -> bool:
         """Whether the reserve is open and still named in this directory (not removed with it)."""
         if self._fd is None or self._dir_fd is None:
             return False
         try:
-            here = dirs.state_fd(RESERVE_DIR)
+            here = dirs.state_fd(LOSSES_DIR)
         except OSError:
             return False
         return still_named(here, self._name, *self._id) is not None
 
     def open(self, dirs: DirFds, fsync: Fsync) -> None:
-        """Create and reserve a fresh file (the old one, if any, is let go: its directory was removed)."""
+        """Create and reserve a fresh file (the old one, if any, is let go: its directory was removed)
+        (contract D13)."""
         self.close_fds()
-        dir_fd = os.dup(dirs.state_fd(RESERVE_DIR))
-        name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}{RESERVE_SUFFIX}"
+        dir_fd = os.dup(dirs.state_fd(LOSSES_DIR))
+        name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}{LOSSES_SUFFIX}"
         try:
             fd, st = open_file(
                 dir_fd,
                 name,
                 os.O_RDWR | os.O_CREAT | os.O_EXCL,
-                f"{STATE_DIR}/{RESERVE_DIR}/{name}",
+                state_label(LOSSES_DIR, name),
                 mode=self._file_mode,
             )
         except BaseException:
@@ -227,7 +218,7 @@ class LossReserve:
 
     def record(self, rollout_id: str, mcids: list[str], reason: str, fsync: Fsync) -> int | None:
         """Write one pending entry; its offset, or ``None`` when the reserve is not open or is full (the
-        overflow entry is written then, once)."""
+        overflow entry is written then, once) (contract D16)."""
         if self._fd is None:
             return None
         entry = _entry(rollout_id, mcids, reason)
@@ -304,17 +295,17 @@ class Orphan:
 
 def orphans(dirs: DirFds, own: str) -> Iterator[Orphan]:
     """Reserves of writers that are gone (nobody holds their ``flock``), each locked while it is used.
-    An orphan with nothing pending is unlinked at once."""
+    An orphan with nothing pending is unlinked at once (contract D15)."""
     try:
-        dir_fd = dirs.state_fd(RESERVE_DIR)
+        dir_fd = dirs.state_fd(LOSSES_DIR)
         names = os.listdir(dir_fd)
     except OSError:
         return
     for name in names:
-        if not name.endswith(RESERVE_SUFFIX) or name == own:
+        if not name.endswith(LOSSES_SUFFIX) or name == own:
             continue
         try:
-            fd, _ = open_file(dir_fd, name, os.O_RDWR, f"{STATE_DIR}/{RESERVE_DIR}/{name}")
+            fd, _ = open_file(dir_fd, name, os.O_RDWR, state_label(LOSSES_DIR, name))
         except OSError:
             continue
         try:
@@ -325,7 +316,7 @@ def orphans(dirs: DirFds, own: str) -> Iterator[Orphan]:
             os.close(fd)  # its writer runs: it reports its own
             continue
         try:
-            losses = list(_parse(read_all(fd), f"{STATE_DIR}/{RESERVE_DIR}/{name}"))
+            losses = list(_parse(read_all(fd), state_label(LOSSES_DIR, name)))
         except OSError:
             os.close(fd)
             continue
@@ -333,8 +324,8 @@ def orphans(dirs: DirFds, own: str) -> Iterator[Orphan]:
 
 
 __all__ = [
+    "LOSSES_DIR",
     "RESERVE_BYTES",
-    "RESERVE_DIR",
     "Loss",
     "LossReserve",
     "orphans",

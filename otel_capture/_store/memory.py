@@ -15,10 +15,12 @@ from typing import Any
 
 import orjson
 
-from .._correlation.ids import validate_rollout_id
 from .._errors import CaptureFrozenError, CaptureRetiredError
-from .._records import damaged_line, parse_record_line
-from .lifecycle import INFLIGHT_REASON
+from .._records import InvalidLine, damaged_line, parse_record_line
+from .._records.codec import preview
+from .._rollout_id import validate_rollout_id
+from .backend import CaptureBackend
+from .inflight import INFLIGHT_REASON
 from .types import (
     ROLLOUT_STATES,
     CaptureSnapshot,
@@ -59,7 +61,7 @@ class _Rollout:
         return {m for m, epoch in self.begun.items() if epoch >= self.last_seq}
 
 
-class InMemoryCaptureBackend:
+class InMemoryCaptureBackend(CaptureBackend):
     """The lifecycle in memory. Every client of one backend is the backend itself (``factory = lambda:
     backend``), so cross-client visibility is trivially true here; a real backend must earn it."""
 
@@ -173,6 +175,14 @@ class InMemoryCaptureBackend:
                 snapshot_id=fence.snapshot_id or "",
                 version=rollout.version(),
                 incomplete_calls=tuple(calls),
+                damaged_lines=tuple(
+                    InvalidLine(i + 1, "not a record", preview(orjson.dumps(line)))
+                    for i, (line, record) in enumerate(zip(rollout.records, records, strict=True))
+                    if record is None
+                ),
+                in_flight=fence.inflight,
+                lost_calls=tuple(rollout.incomplete),
+                marked=bool(rollout.incomplete),
             )
 
     def drop_now(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:

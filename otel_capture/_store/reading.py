@@ -1,16 +1,13 @@
 """The readers of ``<dir>/<rollout_id>.capture.jsonl``, compatible with NeMo Gym 0.7.0: the store's lines
-(:meth:`CaptureStore.read_lines`, :meth:`CaptureStore.stream_lines`) through the record codec
-(:mod:`otel_capture._records.codec`).
+(:mod:`.lines`, under ``flock(LOCK_SH)``) (contract D8) through the record codec.
 
 - :func:`read_model_call_records` is strict, like Gym's: the first damaged line raises
-  :class:`CaptureReadError` naming the file and the line. Unlike Gym, a torn final line (no trailing
-  newline: a writer died mid-append) is damage too, never parsed as a record.
-- :func:`read_available_model_call_records` is tolerant: it returns every valid record and reports every
-  damaged line, the torn tail and the incomplete marker, hiding nothing.
+  :class:`CaptureReadError`; unlike Gym, a torn final line is damage too, never parsed (contract D7).
+- :func:`read_available_model_call_records` is tolerant: every valid record, and every damaged line,
+  the torn tail and the incomplete marker reported.
 - :func:`aggregate_model_call_metrics`: Gym's per-rollout totals over the strict reader.
 
-``call_index`` is never stored: it is the line's position among the file's non-blank lines. Both read
-under ``flock(LOCK_SH)`` through :meth:`CaptureStore.read_lines`; see ``docs/durability.md``.
+``call_index`` is never stored: it is the line's position among the file's non-blank lines.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
-"""The capture lifecycle's vocabulary, shared by every backend (docs/lifecycle.md).
-
-Exceptions::
-
-    RuntimeError
-    └── CaptureFrozenError       a write or begin_call on a frozen rollout
-        └── CaptureRetiredError  a write, begin_call, mark_incomplete or freeze on a retired rollout
-    ValueError
-    ├── InvalidRolloutIdError    a rollout id that breaks the grammar (the whole batch is refused)
-    └── CaptureStateError        a rollout whose lifecycle state cannot be read (that rollout only)
-    OSError
-    ├── DamagedEntryError        a path of the store that is a link, a FIFO, a hard link...: never used
-    ├── LockTimeoutError         a file's flock still held by another process after the lock timeout
-    └── PermissionError
-        └── UnsafeDirectoryError a capture directory other users can write (unless opted in)
-
-``CaptureRetiredError`` subclasses ``CaptureFrozenError`` so that ``except CaptureFrozenError`` catches
-every "this rollout takes no more writes" refusal, and both subclass ``RuntimeError`` for old callers.
+"""The capture lifecycle's vocabulary, shared by every backend: the rollout states (contract L1), a
+removal's result, a snapshot (the read model a collector builds its attachment from). The typed
+refusals (contract L2) are in :mod:`otel_capture._errors`, with the whole exception tree.
 """
 
 from __future__ import annotations
@@ -24,8 +9,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
-from .._correlation.ids import validate_rollout_id
-from .._records import ModelCallRecord
+from .._records import InvalidLine, ModelCallRecord
+from .._rollout_id import validate_rollout_id
 
 RolloutState = Literal["absent", "live", "frozen", "retired"]
 ROLLOUT_STATES: tuple[RolloutState, ...] = ("absent", "live", "frozen", "retired")
@@ -60,11 +45,16 @@ class CaptureSnapshot:
     ``records`` are the model-call lines (``<id>.capture.jsonl``) read as the readers read them, and
     ``tokens`` the token lines (``<id>.tokens.jsonl``), parsed, in append order. A file store's snapshot
     keeps them as the files' bytes and parses each one when it is asked for: read-only sequences that
-    compare equal to a tuple of the values, costing about the files' size (``docs/lifecycle.md``,
-    "Memory"). ``version`` counts every
-    durable line of the rollout (records, token lines, incomplete marks); ``drop`` succeeds only with this
+    compare equal to a tuple of the values, costing about the files' size (contract L19). ``version`` counts every durable line of the rollout (records, token lines, incomplete marks); ``drop`` succeeds only with this
     exact ``snapshot_id`` and ``version``, so a mark after the freeze (which changes ``version``) makes a
     stale drop fail.
+
+    It is also the read model a collector builds its attachment from, as data, read once under the
+    freeze's lock: ``damaged_lines`` and ``torn_tail`` of the data file (as the tolerant reader reports
+    them), ``in_flight`` (the calls the freeze found begun and not recorded), ``lost_calls`` (what the
+    incomplete marker and the writers' loss reserves name), ``marked`` (the marker exists, whatever it is,
+    or a reserve holds a loss: NeMo Gym's "incomplete") and ``unreadable`` (why the data file could not be
+    read at all, else ``None``). ``incomplete_calls`` says all of it again in prose, for people.
     """
 
     rollout_id: str
@@ -74,6 +64,12 @@ class CaptureSnapshot:
     snapshot_id: str
     version: int
     incomplete_calls: tuple[IncompleteCall, ...] = field(default=())
+    damaged_lines: tuple[InvalidLine, ...] = ()
+    torn_tail: InvalidLine | None = None
+    in_flight: tuple[str, ...] = ()
+    lost_calls: tuple[IncompleteCall, ...] = ()
+    marked: bool = False
+    unreadable: str | None = None
 
 
 def validate_rollout_ids(rollout_ids: Iterable[str]) -> list[str]:

@@ -9,7 +9,9 @@ one small JSON file per process run, ``.uncorrelated.<host>.<pid>.<start>.json``
 Cheap on the call's path: a call only bumps counters in memory; the file is rewritten at most once per
 ``WRITE_INTERVAL_S`` (a timer on the call's event loop writes what came meanwhile) and once at exit. It is
 a hint, not a record: replaced whole (write to a temporary name, rename) so a reader never sees half a
-file, and never synced (a crash may lose the last second's count, never a record).
+file, and never synced (a crash may lose the last second's count, never a record). Written as the writer
+writes: only into a directory it would accept (:func:`.fs.check_directory`, with the writer's choice for
+shared directories) and through the store's no-follow I/O (:func:`.fs.replace_file`).
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from pathlib import Path
 
 import orjson
 
+from .dirstate import dir_state
+from .fs import check_directory, replace_file
+from .names import UNCORRELATED_PREFIX, UNCORRELATED_SUFFIX
+
 _logger = logging.getLogger(__name__)
 
-PREFIX = ".uncorrelated."
-SUFFIX = ".json"
 WRITE_INTERVAL_S = 1.0
 
 
@@ -39,7 +43,9 @@ class UncorrelatedCounter:
 
     def __init__(self, directory: Path) -> None:
         host = socket.gethostname().replace("/", "_") or "host"
-        self.path = directory / f"{PREFIX}{host}.{os.getpid()}.{time.time_ns()}{SUFFIX}"
+        self.path = (
+            directory / f"{UNCORRELATED_PREFIX}{host}.{os.getpid()}.{time.time_ns()}{UNCORRELATED_SUFFIX}"
+        )
         self.calls = 0
         self.by_dialect: dict[str, int] = {}
         self.first: float | None = None
@@ -94,19 +100,13 @@ class UncorrelatedCounter:
             self._written = calls
 
     def _replace(self, data: bytes) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        except FileNotFoundError:
-            # no record yet, so no directory: made as the writer makes it (0700, _store/fs.make_root), since
-            # a server whose every call lacks the id is the one that most needs the count
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, data)  # a few dozen bytes: one write
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)  # atomic: a reader sees the old count or the new one
+        state = dir_state(self.path.parent)
+        # the writer's own check, with its choice for a shared directory (UnsafeDirectoryError: not written)
+        check_directory(self.path.parent, allow_shared=state.shared_allowed)
+        # no record yet, so maybe no directory: made as the writer makes it (0700), since a server whose
+        # every call lacks the id is the one that most needs the count
+        with state.dirs() as dirs:
+            replace_file(dirs.root_fd(), self.path.name, data)
 
 
 _counters: dict[Path, UncorrelatedCounter] = {}
@@ -156,7 +156,7 @@ def read_uncorrelated(directory: str | os.PathLike[str]) -> UncorrelatedSummary:
     summary = UncorrelatedSummary()
     with contextlib.suppress(OSError), os.scandir(directory) as entries:
         for entry in entries:
-            if not (entry.name.startswith(PREFIX) and entry.name.endswith(SUFFIX)):
+            if not (entry.name.startswith(UNCORRELATED_PREFIX) and entry.name.endswith(UNCORRELATED_SUFFIX)):
                 continue
             try:
                 if not entry.is_file(follow_symlinks=False):

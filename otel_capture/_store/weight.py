@@ -1,17 +1,10 @@
 """The weight (policy) version a trainer declares for a capture directory, and each process's view of it.
 
-``<dir>/.otel-capture/weight_versions`` is append-only, one JSON line per declaration
-``{"version": "7", "at": <UTC Unix seconds>}``: the trainer appends one when it syncs weights
-(:meth:`~otel_capture.CaptureStore.set_weight_version`, ``otel-capture weight-version DIR 7``), under an
-exclusive ``flock`` of the file and with an ``fsync`` (a declaration a crash could take back would let
-records name a version the trainer never kept). The version in force at a time ``t`` is the last
-declaration whose ``at`` is at most ``t``: a record's ``weight_version`` is the one in force when its call
-started, its ``weight_version_at_end`` the one in force when it finished.
-
-Writers read it as they read the fence journal (:mod:`.journal`): a view kept in memory and refreshed once
-per batch with one ``stat`` (same inode and size: nothing to read; a larger size: read only the new tail).
-Every writer on every node sharing the directory sees a declaration at its next batch. See
-``docs/lifecycle.md``, "The declared weight version".
+``.otel-capture/weight_versions``: one JSON line per declaration, ``{"version": "7", "at": <UTC Unix
+seconds>}``, appended under the file's ``flock`` and synced (contract L20). The version in force at ``t``
+is the last declaration whose ``at`` is at most ``t``. Writers keep a view refreshed once per batch with
+one ``stat``, as they keep the fence journal's. The rule of a usable version, the caller's included, is
+:func:`validate_weight_version`.
 """
 
 from __future__ import annotations
@@ -30,12 +23,13 @@ from typing import Protocol
 import orjson
 
 from .._records.codec import stamp_record_line
-from .fs import STATE_DIR, DirFds, Fsync, flock_within, open_file, problem, write_all
+from .fs import DirFds, flock_within, open_file, problem, write_all
+from .names import STATE_DIR, WEIGHT_VERSIONS, state_label
+from .sync import Fsync
 
 _logger = logging.getLogger(__name__)
 
-WEIGHT_VERSIONS_NAME = "weight_versions"
-_LABEL = f"{STATE_DIR}/{WEIGHT_VERSIONS_NAME}"
+_LABEL = state_label(WEIGHT_VERSIONS)
 MAX_VERSION_LENGTH = 200
 
 WeightStamp = tuple["str | None", "float | None", "float | None"]
@@ -61,19 +55,28 @@ def validate_weight_version(version: object) -> str:
     return text
 
 
+def usable_weight_version(text: str) -> str | None:
+    """A version a caller sent (a header, baggage), stripped; ``None`` when it is not one by the rule of
+    :func:`validate_weight_version` (the one rule of a usable version, for both sides)."""
+    try:
+        return validate_weight_version(text.strip())
+    except ValueError:
+        return None
+
+
 def declare(dirs: DirFds, version: str, fsync: Fsync, at: float | None = None) -> None:
     """Append one declaration (the caller validated ``version``) and make it durable: under the file's
     exclusive ``flock`` (so two declaring processes never interleave a line), then ``fsync`` the file, and
-    the state directory when this created the file."""
+    the state directory when this created the file (contract L20)."""
     line = orjson.dumps({"version": version, "at": time.time() if at is None else at}) + b"\n"
     state_fd = dirs.state_fd()
     flags = os.O_RDWR | os.O_APPEND | os.O_CREAT
     existed = True
     try:
-        os.stat(WEIGHT_VERSIONS_NAME, dir_fd=state_fd, follow_symlinks=False)
+        os.stat(WEIGHT_VERSIONS, dir_fd=state_fd, follow_symlinks=False)
     except FileNotFoundError:
         existed = False
-    fd, _ = open_file(state_fd, WEIGHT_VERSIONS_NAME, flags, _LABEL)
+    fd, _ = open_file(state_fd, WEIGHT_VERSIONS, flags, _LABEL)
     try:
         # why: two trainers (or a retry) declaring at once must each append a whole line
         flock_within(fd, fcntl.LOCK_EX, dirs.lock_timeout, _LABEL)
@@ -98,7 +101,7 @@ class DeclaredVersions:
     :attr:`current`, a plain attribute (no I/O on the event loop)."""
 
     def __init__(self, root: Path) -> None:
-        self.path = root / STATE_DIR / WEIGHT_VERSIONS_NAME
+        self.path = root / STATE_DIR / WEIGHT_VERSIONS
         self._lock = threading.Lock()
         self._ino: int | None = None
         self._offset = 0

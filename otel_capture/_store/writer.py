@@ -1,71 +1,18 @@
-"""The durable JSONL writer: one background thread, group commit, one ``fsync`` per file per batch.
+"""The durable JSONL writer: one background thread, group commit, one sync per batch.
 
-Durability contract, written before the code (``docs/durability.md`` names the test of each clause):
+Callers queue a call's line with its :class:`.writer_items.LoopWaiter` (``submit``) or its begin, abandon
+or discard; the thread takes everything queued, appends it rollout by rollout through the fenced append
+(:mod:`.append`), syncs the batch once (:mod:`.sync`) and only then resolves the waiters, one event-loop
+wake-up per loop per batch. A call whose line did not reach the disk is handed to
+:class:`.writer_failures.WriterFailures`, which marks it incomplete or keeps it in the loss reserve.
 
-* ``submit(rollout_id, line, model_call_id, tokens_line, waiter)`` resolves the call's ``LoopWaiter`` (its one
-  completion route) with ``None`` only once the line is in
-  ``<dir>/<rollout_id>.capture.jsonl`` *and* ``fsync``-ed, and, when this batch created the file, once the
-  directory entry is ``fsync``-ed too (a crash after the file's fsync but before the directory's could
-  otherwise lose the whole file). It resolves with an exception when the line could not be made durable;
-  the writer then appends the call id and the reason to ``<rollout_id>.capture.incomplete`` so the
-  rollout is visibly incomplete. When that mark cannot be written either (no inode for a new marker, no
-  block for its line), the loss is written into the writer's loss reserve (``.otel-capture/losses/``,
-  created with its blocks when the writer opens the directory: :mod:`.losses`), kept in memory and
-  retried every ``RETRY_S`` until the marker takes it; readers and ``check`` report the reserve's pending
-  entries meanwhile. A call that reaches the writer after ``close`` is counted, logged once and marked.
-* A batch whose capture directory was removed or replaced between its writes and its sync (an ``fstat``
-  of the directory it wrote in against a ``stat`` of the path, after the sync) acknowledges nothing: its
-  calls are marked incomplete in the directory as it now is, made anew if needed.
-* Fences first (:mod:`.lifecycle`): a rollout's lines are appended under its stripe lock, after
-  reading its fence there. A frozen or retired rollout's lines are dropped quietly: each waiter resolves
-  with :class:`CaptureFrozenError` / :class:`CaptureRetiredError`, ``late_write_dropped`` counts them, and
-  nothing is logged or marked incomplete (a late call is not a capture failure). The fence check costs one
-  ``stat`` of the fence journal per rollout per batch.
-* Each append also takes ``flock(LOCK_EX)`` on the data file itself, exactly as NeMo Gym 0.7.0 does, so
-  its writers and readers interleave with ours on the same files. The locks cover only the ``write``; the
-  ``fsync`` runs after unlocking because fsync makes durable whatever is in the file, whoever wrote it,
-  and holding a lock through a disk flush would stall every other writer.
-* No lock is waited for longer than ``lock_timeout_s`` (30 s): a process that holds a data file's
-  ``flock`` past it fails that rollout's batch (:class:`LockTimeoutError`, marked incomplete with the
-  reason) and the thread goes on with the other rollouts. While that file stays locked, later batches of
-  the rollout wait :data:`LOCKED_OUT_WAIT` at most, so one stuck process costs the thread one timeout, not
-  one per batch.
-* A call's token line (``<id>.tokens.jsonl``) is written in the same batch as its record line and synced
-  with it: the waiter covers both.
-* Every line of a batch for one file goes out in a single ``write`` of whole lines, so a reader never sees
-  half of one of our lines unless the process dies inside that ``write`` (a torn tail, which the reader
-  reports and never parses).
-* Nothing outside the capture directory is written: every file is opened without following a link, and
-  must be a regular file with one link (a planted link, hard link or FIFO fails that rollout's capture,
-  marked incomplete with the reason; no open loops or blocks). A data file stays open from one batch to
-  the next only while an ``lstat`` of its name finds that same file, still regular with one link
-  (:class:`.fs.AppendFiles`). The stripe lock files stay open too, each used again only while an ``lstat``
-  taken under its ``flock`` finds the same regular file (:class:`.locks.LockFiles`). All are closed after
-  ``IDLE_CLOSE`` without a batch and when the writer stops. A capture directory
-  other users can write is refused (:class:`UnsafeDirectoryError`) unless ``allow_shared_directory``.
-* A call begun with ``begin`` is in this process's view of calls in flight at once. Its ``+`` marker file
-  (what a freeze in *another* process reads) is written once the call has been in flight ``marker_delay``
-  (20 ms), or at a ``flush``/``close``, whichever comes first; a call whose line is queued sooner is
-  admitted in its line's batch and costs no marker I/O. A freeze elsewhere within those 20 ms of a call's
-  start does not see it; its line is then dropped by the freeze's fence like any late line.
-* A call ended with ``discard`` (a redirect: not a model call) leaves no line and no incomplete mark: its
-  ``-`` marker is written if its ``+`` was, and nothing at all if its ``+`` was not written yet.
-* The event loop never touches the disk: callers pass a ``LoopWaiter`` that the thread resolves with one
-  ``call_soon_threadsafe`` per event loop per batch (one wake-up for the whole batch, instead of one per
-  call as ``asyncio.wrap_future`` costs).
-
-Concurrent calls that finish together share a batch: the thread takes everything queued, writes it file
-by file, and syncs each file once.
-
-What the queue carries and how a call's waiter is resolved is in :mod:`.writer_items`; the writer owns a
-:class:`.writer_failures.WriterFailures`, which fails, marks incomplete or ends the calls whose line did
-not reach the disk.
+The promises it keeps are the durability contract's (``docs/durability.md``): D1, D3, D4, D5, D7, D8,
+D10, D12, D13, D18, D19, D20, D22, D26 and L9, each cited where it is kept.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
 import errno
 import logging
 import os
@@ -76,41 +23,24 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from .._capture.sink import LoopWaiter
-from .._correlation.ids import validate_rollout_id
 from .._errors import CaptureFrozenError, LockTimeoutError, WriterClosedError
+from .._rollout_id import validate_rollout_id
 from .._settings import DEFAULT_LOCK_TIMEOUT_S
+from .append import fenced_append
 from .dirstate import DirState, dir_state
 from .fs import DIR_MODE, FILE_MODE, AppendFiles, check_directory, make_root
 from .fstype import SyncChoice, choose_sync
-from .libc import LIBC, name_native_thread
-from .lifecycle_io import fenced_append
+from .libc import name_native_thread
 from .locks import LockFiles
-from .weight import DeclaredVersions, stamp_batch
+from .sync import LIBC_SYNCFS, sync_batch
+from .weight import DeclaredVersions, WeightStamp, stamp_batch
 from .writer_failures import WriterFailures
-from .writer_items import Completions, WriterStats, _Abandon, _Barrier, _Begin, _Discard, _Item
+from .writer_items import Completions, LoopWaiter, WriterStats, _Abandon, _Barrier, _Begin, _Discard, _Item
 
 __all__ = ["LIBC_SYNCFS", "JsonlWriter", "WriterClosedError", "WriterStats"]
 
 _logger = logging.getLogger(__name__)
 
-
-def _libc_syncfs() -> Callable[[int], None] | None:
-    """Linux ``syncfs(2)`` through ctypes (the standard library has no binding), or None elsewhere."""
-    function = getattr(LIBC, "syncfs", None)
-    if function is None:
-        return None
-    function.argtypes = [ctypes.c_int]
-
-    def syncfs(fd: int) -> None:
-        if function(fd) != 0:
-            code = ctypes.get_errno()
-            raise OSError(code, os.strerror(code))
-
-    return syncfs
-
-
-LIBC_SYNCFS = _libc_syncfs()
 
 WRITER_THREAD = "otel-capture-writer"
 """The writer thread's name, in the kernel too (its first 15 bytes: :data:`WRITER_THREAD_KERNEL_NAME`)."""
@@ -121,9 +51,10 @@ _STOP = object()
 _TICK = object()  # wakes an idle thread so that it starts timing a begin's marker delay
 
 MARKER_DELAY = 0.02
-"""Seconds a begun call may go without its ``+`` marker file (see :meth:`JsonlWriter.begin`)."""
+"""Seconds a begun call may go without its ``+`` marker file (contract D19)."""
 LOCKED_OUT_WAIT = 0.1
-"""Seconds a batch waits for a data file whose lock outlasted the lock timeout and was not seen free since."""
+"""Seconds a batch waits for a data file whose lock outlasted the lock timeout and was not seen free since
+(contract D22)."""
 IDLE_CLOSE = 1.0
 """Seconds without a batch after which the thread closes the data files it keeps open between batches."""
 
@@ -156,6 +87,7 @@ class JsonlWriter:
         ] = {}  # rollout -> when its data file's lock timed out (thread only)
         check_directory(self.root, allow_shared=allow_shared_directory)
         self._state: DirState = dir_state(self.root)
+        self._state.shared_allowed |= allow_shared_directory  # the uncorrelated counts follow its choice
         self.stats = WriterStats()
         self._fsync = fsync
         self._done = Completions()  # the calls' waiters, resolved one wake-up per loop per batch
@@ -194,7 +126,7 @@ class JsonlWriter:
         of calls in flight is updated at once; the ``+`` marker other processes read is written by the
         thread, and only for a call still in flight ``marker_delay`` after it began (or at a ``flush``):
         a call whose line comes sooner is admitted in its line's batch with no marker file I/O at all, and
-        a begin wakes the thread only when it is idle with nothing else to time."""
+        a begin wakes the thread only when it is idle with nothing else to time (contract D19)."""
         rid = validate_rollout_id(rollout_id)
         if self._closed:
             return  # its line or its abandon is what gets counted and marked
@@ -205,7 +137,8 @@ class JsonlWriter:
 
     def abandon(self, rollout_id: str, model_call_id: str, reason: str) -> None:
         """A begun call whose record could not even be built: count it, log it, and mark the rollout
-        incomplete with the reason, so neither the loss nor a phantom in-flight call goes unseen."""
+        incomplete with the reason, so neither the loss nor a phantom in-flight call goes unseen
+        (contract D20)."""
         rid = validate_rollout_id(rollout_id)
         if self._closed:
             self._failures.after_close(rid, model_call_id, None)
@@ -214,7 +147,8 @@ class JsonlWriter:
 
     def discard(self, rollout_id: str, model_call_id: str) -> None:
         """A begun call that turned out not to be a model call (the upstream redirected it): it ends
-        without a line or an incomplete mark; its ``-`` marker is written only if its ``+`` was."""
+        without a line or an incomplete mark; its ``-`` marker is written only if its ``+`` was
+        (contract D20)."""
         if not self._closed:
             self._queue.put(_Discard(validate_rollout_id(rollout_id), model_call_id))
 
@@ -225,11 +159,12 @@ class JsonlWriter:
         model_call_id: str,
         tokens_line: bytes | None,
         waiter: LoopWaiter,
-        weight: tuple[str | None, float | None, float | None] | None = None,
+        weight: WeightStamp | None = None,
     ) -> None:
         """Queue one line (ending in ``\\n``), and its token line if any; the thread resolves ``waiter`` when
         both are durable, or with the error that kept them off disk. After :meth:`close` the call is
-        counted, logged once and marked incomplete, and ``waiter`` fails with :class:`WriterClosedError`.
+        counted, logged once and marked incomplete, and ``waiter`` fails with :class:`WriterClosedError`
+        (contract D12).
         With ``weight`` (the caller's weight version, the call's start and end), the declared weight
         versions are added to the line in its batch (:func:`.weight.stamp_batch`)."""
         item = _Item(validate_rollout_id(rollout_id), line, model_call_id, tokens_line, waiter, weight=weight)
@@ -354,7 +289,7 @@ class JsonlWriter:
                 stamp_batch(self.weights, batch)  # the declared weight version: one stat per batch
                 try:
                     self._write_batch(batch, begins)
-                except Exception as exc:  # a bug here must fail the calls, never leave them waiting forever
+                except Exception as exc:  # a bug fails the calls, never leaves them waiting (contract D3)
                     _logger.exception("capture writer failed on a batch of %d call(s)", len(batch))
                     for item in batch:
                         if not item.resolved:
@@ -390,7 +325,8 @@ class JsonlWriter:
         except OSError as exc:
             self._failures.fail_all(batch, exc)
             return
-        # Phase 1: every rollout's lines are written (each under its lock, fenced); nothing synced yet.
+        # Phase 1: every rollout's lines are written (each under its lock, fenced); nothing synced yet
+        # (contract D3, D7).
         written: list[tuple[str, list[_Item]]] = []
         fds: list[int] = []
         created_any = False
@@ -409,7 +345,9 @@ class JsonlWriter:
                         files=self._files,
                         lock_files=self._lock_files,
                     )
-                except OSError as exc:
+                except (
+                    OSError
+                ) as exc:  # that rollout fails and is marked; the others go on (contract D5, D22)
                     exc = self._locked_out_error(rollout_id, exc)
                     self._failures.fail_append(rollout_id, items, begun.get(rollout_id, []), exc)
                     dirs.close()  # reopened afresh: the failure may have been a directory removed under us
@@ -421,8 +359,8 @@ class JsonlWriter:
                 written.append((rollout_id, [items[index] for index in outcome.accepted]))
                 fds.extend(outcome.fds)
                 created_any |= outcome.created
-        # Phase 2: one sync covers the whole batch (see _sync); only then is any call acknowledged. The
-        # files stay open for the next batch (AppendFiles), unless the sync failed.
+        # Phase 2: one sync covers the whole batch; only then is any call acknowledged (contract D1, D3, D9).
+        # The files stay open for the next batch (AppendFiles), unless the sync failed.
         try:
             self._sync(fds, created_any)
         except OSError as exc:
@@ -433,7 +371,8 @@ class JsonlWriter:
             return
         if written and not self._still_there(wrote_in):
             # The directory was removed (or replaced) under the batch: its lines went into files no reader
-            # will find. Nothing is acknowledged; each call is marked in the directory as it is now.
+            # will find. Nothing is acknowledged; each call is marked in the directory as it is now
+            # (contract D18).
             self._files.close_all()
             self._lock_files.close_all()
             gone = OSError(errno.ENOENT, "the capture directory was removed or replaced during the write")
@@ -463,33 +402,14 @@ class JsonlWriter:
         return LockTimeoutError(exc.label, max(round(now - since, 1), exc.waited))
 
     def _sync(self, fds: list[int], created: bool) -> None:
-        """Make every file of the batch durable, and the directory when the batch created a file.
-
-        On a local filesystem, with two or more files, one ``syncfs`` of the capture directory's
-        filesystem replaces one ``fsync`` per file plus the directory's: the batch pays one flush instead
-        of one per rollout (at 64 concurrent calls over 32 rollouts that is the difference between about
-        0.9 and 0.1 flushes per record). ``syncfs`` also writes out other files of that filesystem, so it
-        is used only where it exists (Linux) and where it is not disabled; a single file keeps its own
-        ``fsync``. On a network or FUSE filesystem (NFS, Lustre, GlusterFS...) ``syncfs`` returns at once
-        without the server receiving any sync, so there every file gets its own ``fsync``, the only call
-        forwarded to the server (:func:`.fstype.choose_sync` decides, once, from ``statfs``).
-        """
-        if not fds:
-            return
-        if len(fds) >= 2 and self._syncfs is not None and self.sync_choice.kind == "syncfs":
-            self._syncfs(fds[0])
-            self.stats.fsyncs += 1
-            return
-        for fd in fds:
-            self._fsync(fd)
-            self.stats.fsyncs += 1
-        if created:
-            self._sync_dir()
+        """Make the batch durable (:func:`.sync.sync_batch`: one ``syncfs`` or an ``fsync`` per file)
+        (contract D4, D10)."""
+        self.stats.fsyncs += sync_batch(fds, created, self.root, self.sync_choice, self._fsync, self._syncfs)
 
     def _prepare(self) -> None:
         """Ahead of need: once the first batch's calls are answered (and again in a directory made anew),
         the state directory and the loss reserve are made, while the filesystem still has room. A batch
-        never waits for it; a directory already prepared costs nothing."""
+        never waits for it; a directory already prepared costs nothing (contract D13, L15)."""
         wrote_in = self._wrote_in
         if wrote_in is None or self._failures.prepared(wrote_in):
             return
@@ -509,22 +429,16 @@ class JsonlWriter:
 
     def _ensure_dir(self) -> None:
         """Checked each batch (one ``stat``): a directory made world-writable under a running writer stops
-        capture. Created 0700 (records are training data); its parent is synced so it survives a crash."""
+        capture. Created 0700 (records are training data); its parent is synced so it survives a crash
+        (contract D10, D18, D26)."""
         if not check_directory(self.root, allow_shared=self._allow_shared):
             make_root(self.root, self._fsync, self._dir_mode)
 
     def _drop_late(self, item: _Item, error: CaptureFrozenError) -> None:
-        # Quietly: a late call of a frozen or retired rollout is the lifecycle working, not a failure.
+        # Quietly: a late call of a frozen or retired rollout is the lifecycle working, not a failure
+        # (contract L9).
         self.stats.late_write_dropped += 1
         self._done.resolve(item, error)
-
-    def _sync_dir(self) -> None:
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            self._fsync(fd)
-        finally:
-            os.close(fd)
-        self.stats.fsyncs += 1
 
 
 def _identity(st: os.stat_result) -> tuple[int, int]:

@@ -1,21 +1,13 @@
-"""How :class:`.writer.JsonlWriter` ends the calls whose line did not reach the disk, and makes sure each
-such loss is said somewhere a reader looks.
-
-A failed batch or append fails its calls and marks the rollout incomplete with the reason; an abandoned
-call is counted and marked; a discarded call (a redirect) has its ``-`` marker written if its ``+`` was.
-When the mark itself cannot be written (no inode for a new marker, no block for its line, the directory
-gone), the loss goes to the writer's loss reserve (:mod:`.losses`, made ahead of need), is kept in memory,
-and is retried until the marker takes it; only then is its reserve entry turned to reported. A call that
-comes after the writer is closed is counted, logged once and marked incomplete too.
-
-:class:`WriterFailures` is owned by the writer (composition): it is given the directory's state, the
-writer's counters, the completions it resolves calls through, and the writer's logger.
+"""How :class:`.writer.JsonlWriter` ends the calls whose line did not reach the disk
+(contract D5, D12, D13, D20): failed, counted, and marked incomplete with the reason; a mark that cannot
+be written is a pending loss, kept in the loss reserve (:mod:`.losses`) and in memory and retried until
+the marker takes it. :class:`WriterFailures` is owned by the writer: it is given the directory's state,
+the writer's counters, the completions it resolves calls through, and the writer's logger.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import errno
 import logging
 import threading
 import time
@@ -23,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .._errors import UnsafeDirectoryError, WriterClosedError
+from .append import AppendOutcome, fenced_mark_incomplete
 from .dirstate import DirState
-from .fs import DirFds
+from .fs import DirFds, describe_error
 from .journal import Fence
-from .lifecycle_io import AppendOutcome, fenced_mark_incomplete
 from .losses import LossReserve, orphans
 from .writer_items import Completions, WriterStats, _Abandon, _Discard, _Item
 
@@ -35,7 +27,10 @@ RETRY_S = 0.5
 
 
 @dataclass(slots=True)
-class _Unreported:
+class _PendingLoss:
+    """A loss whose mark is not in its rollout's marker yet (a pending entry of the reserve, :mod:`.losses`,
+    when it has one; ``WriterStats.unreported`` counts them)."""
+
     model_call_ids: list[str]
     reason: str
     offset: int | None  # its entry in the reserve; None: in memory only (no reserve, or it was full)
@@ -63,7 +58,7 @@ class WriterFailures:
         self._fsync = fsync
         self._file_mode = file_mode
         self._reserve = LossReserve(file_mode)
-        self._unreported: dict[str, list[_Unreported]] = {}
+        self._pending: dict[str, list[_PendingLoss]] = {}
         self._next_retry = 0.0
         self._unmarked: dict[tuple[str, str], str] = {}  # begun calls without their "+" marker -> reason
         self._ready_in: tuple[int, int] | None = None  # the directory whose state and reserve are made
@@ -108,7 +103,7 @@ class WriterFailures:
             self.fail(rollout_id, group, exc)
 
     def fail(self, rollout_id: str, items: list[_Item], exc: OSError, reason: str | None = None) -> None:
-        reason = reason or describe(exc)
+        reason = reason or describe_error(exc)  # logged, counted and marked (contract D5)
         self._stats.failures += len(items)
         self._stats.last_failure = reason
         self._logger.error("capture of %d call(s) of rollout %s failed: %s", len(items), rollout_id, reason)
@@ -124,7 +119,7 @@ class WriterFailures:
         in_batch = {item.model_call_id for item in items}
         unmarked = [mcid for mcid in begun if mcid not in in_batch]
         if unmarked:
-            reason = f"in-flight marker not written: {describe(exc)}"
+            reason = f"in-flight marker not written: {describe_error(exc)}"
             self._logger.error("rollout %s: %s", rollout_id, reason)
             self.mark_incomplete(rollout_id, unmarked, reason)
 
@@ -134,7 +129,7 @@ class WriterFailures:
         not missed by anyone; one whose line is dropped as late was (that freeze did not name it): it is
         marked incomplete then, so the snapshot's ``version`` changes and a stale ``drop`` fails."""
         if outcome.marker_error is not None:
-            reason = f"in-flight marker not written: {describe(outcome.marker_error)}"
+            reason = f"in-flight marker not written: {describe_error(outcome.marker_error)}"
             for mcid in outcome.unmarked:
                 self._unmarked[(rollout_id, mcid)] = reason
         if not self._unmarked:
@@ -192,7 +187,7 @@ class WriterFailures:
 
     def _keep(self, rollout_id: str, model_call_ids: list[str], reason: str, exc: OSError) -> None:
         """The marker refused the mark: record the loss in the reserve (blocks taken ahead of need), keep it
-        in memory, and retry it (:meth:`retry`)."""
+        in memory, and retry it (:meth:`retry`) (contract D13)."""
         offset = None
         try:
             with self._state.dirs(lock_timeout=self._lock_timeout) as dirs:
@@ -204,29 +199,29 @@ class WriterFailures:
         self._logger.error(
             "could not mark rollout %s incomplete (%s): %d call(s) lost, %s; retried every %g s",
             rollout_id,
-            describe(exc),
+            describe_error(exc),
             len(model_call_ids),
             where,
             RETRY_S,
         )
-        self._unreported.setdefault(rollout_id, []).append(_Unreported(model_call_ids, reason, offset))
+        self._pending.setdefault(rollout_id, []).append(_PendingLoss(model_call_ids, reason, offset))
         self._stats.unreported += len(model_call_ids)
         self._next_retry = time.monotonic() + RETRY_S
 
     def retry_in(self) -> float | None:
         """Seconds until the next retry is due (``None``: nothing to retry)."""
-        if not self._unreported:
+        if not self._pending:
             return None
         return max(0.0, self._next_retry - time.monotonic())
 
     def retry(self, force: bool = False) -> None:
         """Try again to write every kept loss into its rollout's marker (and adopt the reserves of writers
         that are gone); a loss written there has its reserve entry turned to reported."""
-        if not force and (not self._unreported or time.monotonic() < self._next_retry):
+        if not force and (not self._pending or time.monotonic() < self._next_retry):
             return
         self._next_retry = time.monotonic() + RETRY_S
-        for rollout_id in list(self._unreported):
-            entries = self._unreported[rollout_id]
+        for rollout_id in list(self._pending):
+            entries = self._pending[rollout_id]
             while entries:
                 entry = entries[0]
                 try:
@@ -238,11 +233,11 @@ class WriterFailures:
                 if entry.offset is not None:
                     self._report(entry.offset)
             if not entries:
-                del self._unreported[rollout_id]
+                del self._pending[rollout_id]
                 self._logger.warning(
                     "rollout %s: the lost calls are in its incomplete marker now", rollout_id
                 )
-        if not self._unreported:
+        if not self._pending:
             try:
                 self._reserve.overflow_reported(self._fsync)
             except OSError as exc:
@@ -256,7 +251,8 @@ class WriterFailures:
             self._logger.error("could not update the loss reserve: %s", exc)
 
     def _adopt(self) -> None:
-        """Write the pending marks of reserves whose writers are gone (a crash), then remove those."""
+        """Write the pending marks of reserves whose writers are gone (a crash), then remove those
+        (contract D15)."""
         try:
             with self._state.dirs(create=False, lock_timeout=self._lock_timeout) as dirs:
                 for orphan in orphans(dirs, self._reserve.name):
@@ -277,7 +273,7 @@ class WriterFailures:
         """At the writer's stop: one last try, then the reserve is closed (removed when nothing in it is
         pending; kept, for ``check`` and for another writer to adopt, when something is)."""
         self.retry(force=True)
-        if self._unreported:
+        if self._pending:
             self._logger.error(
                 "capture writer stopped with %d lost call(s) not in their rollouts' incomplete markers "
                 "(recorded in %s where it had room)",
@@ -290,7 +286,8 @@ class WriterFailures:
 
     def after_close(self, rollout_id: str, model_call_id: str, item: _Item | None) -> None:
         """A call handed to the writer after ``close``: counted, logged the first time, its rollout marked
-        incomplete (off the caller's thread: the caller may be an event loop), its waiter failed."""
+        incomplete (off the caller's thread: the caller may be an event loop), its waiter failed
+        (contract D12)."""
         self._stats.failures += 1
         self._stats.after_close += 1
         reason = "capture writer closed: the call ended after the writer stopped"
@@ -334,7 +331,3 @@ class WriterFailures:
     def _fence(self, rollout_id: str) -> Fence | None:
         self._state.journal.refresh()
         return self._state.journal.fence(rollout_id)
-
-
-def describe(exc: OSError) -> str:
-    return f"{type(exc).__name__}: {errno.errorcode.get(exc.errno or 0, '')} {exc.strerror or exc}".strip()

@@ -2,7 +2,7 @@
 
 A call's line (``_Item``), the begin of a call (``_Begin``, its ``+`` marker due later), a call abandoned or
 discarded without a line, and a barrier a ``flush`` waits on. Each call's item carries one completion
-route, the caller's :class:`~otel_capture._capture.sink.LoopWaiter`; :class:`Completions` resolves them, one
+route, the caller's :class:`LoopWaiter` (defined here: it is the writer's completion signal); :class:`Completions` resolves them, one
 event-loop wake-up per loop per batch. :class:`WriterStats` is what the thread counts.
 """
 
@@ -13,7 +13,15 @@ import concurrent.futures
 import contextlib
 from dataclasses import dataclass
 
-from .._capture.sink import LoopWaiter
+from .weight import WeightStamp
+
+
+@dataclass(slots=True)
+class LoopWaiter:
+    """An asyncio future to resolve (on its own loop) when a call's line is durable or has failed."""
+
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[None]
 
 
 @dataclass(slots=True)
@@ -30,7 +38,7 @@ class WriterStats:
     after_close: int = 0
     """Calls handed to the writer after it was closed: each is also in ``failures`` and marked incomplete."""
     unreported: int = 0
-    """Lost calls whose incomplete mark is not in their rollout's marker yet (retried; ``docs/durability.md``)."""
+    """Lost calls whose incomplete mark is not in their rollout's marker yet (retried) (contract D13)."""
 
 
 @dataclass(slots=True)
@@ -42,7 +50,7 @@ class _Item:
     waiter: LoopWaiter
     """The one completion route: resolved by the thread with the rest of its batch."""
     resolved: bool = False
-    weight: tuple[str | None, float | None, float | None] | None = None
+    weight: WeightStamp | None = None
     """(caller's weight version, started_at, completed_at): the declared versions are added to ``line`` in
     its batch (:func:`.weight.stamp_batch`); ``None``: the line is written as it is."""
 

@@ -8,7 +8,8 @@ set they cost nothing. Their attributes are the low-cardinality span attributes 
 
 Two counters of ours, by dialect: ``otel_capture.uncorrelated_calls``, model calls served without a rollout
 id (so not recorded): a missing prefix or header shows there at once (``docs/gateways.md``); and
-``otel_capture.tokens_missing_calls``, calls answered without the token ids or log-probs they asked for
+``otel_capture.tokens_missing_calls``, calls answered without the token ids or log-probs they asked for,
+and ``otel_capture.token_mismatch_calls``, calls whose token ids and log-probs break an invariant
 (``docs/tokens.md``).
 """
 
@@ -33,6 +34,7 @@ _logger = logging.getLogger(__name__)
 
 UNCORRELATED_CALLS = "otel_capture.uncorrelated_calls"
 TOKENS_MISSING_CALLS = "otel_capture.tokens_missing_calls"
+TOKEN_MISMATCH_CALLS = "otel_capture.token_mismatch_calls"
 _MAX_ATTRIBUTE_SETS = 1024  # past it (many models or hosts), further sets are built per call
 
 
@@ -97,6 +99,11 @@ class ServerMetrics:
             unit="{call}",
             description="Model calls answered without all the token ids or log-probs they asked for.",
         )
+        self.token_mismatch_calls = meter.create_counter(
+            TOKEN_MISMATCH_CALLS,
+            unit="{call}",
+            description="Model calls whose token ids or log-probs break an invariant (token_mismatch).",
+        )
 
     @property
     def recording(self) -> bool:
@@ -144,3 +151,10 @@ class ServerMetrics:
             self.tokens_missing_calls.add(1, {A.MODEL_CALL_DIALECT: dialect})
         except Exception:
             _logger.exception("counting a call without its tokens failed")
+
+    def count_token_mismatch(self, dialect: str) -> None:
+        """Count one call whose tokens break an invariant. Never raises."""
+        try:
+            self.token_mismatch_calls.add(1, {A.MODEL_CALL_DIALECT: dialect})
+        except Exception:
+            _logger.exception("counting a call with mismatched tokens failed")

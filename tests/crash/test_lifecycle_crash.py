@@ -13,7 +13,7 @@ import pytest
 
 from otel_capture import CaptureStore
 from otel_capture._store.dirstate import STATE_DIR
-from otel_capture._store.lifecycle import RECORD_SUFFIXES
+from otel_capture._store.names import RECORD_SUFFIXES
 
 CHILD = Path(__file__).with_name("_lifecycle_child.py")
 REPO = Path(__file__).resolve().parents[2]

@@ -92,6 +92,18 @@ def test_every_rollout_record_carries_exactly_its_own_calls(tiny_model: TinyMode
     assert failed_call.dialect == "chat" and failed_call.model_call_id not in seen_calls
     assert "failed attempts (captures kept" in run.stdout and "2-0" in run.stdout
 
+    # each attached rollout's verdict is printed with it, and their counts last
+    verdicts = {
+        r["ng_model_call_capture"]["rollout_id"]: r["ng_model_call_capture"]["health"] for r in records
+    }
+    for rollout_id, health in verdicts.items():
+        assert health["verdict"] in ("healthy", "unhealthy")
+        assert f"  {rollout_id}: 2 calls attached, {health['verdict']}" in run.stdout
+    healthy = sum(h["verdict"] == "healthy" for h in verdicts.values())
+    assert (
+        f"Rollout health: 4 checked, {healthy} healthy, {4 - healthy} unhealthy, 0 unobserved" in run.stdout
+    )
+
 
 def test_a_rerun_clears_the_previous_attempts_captures(tiny_model: TinyModel, tmp_path: Path) -> None:
     tasks = tmp_path / "tasks.jsonl"

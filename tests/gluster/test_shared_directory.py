@@ -35,7 +35,7 @@ from support import RECORDED, ReplayModelServer, gym_style_read, serve, sse_chun
 from otel_capture import CaptureStore, read_available_model_call_records
 from otel_capture._store import JsonlWriter
 from otel_capture._store import writer as writer_module
-from otel_capture._store.lifecycle_io import _append_locked
+from otel_capture._store.append import _append_locked
 
 pytestmark = pytest.mark.glusterfs
 

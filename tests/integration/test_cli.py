@@ -39,10 +39,12 @@ def _description(help_text: str) -> str:
 
 
 def test_the_help_lists_every_command() -> None:
-    assert _subcommands() == ["proxy", "ls", "show", "check", "freeze", "retire", "delete", "demo"]
+    assert _subcommands() == ["proxy", "ls", "show", "check", "health", "freeze", "retire", "delete", "demo"]
 
 
-@pytest.mark.parametrize("command", ["proxy", "ls", "show", "check", "freeze", "retire", "delete", "demo"])
+@pytest.mark.parametrize(
+    "command", ["proxy", "ls", "show", "check", "health", "freeze", "retire", "delete", "demo"]
+)
 def test_every_command_says_what_it_does_in_its_help(command: str) -> None:
     result = run(command, "--help")
     assert result.returncode == 0, result.stderr

@@ -40,8 +40,8 @@ from otel_capture import (
     start_proxy,
 )
 from otel_capture import _attributes as A
-from otel_capture._correlation.ids import ROLLOUT_ID_RULE
 from otel_capture._correlation.routing import DOUBLE_PREFIX_RULE
+from otel_capture._rollout_id import ROLLOUT_ID_RULE
 from otel_capture._store.inflight import InflightMarkers
 from otel_capture._telemetry.metrics import UNCORRELATED_CALLS
 

@@ -141,7 +141,7 @@ EXERCISE = """
     import asyncio, json, os, sys
     from otel_capture import CaptureStore
     from otel_capture._capture.sink import LoopWaiter
-    from otel_capture._store.writer import JsonlWriter
+    from otel_capture._store import JsonlWriter
 
     store = CaptureStore(sys.argv[1])
     outcomes = {}
@@ -619,3 +619,60 @@ def test_the_writer_s_kept_stripe_lock_files_are_closed_when_it_stops(tmp_path: 
     finally:
         writer.close(BOUND)
     assert _lock_fds(root) == []
+
+
+# --- the uncorrelated counts: the writer's checks and its no-follow I/O ---------------------------------
+
+
+def test_a_directory_the_writer_refuses_gets_no_uncorrelated_count(tmp_path: Path) -> None:
+    """A world-writable capture directory is refused by the writer; the count of calls served without a
+    rollout id is not written there either (the same check), and saying so never raises."""
+    from otel_capture import UnsafeDirectoryError
+    from otel_capture._store import JsonlWriter, UncorrelatedCounter
+    from otel_capture._store.names import UNCORRELATED_PREFIX as PREFIX
+
+    root = tmp_path / "calls"
+    root.mkdir()
+    root.chmod(0o777)
+    with pytest.raises(UnsafeDirectoryError, match="world-writable"):
+        JsonlWriter(root)
+    counter = UncorrelatedCounter(root)
+    counter.count("chat")
+    counter.write()
+    assert [p.name for p in root.iterdir() if p.name.startswith(PREFIX)] == []
+
+
+def test_an_opted_in_shared_directory_gets_its_uncorrelated_count(tmp_path: Path) -> None:
+    """Where the writer was told to use a shared directory, the count is written as before."""
+    from otel_capture._store import JsonlWriter, UncorrelatedCounter, read_uncorrelated
+
+    root = tmp_path / "calls"
+    root.mkdir()
+    root.chmod(0o777)
+    JsonlWriter(root, allow_shared_directory=True).close(BOUND)
+    counter = UncorrelatedCounter(root)
+    counter.count("chat")
+    counter.write()
+    assert read_uncorrelated(root).calls == 1
+
+
+@pytest.mark.parametrize("planted", ["temporary name", "counter name"])
+def test_a_planted_link_never_lets_the_uncorrelated_count_write_outside(
+    tmp_path: Path, outside: Path, planted: str
+) -> None:
+    """A link planted where the counter writes (its temporary name, or the file itself) is never written
+    through: the file outside keeps its bytes, and the count is in the directory as a file of its own."""
+    from otel_capture._store import UncorrelatedCounter, read_uncorrelated
+
+    root = tmp_path / "calls"
+    root.mkdir(mode=0o700)
+    counter = UncorrelatedCounter(root)
+    name = counter.path.name + ".tmp" if planted == "temporary name" else counter.path.name
+    (root / name).symlink_to(outside / "notes.txt")
+    before = _tree(outside)
+    for _ in range(2):
+        counter.count("chat")
+        counter.write()
+    assert _tree(outside) == before
+    assert stat.S_ISREG(counter.path.lstat().st_mode)
+    assert read_uncorrelated(root).calls == 2

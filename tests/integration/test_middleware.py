@@ -24,7 +24,7 @@ from otel_capture import (
     read_available_model_call_records,
     read_model_call_records,
 )
-from otel_capture._correlation.ids import ROLLOUT_ID_RULE
+from otel_capture._rollout_id import ROLLOUT_ID_RULE
 from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
 
@@ -361,7 +361,7 @@ def test_a_record_that_cannot_be_built_marks_the_call_incomplete_and_the_respons
     assert telemetry.jsonl.stats.failures == 1
     marker = (telemetry.store.root / "unbuildable.capture.incomplete").read_text().splitlines()
     assert len(marker) == 1 and "cannot encode this record" in json.loads(marker[0])["reason"]
-    from otel_capture._store.lifecycle_io import INFLIGHT_REASON
+    from otel_capture._store.inflight import INFLIGHT_REASON
 
     snapshot = telemetry.store.freeze_now("unbuildable")
     assert snapshot.incomplete

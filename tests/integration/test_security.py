@@ -191,7 +191,7 @@ def test_the_capture_headers_variables_never_put_credentials_on_spans(
 
 def test_a_password_in_the_upstream_url_is_never_printed_answered_or_recorded(tmp_path: Path) -> None:
     with serve(ReplayModelServer()) as dead:
-        pass  # its port now refuses connections: every call is a 502 naming the upstream
+        pass  # its port now refuses connections: every call is a 502, and the log names the upstream
     upstream = dead.replace("http://", "http://user:sk-leak-check-password@")
     capture_dir = tmp_path / "calls"
     process, url = start_cli_proxy(upstream, "--capture-dir", str(capture_dir), stderr=subprocess.PIPE)
@@ -203,7 +203,8 @@ def test_a_password_in_the_upstream_url_is_never_printed_answered_or_recorded(tm
         process.terminate()
         out, err = process.communicate(timeout=30)
     assert response.status_code == 502
-    assert "REDACTED" in banner and "REDACTED" in response.text  # the upstream is still named
+    assert "REDACTED" in banner and "REDACTED" in err  # the upstream is still named, where the operator looks
+    assert "127.0.0.1" not in response.text  # the client is told what failed, not where the upstream is
     written = b"".join(p.read_bytes() for p in capture_dir.rglob("*") if p.is_file())
     assert len(read_model_call_records(CaptureStore(capture_dir), "pw")) == 1
     for where in (banner, out, err, response.text, written.decode("utf-8", "replace")):

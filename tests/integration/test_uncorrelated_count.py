@@ -18,7 +18,9 @@ from starlette.routing import Route
 from support import Telemetry, recorded_json, serve
 
 from otel_capture import CaptureSettings, ModelCallCaptureMiddleware, read_model_call_records
-from otel_capture._store.uncorrelated import PREFIX, WRITE_INTERVAL_S, read_uncorrelated
+from otel_capture._store import read_uncorrelated
+from otel_capture._store.names import UNCORRELATED_PREFIX as PREFIX
+from otel_capture._store.uncorrelated import WRITE_INTERVAL_S
 
 
 async def _chat(request: Request) -> JSONResponse:

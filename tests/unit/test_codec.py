@@ -3,6 +3,7 @@ decoder reads, field for field, for every field the schema declares; one splitte
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import orjson
@@ -95,3 +96,13 @@ def test_the_splitters_agree_on_what_a_line_is_and_its_number(lines: list[bytes]
     assert complete == lines and rest == tail.replace(b"\n", b"")
     from_split = [(n, line) for n, line in enumerate(complete, 1) if line.strip()]
     assert [(n, data[start:end]) for n, start, end in codec.line_spans(data)] == from_split
+    assert codec.final_tail(data) == rest
+
+
+@given(
+    st.binary(max_size=64).map(lambda b: b.replace(b"\r", b"\n")), st.lists(st.integers(0, 64), max_size=6)
+)
+def test_a_file_read_in_chunks_has_the_lines_it_has_read_whole(data: bytes, cuts: list[int]) -> None:
+    bounds = [0, *sorted(min(c, len(data)) for c in cuts), len(data)]
+    chunks = [data[a:b] for a, b in pairwise(bounds)]
+    assert list(codec.chunked_lines(chunks)) == codec.split_lines(data)[0]

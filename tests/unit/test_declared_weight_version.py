@@ -20,8 +20,7 @@ from otel_capture._capture.weight import (
 from otel_capture._cli.main import main
 from otel_capture._records import encode_record_line
 from otel_capture._records.codec import stamp_record_line
-from otel_capture._store import DamagedEntryError, JsonlWriter
-from otel_capture._store.weight import DeclaredVersions
+from otel_capture._store import DamagedEntryError, DeclaredVersions, JsonlWriter
 
 
 def _line(model_call_id: str = "a" * 32, **values: Any) -> bytes:

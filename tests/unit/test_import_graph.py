@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             for name in (
                 "_errors",
                 "_key_pattern",
+                "_rollout_id",
                 "_settings",
                 "_asgi",
                 "_notices",
@@ -50,7 +51,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("_proxy", ("otel_capture._proxy",)),
     (
         "flat top",
-        ("otel_capture._instrumentor", "otel_capture._attach", "otel_capture.conformance", "otel_capture"),
+        (
+            "otel_capture._instrumentor",
+            "otel_capture._attach",
+            "otel_capture._health",
+            "otel_capture.conformance",
+            "otel_capture",
+        ),
     ),
     ("_cli", ("otel_capture._cli", "otel_capture.__main__")),
 )
@@ -59,31 +66,6 @@ FACED = ("_correlation", "_store", "_telemetry", "_capture", "_proxy")
 # Code outside the package that the face rule covers: the rule for the package itself, or for tests.
 OUTSIDE_STRICT = ("exporters", "examples/demo")
 OUTSIDE_TESTING = ("tests", "bench")
-
-# Until the store's renovation (branch reno-store) lands: edges that break the rules above, each with
-# why. The store's files are not changed here: it imports the sink's ``LoopWaiter`` from ``_capture``
-# (upward; it moves into the store) and the id grammar past ``_correlation``'s face, and its face does not
-# yet hold the uncorrelated counts, the declared weight versions or the in-flight reason that others
-# import. Each entry must still be needed: a test fails on one that no edge uses, so the list only shrinks.
-PENDING_STORE_RENOVATION = {
-    ("otel_capture._store.", "otel_capture._capture"),  # LoopWaiter: runs the capture's face
-    ("otel_capture._store.", "otel_capture._capture.sink"),  # LoopWaiter
-    ("otel_capture._store.", "otel_capture._correlation.ids"),  # validate_rollout_id past the face
-    ("otel_capture._capture.middleware", "otel_capture._store.uncorrelated"),  # UncorrelatedCounter
-    ("otel_capture._cli.check", "otel_capture._store.uncorrelated"),  # read_uncorrelated
-    ("otel_capture._attach", "otel_capture._store.lifecycle_io"),  # INFLIGHT_REASON
-    ("exporters.model_call_jsonl", "otel_capture._store.weight"),  # DeclaredVersions
-}
-
-
-def _pending(source: str, target: str) -> tuple[str, str] | None:
-    for entry in PENDING_STORE_RENOVATION:
-        prefix, pending_target = entry
-        if target == pending_target and (
-            source == prefix or (prefix.endswith(".") and source.startswith(prefix))
-        ):
-            return entry
-    return None
 
 
 def _module_name(path: Path) -> str:
@@ -146,10 +128,6 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
-def _without_pending(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    return {m: {t for t in targets if _pending(m, t) is None} for m, targets in graph.items()}
-
-
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan's algorithm)."""
     index: dict[str, int] = {}
@@ -206,11 +184,11 @@ def test_the_graph_is_read() -> None:
 
 
 def test_the_import_graph_has_no_circle() -> None:
-    assert _cycles(_without_pending(import_graph())) == []
+    assert _cycles(import_graph()) == []
 
 
 def test_every_module_stands_on_a_floor_and_nothing_imports_a_later_floor() -> None:
-    graph = _without_pending(import_graph())
+    graph = import_graph()
     upward = {
         module: sorted(t for t in targets if layer_of(t) > layer_of(module))
         for module, targets in graph.items()
@@ -261,15 +239,8 @@ def _face_breaches() -> set[tuple[str, str]]:
 
 
 def test_outside_code_imports_each_subpackage_through_its_face() -> None:
-    breaches = {(m, t) for m, t in _face_breaches() if _pending(m, t) is None}
+    breaches = _face_breaches()
     assert sorted(breaches) == []
-
-
-def test_each_pending_exception_is_still_needed() -> None:
-    graph = import_graph()
-    used = {_pending(m, t) for m, targets in graph.items() for t in targets}
-    used |= {_pending(m, t) for m, t in _face_breaches()}
-    assert sorted(PENDING_STORE_RENOVATION - used) == []
 
 
 def test_each_face_exports_a_sorted_all_and_only_re_exports() -> None:
@@ -286,7 +257,7 @@ def test_each_face_exports_a_sorted_all_and_only_re_exports() -> None:
 
 
 def test_nothing_below_the_store_imports_the_store_or_anything_above_it() -> None:
-    graph = _without_pending(import_graph())
+    graph = import_graph()
     below = [m for m in graph if layer_of(m) < layer_of("otel_capture._store")]
     assert below and "otel_capture._correlation.ids" in below
     assert {
@@ -306,10 +277,6 @@ def print_graph() -> None:
         targets = {_folder(t) for m in members for t in graph[m]} - {folder}
         order = [name for name, _ in LAYERS if name in targets]
         print(f"  {folder} ({len(members)} modules) -> {', '.join(order) or '-'}")
-    print(
-        "pending the store's renovation:",
-        ", ".join(sorted(f"{s}{'*' if s.endswith('.') else ''} -> {t}" for s, t in PENDING_STORE_RENOVATION)),
-    )
     print()
     for name, targets in sorted(graph.items()):
         print(name, "->", ", ".join(sorted(targets)) or "-")

@@ -880,3 +880,17 @@ def test_the_store_has_one_listing_of_rollouts(tmp_path: Path) -> None:
     assert store.rollout_ids() == ["d", "i", "t"]
     assert store.list_rollouts() == {"d": "live", "i": "live", "t": "live"}
     assert store.damaged_entries() == [("f.capture.jsonl", "a FIFO, not a regular file")]
+
+
+def test_a_mark_refused_on_a_retired_rollout_leaves_its_call_late_after_a_delete(tmp_path: Path) -> None:
+    """As the in-memory reference does (found by the lifecycle state machine): a refused mark does not end
+    the call, so its line after a delete, admitted before the retire, is still dropped as late."""
+    store = CaptureStore(tmp_path)
+    store.begin_call("a", "b0")
+    store.retire_now(["a"])
+    with pytest.raises(CaptureRetiredError):
+        store.mark_incomplete("a", "b0", "why")
+    store.delete_now(["a"])
+    with pytest.raises(CaptureRetiredError):
+        store.append_now("a", "b0", {"x": 2})
+    assert store.rollout_state("a") == "absent"

@@ -16,7 +16,8 @@ from otel_capture import CaptureStore
 from otel_capture._store import JsonlWriter, pending_losses
 from otel_capture._store.dirstate import STATE_DIR
 from otel_capture._store.fs import DirFds
-from otel_capture._store.losses import RESERVE_BYTES, RESERVE_DIR, LossReserve
+from otel_capture._store.losses import RESERVE_BYTES, LossReserve
+from otel_capture._store.names import LOSSES_DIR
 
 _DIES_WITH_A_LOSS = """
 import sys, time
@@ -50,12 +51,12 @@ def test_a_reserve_takes_its_blocks_when_made_and_is_removed_when_nothing_in_it_
     try:
         submit(writer, "r", b'{"model_call_id":"c1"}\n', "c1").result(60)
         assert writer.flush(60)  # made right after the first batch, once its call was answered
-        (reserve,) = (store.root / STATE_DIR / RESERVE_DIR).iterdir()
+        (reserve,) = (store.root / STATE_DIR / LOSSES_DIR).iterdir()
         assert reserve.stat().st_blocks * 512 >= RESERVE_BYTES  # its blocks are taken ahead of need
         assert pending_losses(store.root) == []
     finally:
         writer.close()
-    assert list((store.root / STATE_DIR / RESERVE_DIR).iterdir()) == []  # nothing pending: given back
+    assert list((store.root / STATE_DIR / LOSSES_DIR).iterdir()) == []  # nothing pending: given back
 
 
 def test_the_losses_of_a_writer_that_died_are_named_by_check_and_reported_by_the_next_writer(
@@ -89,7 +90,7 @@ def test_the_losses_of_a_writer_that_died_are_named_by_check_and_reported_by_the
         ("c1", "OSError: ENOSPC No space left on device"),
         ("c2", "OSError: ENOSPC No space left on device"),
     ]
-    assert list((store.root / STATE_DIR / RESERVE_DIR).iterdir()) == []
+    assert list((store.root / STATE_DIR / LOSSES_DIR).iterdir()) == []
 
 
 def test_a_full_reserve_says_that_more_calls_were_lost_than_it_names(tmp_path: Path) -> None:

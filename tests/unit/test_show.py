@@ -16,7 +16,7 @@ from otel_capture._cli.main import main
 from otel_capture._cli.show import format_calls_table, format_rollouts_table, short_model
 from otel_capture._records import InvalidLine, codec
 from otel_capture._store import CaptureStore
-from otel_capture._store import store as store_module
+from otel_capture._store import lines as store_module
 
 
 def record(**fields: Any) -> ModelCallRecord:
@@ -125,11 +125,12 @@ def test_rollouts_table_sums_each_rollout_and_flags_incomplete(tmp_path: Path) -
             "ms",
             "ttft",
             "ms",
+            "refused",
             "incomplete",
             "damaged",
         ],
-        ["r-0", "live", "2", "0", "20", "19", "0.31", "156.2", "212.3", "31.0", "no", "-"],
-        ["r-1", "live", "1", "1", "0", "0", "0.21", "212.3", "212.3", "31.0", "yes", "-"],
+        ["r-0", "live", "2", "0", "20", "19", "0.31", "156.2", "212.3", "31.0", "0", "no", "-"],
+        ["r-1", "live", "1", "1", "0", "0", "0.21", "212.3", "212.3", "31.0", "0", "yes", "-"],
     ]
 
 

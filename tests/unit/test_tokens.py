@@ -101,11 +101,24 @@ def test_no_token_data_no_line() -> None:
         {"choices": "x"},
     ):
         assert tokens_line(response, rollout_id="r", model_call_id="c") is None
+    nothing = {
+        "prompt_token_ids": [True, "a"],
+        "choices": [{"token_ids": ["a"], "logprobs": {"content": []}}],
+    }
+    assert extract_tokens(nothing) is None  # lists with no id in them are no ids
+
+
+def test_odd_entries_are_null_and_the_rest_kept() -> None:
+    # an odd entry (a bool, a text, a log-prob that is no number) no longer costs its whole list
+    # (docs/tokens.md, "Odd entries"); a list without a single id is still no ids
     weird = {
         "prompt_token_ids": [1, True],
         "choices": [{"token_ids": ["a"], "logprobs": {"content": [{"logprob": "x"}]}}],
     }
-    assert extract_tokens(weird) is None
+    assert extract_tokens(weird) == {
+        "prompt_token_ids": [1, None],
+        "generations": [{"index": 0, "token_ids": None, "log_probs": [None]}],
+    }
 
 
 def test_vllm_responses_ids_from_input_and_output_messages() -> None:

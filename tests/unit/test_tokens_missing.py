@@ -1,5 +1,5 @@
 """Tokens expected but absent (issue 22 item 3): which requests ask for token ids or log-probs, and when an
-answer lacks them (none, or fewer than its output tokens). Bodies are the vLLM-shaped fixtures
+answer lacks them (in no choice, or not in some). Bodies are the vLLM-shaped fixtures
 (``tests/fixtures/vllm``) with the tokens taken out, as a server that ignores the ask answers."""
 
 from __future__ import annotations
@@ -57,11 +57,15 @@ def test_token_ids_and_prompt_ids_stripped_by_a_router() -> None:
     assert "log-probs" not in reason
 
 
-def test_fewer_log_probs_than_output_tokens() -> None:
+def test_one_choice_without_its_log_probs_is_named() -> None:
     body = copy.deepcopy(COMPLETION)
     del body["choices"][1]["logprobs"]  # one choice of two lost its log-probs
     reason = tokens_missing(COMPLETION_ASK, body, "completions")
-    assert reason == "log-probs asked for (logprobs=1), 3 in the response for 6 output tokens"
+    assert reason == "log-probs asked for (logprobs=1), none for choice 1"
+    # fewer than the usage counts is a token_mismatch (test_token_mismatch.py), not tokens missing
+    body = copy.deepcopy(COMPLETION)
+    body["choices"][1]["logprobs"]["token_logprobs"].pop()
+    assert tokens_missing(COMPLETION_ASK, body, "completions") is None
 
 
 def test_completions_logprobs_zero_asks_too() -> None:

@@ -289,7 +289,7 @@ def test_every_chunking_gives_the_same_reassembled_response(dialect: Dialect, ch
     assert call.stream and call.stream_complete
     assert call.error_category is None and call.failure is None
     assert call.response_obj == STREAMED[dialect]
-    assert call.tokens_missing is None
+    assert call.tokens_missing is None and call.token_mismatch is None
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
@@ -307,6 +307,7 @@ def test_the_records_carry_the_reassembled_and_the_exact_bodies(dialect: Dialect
     plain, said = capture(recording, [body[:1000], body[1000:]], stream=False)
     assert said == [False, False]
     assert plain.response_obj == recording.body and plain.tokens_missing is None
+    assert plain.token_mismatch is None  # real answers keep every token invariant
     record = json.loads(plain.line(1, 2))
     assert record["response"] == recording.body
     assert plain.line(1, 2).count(body) == 1  # the exact bytes vLLM sent

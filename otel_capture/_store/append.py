@@ -1,62 +1,38 @@
-"""Fenced appends and reading a rollout's files: the I/O under a rollout's stripe lock, shared by the
-writer thread (:mod:`.writer`) and the lifecycle operations (:mod:`.lifecycle`). Every file is opened
-through :mod:`.fs`: no link followed, nothing but a regular file written or read."""
+"""The fenced append: a rollout's lines (the writer's batches and ``CaptureStore.append_now``) and its
+incomplete marks (:func:`fenced_mark_incomplete`), written under the rollout's stripe lock after reading
+its fence, each file under its own ``flock(LOCK_EX)`` as NeMo Gym's writers do. Syncing is the caller's
+(the writer syncs a batch once per file; :mod:`.sync`)."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
-import gc
 import logging
 import os
-import time
-from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
-
-import orjson
 
 from .._errors import CaptureFrozenError, CaptureRetiredError, DamagedEntryError
-from .._records import ModelCallRecord, damaged_line, parse_record_line
-from .._records.codec import line_spans
 from .dirstate import DirState
 from .fs import (
     FENCED_ERRNOS,
     FILE_MODE,
     AppendFiles,
     DirFds,
-    Fsync,
     fenced_error,
     flock_within,
     open_append,
-    read_locked,
     write_all,
 )
-from .journal import Fence
-from .lazy import LazyLines, LineParser, empty_lines
+from .journal import Fence, fence_error
 from .locks import LockFiles
-from .types import IncompleteCall
+from .marker import mark_lines
+from .names import CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX
+from .sync import Fsync
 
 _logger = logging.getLogger(__name__)
 
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
-
-CAPTURE_SUFFIX = ".capture.jsonl"
-INCOMPLETE_SUFFIX = ".capture.incomplete"
-TOKENS_SUFFIX = ".tokens.jsonl"
-RECORD_SUFFIXES = (CAPTURE_SUFFIX, INCOMPLETE_SUFFIX, TOKENS_SUFFIX)
-INFLIGHT_REASON = "in flight when frozen: the call began and was never recorded"
-
-
-def fence_error(rollout_id: str, fence: Fence) -> CaptureFrozenError:
-    if fence.kind == "retired":
-        return CaptureRetiredError(f"rollout {rollout_id} is retired: its captures take no more writes")
-    return CaptureFrozenError(f"rollout {rollout_id} is frozen: its captures take no more records")
-
-
-# --- appending (the writer's path and append_now) -----------------------------------------------------
 
 
 @dataclass
@@ -84,17 +60,17 @@ def _append_locked(fd: int, data: bytes, label: str, timeout: float, clean_end: 
     ``clean_end``: the size the file had after our own last append through ``fd``; a file still that size
     ends in our ``\n``, and its last byte is not read again.
     """
-    flock_within(fd, fcntl.LOCK_EX, timeout, label)
+    flock_within(fd, fcntl.LOCK_EX, timeout, label)  # NeMo Gym's lock, for the write only (contract D8)
     try:
-        start = os.fstat(fd).st_size
+        start = os.fstat(fd).st_size  # a torn tail is terminated first (contract D7)
         if start and start != clean_end and os.pread(fd, 1, start - 1) != b"\n":
             data = b"\n" + data
         try:
-            write_all(fd, data)
+            write_all(fd, data)  # the batch's lines for this file in one write (contract D7)
         except OSError as error:
-            if error.errno in FENCED_ERRNOS:  # the lock is gone: a cut now could cut another node's lines
+            if error.errno in FENCED_ERRNOS:  # the lock is gone: never cut back (contract D27)
                 raise fenced_error(error, label) from None
-            # Half a batch would leave a torn line that every later append follows: cut it back.
+            # Half a batch would leave a torn line that every later append follows: cut back (contract D7, D17).
             try:
                 os.ftruncate(fd, start)
             except OSError as exc:
@@ -159,7 +135,8 @@ def fenced_append(
     begins = list(begins)
     mcids = [mcid for mcid, _, _ in calls]
     stripe = state.locks.stripe(rollout_id)
-    lock_fd = state.locks.acquire(dirs, stripe, lock_files)  # hold_ids, without a context manager
+    # the stripe, held for "read the fence, then append" (contract L4); hold_ids without a context manager
+    lock_fd = state.locks.acquire(dirs, stripe, lock_files)
     try:
         state.journal.refresh()
         fence = state.journal.fence(rollout_id)
@@ -199,7 +176,9 @@ def _admit(
     begun_here = set(begins)
     for index, (mcid, line, tokens) in enumerate(calls):
         admitted = state.calls.epoch(rollout_id, mcid)
-        if admitted is not None and epoch > admitted:
+        if (
+            admitted is not None and epoch > admitted
+        ):  # admitted before a retire or delete: late (contract L9)
             late = CaptureRetiredError(
                 f"rollout {rollout_id} was retired or deleted while call {mcid} was in flight"
             )
@@ -266,6 +245,7 @@ def fenced_mark_incomplete(
     fsync: Fsync,
     check: Callable[[str], Fence | None],
     file_mode: int = FILE_MODE,
+    end_refused: bool = True,
 ) -> Fence | None:
     """Durably mark ``(model_call_id, reason)`` calls as not captured: one JSON line each in
     ``<id>.capture.incomplete`` (NeMo Gym only checks that the file exists), and the calls end (their
@@ -273,7 +253,9 @@ def fenced_mark_incomplete(
 
     Under the rollout's stripe, after ``check`` (which refreshes the journal and returns the fence): a
     retired rollout's marker would outlive its removed records, so nothing is written and the fence is
-    returned for the caller to refuse or ignore. A frozen rollout is marked: its snapshot may list a line
+    returned for the caller to refuse or ignore; the calls then end too unless ``end_refused`` is false
+    (``CaptureStore.mark_incomplete``: a refused mark leaves the call admitted where it was, so its line
+    after a delete is still late, as (contract L9) says). A frozen rollout is marked: its snapshot may list a line
     whose sync failed, and the changed version makes a stale ``drop`` fail. The one path shared by the
     writer thread (a failed batch, an unbuildable record) and ``CaptureStore.mark_incomplete``.
 
@@ -281,12 +263,9 @@ def fenced_mark_incomplete(
     written, without the lock or the fence: the loss is visible, which matters more than a marker that
     might outlive a retire.
     """
-    now = time.time()
-    data = b"".join(
-        orjson.dumps({"model_call_id": mcid, "reason": reason, "at": now}, option=orjson.OPT_APPEND_NEWLINE)
-        for mcid, reason in calls
-    )
+    data = mark_lines(calls)
     mcids = [mcid for mcid, _ in calls]
+    refused = False
     with state.locks.hold_ids(dirs, [rollout_id], or_unlocked=True):
         try:
             try:
@@ -295,21 +274,23 @@ def fenced_mark_incomplete(
                 _logger.error("rollout %s: %s; marking it incomplete whatever its fence", rollout_id, exc)
                 fence = None
             if fence is not None and fence.kind == "retired":
+                refused = True
                 return fence
             name = rollout_id + INCOMPLETE_SUFFIX
             fd, created = open_append(dirs.root_fd(), name, name, file_mode)
             try:
                 _append_locked(fd, data, name, dirs.lock_timeout)
-                fsync(fd)
+                fsync(fd)  # the mark is durable before the call is reported lost (contract D5)
             finally:
                 os.close(fd)
             if created:
-                fsync(dirs.root_fd())
+                fsync(dirs.root_fd())  # the new marker's entry (contract D10)
             if fence is None:
                 _end_markers(state, dirs, rollout_id, mcids)
             return fence
         finally:
-            state.calls.end(rollout_id, mcids)
+            if end_refused or not refused:
+                state.calls.end(rollout_id, mcids)
 
 
 def _end_markers(state: DirState, dirs: DirFds, rollout_id: str, mcids: list[str]) -> None:
@@ -317,144 +298,3 @@ def _end_markers(state: DirState, dirs: DirFds, rollout_id: str, mcids: list[str
         state.markers.write(dirs, rollout_id, [], mcids)
     except OSError as exc:  # the incomplete marker, written, is what matters
         _logger.error("could not end the in-flight markers of rollout %s: %s", rollout_id, exc)
-
-
-# --- reading a rollout --------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic collector while a rollout's lines are parsed: 100,000 parsed lines are millions
-    of containers, none of them garbage, and each collection on the way would walk them all again (it was
-    two thirds of a large freeze). Reference counting still frees everything."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-@dataclass
-class Contents:
-    """A rollout's files as a freeze reads them: records and token lines are kept as the files' bytes and
-    parsed on access (:class:`.lazy.LazyLines`), so a snapshot costs about the files' size."""
-
-    records: LazyLines[ModelCallRecord] = field(default_factory=lambda: empty_lines(parse_record_line))
-    tokens: LazyLines[dict[str, Any]] = field(default_factory=lambda: empty_lines(_json_object))
-    incomplete: list[IncompleteCall] = field(default_factory=list)
-    marker_exists: bool = False
-    version: int = 0
-    record_ids: set[str] = field(default_factory=set)
-
-    def call_ids(self) -> set[str]:
-        ids = self.record_ids | {c.model_call_id for c in self.incomplete}
-        return {i for i in ids if isinstance(i, str)}
-
-
-def _lines(data: bytes) -> Iterator[bytes]:
-    """The non-blank complete lines, one at a time (no list of the whole file)."""
-    for _, start, end in line_spans(data):
-        yield data[start:end]
-
-
-def _read(dirs: DirFds, name: str, contents: Contents, fsync: Fsync | None) -> bytes | None:
-    try:
-        return read_locked(dirs.root_fd(), name, name, fsync, dirs.lock_timeout)
-    except DamagedEntryError as exc:
-        contents.incomplete.append(IncompleteCall("", f"{exc.label}: {exc.what}: not read"))
-        return None
-
-
-def _json_object(line: bytes, _index: int) -> dict[str, Any] | None:
-    try:
-        value = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _parse_lines(
-    dirs: DirFds,
-    name: str,
-    contents: Contents,
-    fsync: Fsync | None,
-    parse: LineParser = _json_object,
-    seen: Callable[[Any], None] | None = None,
-) -> LazyLines[Any] | None:
-    """The file's non-blank lines that ``parse(line, index)`` accepts, kept as bytes (``None`` from
-    ``parse`` is damage, reported in ``contents``); each parsed value is handed to ``seen`` and dropped."""
-    data = _read(dirs, name, contents, fsync)
-    if data is None:
-        return None
-    spans = array("q")
-    for index, (number, start, end) in enumerate(line_spans(data)):
-        contents.version += 1
-        value = parse(data[start:end], index)
-        if value is not None:
-            spans.extend((start, end, index))
-            if seen is not None:
-                seen(value)
-        else:
-            contents.incomplete.append(IncompleteCall("", f"{name}: {damaged_line(number)}"))
-    if data[data.rfind(b"\n") + 1 :].strip():
-        contents.incomplete.append(IncompleteCall("", f"{name}: torn final line (a write was cut short)"))
-    return LazyLines(data, spans, parse)
-
-
-def _record_id(contents: Contents) -> Callable[[ModelCallRecord], None]:
-    def seen(record: ModelCallRecord) -> None:
-        if isinstance(record.model_call_id, str):
-            contents.record_ids.add(record.model_call_id)
-
-    return seen
-
-
-def read_contents(dirs: DirFds, rollout_id: str, *, fsync: Fsync | None = None) -> Contents:
-    """A rollout's files, parsed (under its stripe; each file under ``flock(LOCK_SH)``, as the readers do,
-    so a NeMo Gym writer's line is never read half-written). ``fsync`` (the freeze) makes every file read
-    durable, so a snapshot never hands out a record that a crash could still take back. An entry that is
-    not a regular file is not read: it makes the rollout incomplete, with the reason."""
-    contents = Contents()
-    with gc_paused():
-        # validated as the readers parse it (the same records, call_index counting damaged lines too),
-        # then kept as bytes: each record is parsed again when the snapshot's user asks for it
-        name = rollout_id + CAPTURE_SUFFIX
-        records = _parse_lines(dirs, name, contents, fsync, parse_record_line, _record_id(contents))
-        if records is not None:
-            contents.records = records
-        tokens = _parse_lines(dirs, rollout_id + TOKENS_SUFFIX, contents, fsync)
-        if tokens is not None:
-            contents.tokens = tokens
-        data = _read(dirs, rollout_id + INCOMPLETE_SUFFIX, contents, fsync)
-    if data is None:
-        return contents
-    contents.marker_exists = True
-    marked = 0
-    for line in _lines(data):
-        marked += 1
-        try:
-            value = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            value = None
-        mcid, reason = (
-            (value.get("model_call_id"), value.get("reason")) if isinstance(value, dict) else ("", None)
-        )
-        contents.incomplete.append(
-            IncompleteCall(mcid if isinstance(mcid, str) else "", str(reason or "marked incomplete"))
-        )
-    contents.version += marked
-    if not marked:
-        contents.incomplete.append(IncompleteCall("", "marked incomplete"))  # NeMo Gym's empty marker
-    return contents
-
-
-def count_version(dirs: DirFds, rollout_id: str) -> int:
-    """The rollout's ``version`` (its durable lines) without parsing them: what retire and drop need."""
-    total = 0
-    for suffix in (CAPTURE_SUFFIX, TOKENS_SUFFIX, INCOMPLETE_SUFFIX):
-        data = _read(dirs, rollout_id + suffix, Contents(), None)
-        if data is not None:
-            total += sum(1 for _ in _lines(data))
-    return total
