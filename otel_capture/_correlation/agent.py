@@ -25,15 +25,14 @@ Unlike NeMo Gym, every id, derived ones included, must follow the one grammar
 environment through :class:`CorrelationSettings`: ``OTEL_CAPTURE_CORRELATION`` (true/false) when set,
 else on exactly when ``OTEL_EXPORTER_MODEL_CALL_JSONL_DIR`` is set. An explicit ``enabled=`` argument
 wins over both. The environment is read when a helper is called, never at import time. A gated helper
-that is off because nothing was configured (no argument, neither variable set) says so once per process,
-with a warning naming both ways to turn it on: a copied snippet that sends its calls uncorrelated would
-otherwise be found only later, as a rollout with no records.
+that is off by the environment (no ``enabled=`` argument) says so once per process, with a warning naming
+the ways to turn it on: a copied snippet that sends its calls uncorrelated would otherwise be found only
+later, as a rollout with no records.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -73,20 +72,23 @@ _off_told = threading.Event()
 
 
 def _gate(enabled: bool | None, helper: str) -> bool:
-    """The gate for a gated helper. Off by default (no argument, neither variable set), it says so once per
-    process: the helper then returns what it was given and the calls go out without a rollout id. An
-    explicit ``enabled=False`` or ``OTEL_CAPTURE_CORRELATION=false`` is the caller's choice: no word."""
+    """The gate for a gated helper. Off by the environment, it says so once per process: the helper then
+    returns what it was given and the calls go out without a rollout id. An explicit ``enabled=False`` is
+    the caller's choice: no word."""
     on = capture_correlation_enabled(enabled)
-    if on or enabled is not None or os.environ.get(ENV_CORRELATION, "").strip():
+    if on or enabled is not None:
         return on
     if not _off_told.is_set():
         _off_told.set()
         notify(
             _logger,
             logging.WARNING,
-            "%s: rollout correlation is off, so model calls go out without a rollout id and are not "
-            "recorded; set %s=true (or %s, the capture directory), or pass enabled=True",
+            "%s: rollout correlation is off (%s is not true and %s is not set), so model calls go out "
+            "without a rollout id and are not recorded; set %s=true (or %s, the capture directory), or "
+            "pass enabled=True",
             helper,
+            ENV_CORRELATION,
+            ENV_CAPTURE_DIR,
             ENV_CORRELATION,
             ENV_CAPTURE_DIR,
         )

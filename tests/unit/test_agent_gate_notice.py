@@ -45,13 +45,9 @@ def test_a_helper_off_by_default_warns_once_naming_how_to_turn_it_on(
 
 
 @pytest.mark.usefixtures("fresh_process")
-def test_a_helper_turned_off_on_purpose_says_nothing(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_helper_turned_off_in_code_says_nothing(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         assert base_url_for_run("http://proxy:1", RUN, enabled=False) == "http://proxy:1"
-        monkeypatch.setenv("OTEL_CAPTURE_CORRELATION", "false")
-        assert base_url_for_run("http://proxy:1", RUN) == "http://proxy:1"
     assert _notices(caplog) == []
 
 
