@@ -7,12 +7,11 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from support import start_cli_proxy
-from tool_venvs import ToolUnavailable, tool_venv
+from tool_venvs import CaptureProxy, ToolUnavailable, tool_venv
 
 from otel_capture import CaptureStore
 from otel_capture.demo.tiny_model import TinyModel, start_tiny_model
@@ -38,12 +37,6 @@ def tool() -> Callable[[str, list[str]], Path]:
             pytest.skip(str(exc))
 
     return venv
-
-
-@dataclass
-class CaptureProxy:
-    url: str
-    store: CaptureStore
 
 
 @pytest.fixture

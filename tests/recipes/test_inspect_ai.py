@@ -16,8 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import CaptureProxy
-from tool_venvs import INSPECT_AI, docs_block
+from tool_venvs import INSPECT_AI, CaptureProxy, docs_block
 
 from otel_capture import ROLLOUT_ID_PATTERN, read_model_call_records
 

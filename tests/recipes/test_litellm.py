@@ -16,9 +16,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from conftest import CaptureProxy
 from support import free_port
-from tool_venvs import LITELLM, docs_block
+from tool_venvs import LITELLM, CaptureProxy, docs_block
 
 from otel_capture import read_model_call_records
 

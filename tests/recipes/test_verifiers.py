@@ -15,8 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import CaptureProxy
-from tool_venvs import VERIFIERS, docs_block
+from tool_venvs import VERIFIERS, CaptureProxy, docs_block
 
 from otel_capture import read_model_call_records
 

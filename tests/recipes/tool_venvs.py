@@ -14,8 +14,10 @@ import fcntl
 import hashlib
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from otel_capture import CaptureStore
 from otel_capture._settings import cache_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,6 +28,14 @@ INSTALL_TIMEOUT = 1200.0
 LITELLM = ["litellm[proxy]==1.106.12"]
 VERIFIERS = ["verifiers==0.4.0"]
 INSPECT_AI = ["inspect-ai==0.3.285", "openai>=1.60"]  # inspect-ai's OpenAI provider needs the SDK
+
+
+@dataclass
+class CaptureProxy:
+    """The capture proxy a recipe runs against: its URL and its capture directory."""
+
+    url: str
+    store: CaptureStore
 
 
 class ToolUnavailable(RuntimeError):
