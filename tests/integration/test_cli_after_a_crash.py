@@ -176,7 +176,7 @@ def test_the_help_names_every_column_and_what_it_holds(command: str, columns: tu
 def test_read_only_commands_read_a_world_writable_directory_without_following_what_was_planted(
     tmp_path: Path,
 ) -> None:
-    directory = tmp_path / "shared"
+    directory = tmp_path / "open-to-all"
     store = CaptureStore(directory)
     store.append_now("mine", "c1", {"model_call_id": "c1", "status_code": 200})
     secret = tmp_path / "secret.capture.jsonl"

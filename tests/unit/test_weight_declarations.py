@@ -118,7 +118,7 @@ def test_declaring_before_the_directory_exists_creates_it_as_a_writer_would(
     assert read_model_call_records(CaptureStore(root), "r")[0].weight_version == "7"
     assert main(["weight-version", str(tmp_path / "missing")]) == 1  # reading creates nothing
     assert not (tmp_path / "missing").exists()
-    shared = tmp_path / "shared"
+    shared = tmp_path / "open-to-all"
     shared.mkdir()
     shared.chmod(0o777)  # a directory others can write is refused, as the writer refuses it
     assert main(["weight-version", str(shared), "7"]) == 1
