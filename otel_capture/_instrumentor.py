@@ -26,6 +26,14 @@ The server span honours the excluded-URL variables as contrib does (``OTEL_PYTHO
 and response headers the header-capture variables (``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_*``) name,
 credentials always ``[REDACTED]`` (contract D37).
 
+Zero-code captures a server's ASGI app only: a process that never builds one (a client, an eval such as
+``vf-eval``, run under ``opentelemetry-instrument`` by mistake) captures nothing. When a capture directory
+is configured and no app was wrapped in the process's life, that is said once at exit
+(:func:`_say_if_nothing_wrapped`), where the host's logging cannot hide it (:func:`notify`), pointing to
+the capture proxy for client-side processes. Only the process the user started says it, not the Pythons it
+starts (they are instrumented too); a supervisor whose workers build the app (``uvicorn --workers``) says
+it although its workers captured (the line names its pid).
+
 At lifespan shutdown the tracer and meter providers are flushed before the server is told shutdown is
 complete: uvicorn re-raises SIGTERM after its graceful shutdown, which ends the process without running
 ``atexit``, where the SDK would otherwise flush its batch processors (and lose the last spans).
@@ -34,7 +42,9 @@ complete: uvicorn re-raises SIGTERM after its graceful shutdown, which ends the 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
+import os
 from collections.abc import Collection
 from typing import Any
 
@@ -45,14 +55,29 @@ from opentelemetry.util.http import get_excluded_urls
 from ._asgi import ASGIApp, Message, Receive, Scope, Send
 from ._capture import ModelCallCaptureMiddleware
 from ._correlation import server_span_details
+from ._notices import notify
 from ._sdk_private import instrumented_by_contrib
-from ._settings import CaptureSettings, HeaderCaptureSettings
+from ._settings import ENV_CAPTURE_DIR, CaptureSettings, HeaderCaptureSettings, WriterSettings
 from ._telemetry import LeanServerSpanMiddleware
 
 _logger = logging.getLogger(__name__)
 
 _ORIGINAL = "_otel_capture_original_build_middleware_stack"
 SCOPE_SERVER_SPAN = "otel_capture.server_span"
+# Internal, not a setting: the pid of the first instrumented process of a process tree, inherited by the
+# Pythons it starts (see _watch_for_an_app).
+_ROOT_PID = "OTEL_CAPTURE_ZERO_CODE_ROOT_PID"
+
+
+class _Watch:
+    """Whether this process's instrumentation ever wrapped an app, for the one notice at exit."""
+
+    directory: str | None = None  # the capture directory configured when instrumented (None: no notice)
+    wrapped = False
+    registered = False
+
+
+_watch = _Watch()
 
 
 class _OncePerRequest:
@@ -123,6 +148,7 @@ class ModelCallInstrumentor(BaseInstrumentor):  # type: ignore[misc]  # BaseInst
         import starlette.applications  # a ModuleNotFoundError tells the auto-instrumentation loader to skip us
 
         options = {k: kwargs.get(k) for k in ("tracer_provider", "meter_provider", "settings")}
+        _watch_for_an_app()
         classes: list[Any] = [starlette.applications.Starlette]
         try:
             import fastapi.applications
@@ -138,6 +164,7 @@ class ModelCallInstrumentor(BaseInstrumentor):  # type: ignore[misc]  # BaseInst
             cls.build_middleware_stack = _patched(original, options)
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        _watch.directory = None  # switched off on purpose: nothing to say at exit
         for module_name, class_name in (
             ("starlette.applications", "Starlette"),
             ("fastapi.applications", "FastAPI"),
@@ -163,9 +190,46 @@ def _patched(original: Any, options: dict[str, Any]) -> Any:
     return build_middleware_stack
 
 
+def _watch_for_an_app() -> None:
+    """With a capture directory configured, say at exit if no app was ever wrapped (registered once)."""
+    try:
+        directory = WriterSettings.from_environ().directory
+    except Exception:  # a bad setting is reported where it is used; this is only a hint
+        return
+    if directory is None:
+        return
+    # Only the process the user started speaks (opentelemetry-instrument execs it). Every Python it starts
+    # (multiprocessing's children and resource tracker, vLLM's engine cores, uvicorn's workers) is
+    # instrumented too, through PYTHONPATH, and serves no app by design; they inherit this mark.
+    if os.environ.setdefault(_ROOT_PID, str(os.getpid())) != str(os.getpid()):
+        return
+    _watch.directory = str(directory)
+    if not _watch.registered:
+        _watch.registered = True
+        atexit.register(_say_if_nothing_wrapped)
+
+
+def _say_if_nothing_wrapped() -> None:
+    if _watch.wrapped or _watch.directory is None:
+        return
+    notify(
+        _logger,
+        logging.WARNING,
+        "otel-capture zero-code captured nothing in process %d: %s is %s, but no Starlette or FastAPI app "
+        "was built in it. Zero-code captures a model server's ASGI app (opentelemetry-instrument uvicorn "
+        "app:app, vLLM's OpenAI server); for a client-side process (an agent, an eval such as vf-eval) run "
+        "the capture proxy in front of the model server (otel-capture proxy --upstream <model server URL>) "
+        "and point the client at it; see the README, 'Use it'",
+        os.getpid(),
+        ENV_CAPTURE_DIR,
+        _watch.directory,
+    )
+
+
 def _instrument_stack(app: Any, stack: ASGIApp, options: dict[str, Any]) -> ASGIApp:
     from starlette.middleware.errors import ServerErrorMiddleware
 
+    _watch.wrapped = True
     settings: CaptureSettings | None = options["settings"]
     capture_kwargs: dict[str, Any] = {
         "tracer_provider": options["tracer_provider"],

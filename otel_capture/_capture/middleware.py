@@ -7,7 +7,7 @@ Per request (``docs/gateways.md`` has the whole story):
    ``/ng-rollout/<id>/`` URL prefix, else the ``x-rollout-id`` header, else (when configured) the API key or ``x-session-id``, else
    the W3C ``baggage`` entry ``rollout.id``; its dialect; whether a capture layer in front records it. The prefix moves into
    ``root_path`` (so the app's redirects and links keep it) and the header is removed; an id that breaks
-   the grammar in either, or a second prefix, gets ``400`` naming the rule.
+   the grammar in either, or a second prefix, is served the same way and not recorded (logged, counted).
 2. Only ``POST`` to ``/v1/responses``, ``/v1/chat/completions``, ``/v1/messages``, ``/v1/completions`` (also
    without ``/v1``,
    a trailing slash tolerated) with a rollout id is captured; everything else goes to the app untouched.
@@ -40,15 +40,15 @@ from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from .. import _attributes as A
-from .._asgi import ASGIApp, Message, Receive, Scope, Send, send_json
+from .._asgi import ASGIApp, Message, Receive, Scope, Send
 from .._correlation import (
     BAGGAGE_ROLLOUT_KEY,
     ROLLOUT_ID_HEADER,
     SCOPE_CAPTURED,
     Correlation,
-    Refusal,
     RolloutRules,
     correlate,
+    invalid_id_notice,
     name_server_span,
     response_headers,
     server_attributes,
@@ -64,7 +64,7 @@ from .._settings import (
     JSONL_EXPORTER,
     CaptureSettings,
 )
-from .._store import UncorrelatedCounter, counter_for
+from .._store import INVALID_ID, NO_ID, CaptureFrozenError, UncorrelatedCounter, counter_for
 from .._telemetry import ServerMetrics, SpanGate
 from .._version import __version__
 from .call import InFlightCall
@@ -122,6 +122,8 @@ class ModelCallCaptureMiddleware:
         self._metrics = ServerMetrics(meter_provider)
         self._span_kind = span_kind
         self._uncorrelated_notice = RateLimitedNotice(_UNCORRELATED_NOTICE_INTERVAL_S)
+        self._invalid_id_notice = RateLimitedNotice(_UNCORRELATED_NOTICE_INTERVAL_S)
+        self._late_notice = RateLimitedNotice(_UNCORRELATED_NOTICE_INTERVAL_S)
         self._uncorrelated_counter: UncorrelatedCounter | None = None
         self._deadlines: _Deadlines | None = None  # of the loop that last finished a call
         # the engine's weight version, from the RL routes that pass through (docs/tokens.md)
@@ -132,16 +134,13 @@ class ModelCallCaptureMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()  # the capture's own time begins (otel_capture.capture.duration)
-        found = correlate(scope, self._rules)  # the one decision: what this request is, or the rule it breaks
-        if isinstance(found, Refusal):
-            await send_json(send, found.status, found.payload())
-            return
+        found = correlate(scope, self._rules)  # the one decision: what this request is
         if found.prefixed:
             name_server_span(found.scope, found.dialect)
         warn_ignored_carriers(found)  # a bad baggage id, API key group or session id: logged, not read
         if not found.captured:
             if found.dialect is not None and found.rollout_id is None and not found.captured_upstream:
-                self._uncorrelated(found.scope, found.dialect)
+                self._uncorrelated(found.scope, found.dialect, found.invalid_id)
             # not a model call, or one a capture layer in front of this one records (one call, one record)
             route = engine_route(found.scope) if found.dialect is None else None
             if route is not None:  # an RL route: served unchanged, unrecorded; what it set is noted
@@ -174,13 +173,18 @@ class ModelCallCaptureMiddleware:
             )
         return sink
 
-    def _uncorrelated(self, scope: Scope, dialect: Dialect) -> None:
-        """A model call without a rollout id is served but cannot be recorded: say so (the first time,
-        then at most once a minute with a count) and count it, so a missing prefix shows at once."""
+    def _uncorrelated(self, scope: Scope, dialect: Dialect, invalid_id: tuple[str, str] | None) -> None:
+        """A model call without a rollout id (or with one outside the grammar) is served but cannot be
+        recorded: say so (the first time, then at most once a minute with a count) and count it, so a
+        missing prefix shows at once."""
         self._metrics.count_uncorrelated(dialect)
         counter = self._uncorrelated_counter or self._counter_of_sink()
-        if counter is not None:
-            counter.count(dialect)  # in memory; written to the capture directory at most once a second
+        if counter is not None:  # in memory; written to the capture directory at most once a second
+            counter.count(dialect, NO_ID if invalid_id is None else INVALID_ID)
+        if invalid_id is not None:
+            more = "with a rollout id outside the grammar"
+            self._notice(self._invalid_id_notice, more, *invalid_id_notice(dialect, *invalid_id))
+            return
         suppressed = self._uncorrelated_notice.note()
         if suppressed is None:
             return
@@ -206,6 +210,24 @@ class ModelCallCaptureMiddleware:
                 "%d more model calls without a rollout id were served but not recorded",
                 suppressed,
             )
+
+    def _late(self, call: InFlightCall) -> None:
+        """A late call to a frozen or retired rollout: answered, its record dropped (and counted in the
+        directory) by the writer (contract L9); metered and logged here, once a minute at most."""
+        self._metrics.count_late(call.dialect)
+        first = "a %s model call to rollout %s came after the rollout was frozen or retired: answered, not "
+        first += "recorded (counted in the capture directory: otel-capture check); see docs/lifecycle.md"
+        self._notice(
+            self._late_notice, "to a frozen or retired rollout", first, call.dialect, call.rollout_id
+        )
+
+    @staticmethod
+    def _notice(notice: RateLimitedNotice, more: str, first: str, *args: object) -> None:
+        suppressed = notice.note()
+        if suppressed == 0:
+            notify(_logger, logging.WARNING, first, *args)
+        elif suppressed is not None:
+            notify(_logger, logging.WARNING, "%d more model calls %s, not recorded", suppressed, more)
 
     def _counter_of_sink(self) -> UncorrelatedCounter | None:
         """The capture directory's count of uncorrelated calls, once this middleware has a sink with a
@@ -360,6 +382,8 @@ class ModelCallCaptureMiddleware:
                 _logger, logging.ERROR, "rollout %s, call %s: %s", call.rollout_id, call.model_call_id, reason
             )
             sink.abandon_call(call.rollout_id, call.model_call_id, reason)
+        except CaptureFrozenError:  # a late call: its line dropped by the writer
+            self._late(call)
         except Exception:  # the sink counted, logged and marked it (after close too: WriterClosedError)
             pass
 

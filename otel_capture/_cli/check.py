@@ -13,8 +13,9 @@ memory holds (contract D43), and an entry of a reserve that names no rollout a w
 until a writer sets it aside; entries set aside are named, and fail the check only with ``strict``
 (contract D41).
 
-Model calls served without a rollout id (never recorded) are reported too: the serving processes count
-them in the directory (:mod:`otel_capture._store.uncorrelated`); they fail the check only with ``strict``.
+Model calls served and never recorded are reported too: without a rollout id, with one outside the
+grammar, or late to a frozen or retired rollout. The serving processes count them in the directory
+(:mod:`otel_capture._store.uncorrelated`); they fail the check only with ``strict``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ from .._settings import WriterSettings
 from .._store import (
     CAPTURE_SUFFIX,
     INCOMPLETE_SUFFIX,
+    INVALID_ID_WORDS,
+    LATE_WORDS,
     LIBC_SYNCFS,
+    NO_ID_WORDS,
     TOKENS_SUFFIX,
     CaptureStore,
     Loss,
@@ -224,9 +228,10 @@ def sync_report(directory: str | os.PathLike[str], environ: Mapping[str, str] | 
 
 
 def uncorrelated_line(store: CaptureStore) -> str | None:
-    """The line that says how many model calls were served without a rollout id, or ``None``: none were."""
-    summary = read_uncorrelated(store.root)
-    return summary.describe() if summary.calls else None
+    """The lines (one per kind) that say how many model calls were served and not recorded: without a
+    rollout id, with one outside the grammar, late to a frozen or retired rollout; ``None``: none were."""
+    lines = read_uncorrelated(store.root).lines()
+    return "\n".join(lines) if lines else None
 
 
 def _names(rollout_ids: list[str], shown: int = 5) -> str:
@@ -243,6 +248,15 @@ def _damage_kinds(damaged: list[RolloutCheck]) -> str:
         (any(r.unreported for r in damaged), "lost calls not yet marked (a full filesystem?)"),
     ]
     return ", ".join(what for present, what in kinds if present)
+
+
+def _unrecorded_note(uncorrelated: str) -> str:
+    kinds = [
+        (f" {NO_ID_WORDS} " in uncorrelated, "without a rollout id"),
+        (f" {INVALID_ID_WORDS} " in uncorrelated, "with an invalid rollout id"),
+        (f" {LATE_WORDS} " in uncorrelated, "late to a frozen or retired rollout"),
+    ]
+    return "model calls served and not recorded (" + ", ".join(w for present, w in kinds if present) + ")"
 
 
 def check_answer(
@@ -266,7 +280,7 @@ def check_answer(
             f"({_names(without_tokens)})"
         )
     if uncorrelated is not None:
-        notes.append("model calls served without a rollout id, not recorded")
+        notes.append(_unrecorded_note(uncorrelated))
     if set_aside and not state_damaged and state is not None:
         notes.append(state.summary())
     if damaged or state_damaged:

@@ -2,8 +2,8 @@
 imports from here, never from its modules.
 
 - :mod:`.ids`: the rollout id's grammar, its carriers' names and the current rollout (``rollout_context``);
-- :mod:`.routing`: the one decision per request (:func:`correlate`: a :class:`Correlation` or a
-  :class:`Refusal`), and the request and response header helpers the capture and the server span share;
+- :mod:`.routing`: the one decision per request (:func:`correlate`: a :class:`Correlation`, never a
+  refusal), and the request and response header helpers the capture and the server span share;
 - :mod:`.agent`: the helpers an agent framework calls to put its rollout id on a model call;
 - :mod:`.baggage`: the rollout id as W3C baggage on an instrumented HTTP client's requests.
 
@@ -40,8 +40,8 @@ from .ids import (
 from .routing import (
     SCOPE_CAPTURED,
     Correlation,
-    Refusal,
     correlate,
+    invalid_id_notice,
     name_server_span,
     response_headers,
     server_attributes,
@@ -57,7 +57,6 @@ __all__ = [
     "ROLLOUT_ID_PATTERN",
     "SCOPE_CAPTURED",
     "Correlation",
-    "Refusal",
     "RolloutRules",
     "async_rollout_baggage_hook",
     "base_url_for_run",
@@ -66,6 +65,7 @@ __all__ = [
     "current_rollout_id",
     "inject_rollout_baggage",
     "instrument_http_client",
+    "invalid_id_notice",
     "is_valid_rollout_id",
     "maybe_rollout_id_from_run_body",
     "name_server_span",

@@ -24,18 +24,23 @@ Unlike NeMo Gym, every id, derived ones included, must follow the one grammar
 **The gate.** NeMo Gym gates on its global config (``observability_enabled``); we read the agent's
 environment through :class:`CorrelationSettings`: ``OTEL_CAPTURE_CORRELATION`` (true/false) when set,
 else on exactly when ``OTEL_EXPORTER_MODEL_CALL_JSONL_DIR`` is set. An explicit ``enabled=`` argument
-wins over both. The environment is read when a helper is called, never at import time.
+wins over both. The environment is read when a helper is called, never at import time. A gated helper
+that is off by the environment (no ``enabled=`` argument) says so once per process, with a warning naming
+the ways to turn it on: a copied snippet that sends its calls uncorrelated would otherwise be found only
+later, as a rollout with no records.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from .._notices import notify
 from .._rollout_id import validate_rollout_id
-from .._settings import CorrelationSettings
+from .._settings import ENV_CAPTURE_DIR, ENV_CORRELATION, CorrelationSettings
 from .ids import (
     ROLLOUT_ID_HEADER,
     current_rollout_id,
@@ -61,6 +66,33 @@ _API_VERSION_SUFFIX = "/v1"
 def capture_correlation_enabled(enabled: bool | None = None) -> bool:
     """The gate: ``enabled`` when given, else what the environment says (:class:`CorrelationSettings`)."""
     return CorrelationSettings.from_environ(enabled=enabled).enabled
+
+
+_off_told = threading.Event()
+
+
+def _gate(enabled: bool | None, helper: str) -> bool:
+    """The gate for a gated helper. Off by the environment, it says so once per process: the helper then
+    returns what it was given and the calls go out without a rollout id. An explicit ``enabled=False`` is
+    the caller's choice: no word."""
+    on = capture_correlation_enabled(enabled)
+    if on or enabled is not None:
+        return on
+    if not _off_told.is_set():
+        _off_told.set()
+        notify(
+            _logger,
+            logging.WARNING,
+            "%s: rollout correlation is off (%s is not true and %s is not set), so model calls go out "
+            "without a rollout id and are not recorded; set %s=true (or %s, the capture directory), or "
+            "pass enabled=True",
+            helper,
+            ENV_CORRELATION,
+            ENV_CAPTURE_DIR,
+            ENV_CORRELATION,
+            ENV_CAPTURE_DIR,
+        )
+    return on
 
 
 # --- ids ------------------------------------------------------------------------------------------------
@@ -108,7 +140,11 @@ def maybe_rollout_id_from_run_body(body: Any) -> str | None:
 
 def rollout_id_from_run(body: Any, *, enabled: bool | None = None) -> str | None:
     """The run's rollout id, or ``None`` when correlation is off (then the body is not looked at)."""
-    if not capture_correlation_enabled(enabled):
+    return _rollout_id_if_on(body, enabled, "rollout_id_from_run")
+
+
+def _rollout_id_if_on(body: Any, enabled: bool | None, helper: str) -> str | None:
+    if not _gate(enabled, helper):
         return None
     return maybe_rollout_id_from_run_body(body)
 
@@ -133,7 +169,7 @@ def _prefixed_base_url(base_url: str, rollout_id: str) -> str:
 def url_path_for_run(url_path: str, body: Any, *, enabled: bool | None = None) -> str:
     """``/ng-rollout/<id>`` + ``url_path`` for the run's rollout; ``url_path`` unchanged when correlation
     is off or the body names no rollout."""
-    rollout_id = rollout_id_from_run(body, enabled=enabled)
+    rollout_id = _rollout_id_if_on(body, enabled, "url_path_for_run")
     if rollout_id is None:
         return url_path
     return _join(rollout_path_prefix(rollout_id), url_path)
@@ -147,7 +183,7 @@ def base_url_for_run(base_url: str, body: Any, *, enabled: bool | None = None) -
     ``/v1/messages`` itself). A ``base_url`` that already ends in ``/v1`` keeps it last:
     ``http://h/v1`` becomes ``http://h/ng-rollout/<id>/v1``.
     """
-    rollout_id = rollout_id_from_run(body, enabled=enabled)
+    rollout_id = _rollout_id_if_on(body, enabled, "base_url_for_run")
     if rollout_id is None:
         return base_url
     return _prefixed_base_url(base_url, rollout_id)
@@ -215,5 +251,5 @@ def rollout_context_for_run(body: Any, *, enabled: bool | None = None) -> Iterat
     reads with :func:`~otel_capture._correlation.ids.current_rollout_id`), as NeMo Gym's agents wrap
     ``/run`` in ``rollout_context(rollout_id_from_run(body))``. When correlation is off or the body names
     no rollout, the block runs with no current rollout. Yields the id (or ``None``)."""
-    with rollout_context(rollout_id_from_run(body, enabled=enabled)) as rollout_id:
+    with rollout_context(_rollout_id_if_on(body, enabled, "rollout_context_for_run")) as rollout_id:
         yield rollout_id

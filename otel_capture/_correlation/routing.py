@@ -1,5 +1,6 @@
 """Where a request goes: :func:`correlate` (its rollout id from the URL prefix, the ``x-rollout-id`` header,
-the API key or ``x-session-id`` when configured, or baggage; the route the app sees, its dialect, whether this layer captures it; or the rule it breaks), and
+the API key or ``x-session-id`` when configured, or baggage; the route the app sees, its dialect, whether this layer captures it;
+an id that breaks the grammar, never refused), and
 the HTTP server span's name. Pure functions of the ASGI scope, shared by the capture middleware,
 the lean server span and the proxy."""
 
@@ -31,7 +32,6 @@ from .ids import (
     match_api_key,
     rollout_id_from_baggage,
     rollout_id_from_header,
-    rollout_path_prefix,
     split_rollout_prefix,
 )
 
@@ -46,20 +46,6 @@ SCOPE_UNPREFIXED_RAW_PATH = "otel_capture.unprefixed_raw_path"
 _ROLLOUT_ID_HEADER = ROLLOUT_ID_HEADER.encode()
 _CAPTURED_MARK = (CAPTURED_HEADER.encode(), CAPTURED_VALUE.encode())
 _PREFIX_IN_TEXT = re.compile("/" + ROLLOUT_PATH_PREFIX + "/[^/\\s]*")  # in a span name or a decoded path
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """A request refused before the app sees it (``400``), naming the rule it breaks: a rollout id that
-    breaks the grammar (in the prefix or the header), or more than one ``/ng-rollout/<id>/`` prefix."""
-
-    message: str
-    rule: str
-    type: str = "invalid_rollout_id"
-    status: int = 400
-
-    def payload(self) -> dict[str, Any]:
-        return {"error": {"type": self.type, "message": self.message, "rule": self.rule}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +65,10 @@ class Correlation:
     invalid_baggage_id: str | None = None  # a baggage rollout.id that breaks the grammar: ignored, logged
     invalid_api_key_id: bool = False  # a key matched the pattern, its group breaks the grammar (never shown)
     invalid_session_id: str | None = None  # an x-session-id read as rollout id that breaks the grammar
+    # An id in the URL prefix or the x-rollout-id header that breaks the grammar (or two prefixes): where it
+    # was (INVALID_IN_*) and what it was (hostile: only ever logged escaped and cut, never a file name).
+    # The call is served, not recorded: no later carrier is read for it.
+    invalid_id: tuple[str, str] | None = None
 
     @property
     def captured(self) -> bool:
@@ -97,11 +87,14 @@ class Correlation:
 
 
 DOUBLE_PREFIX_RULE = "a request carries at most one /ng-rollout/<id>/ prefix"
+INVALID_IN_PREFIX = "the /ng-rollout/<id>/ prefix"
+INVALID_IN_HEADER = f"the {ROLLOUT_ID_HEADER} header"
+INVALID_DOUBLE_PREFIX = "more than one /ng-rollout/<id>/ prefix"
 
 
-def correlate(scope: Scope, rules: RolloutRules = NO_RULES) -> Correlation | Refusal:
-    """The one decision of what an HTTP request is for capture: :class:`Correlation`, or a
-    :class:`Refusal` naming the rule it breaks. The carriers in order (``docs/gateways.md``): the
+def correlate(scope: Scope, rules: RolloutRules = NO_RULES) -> Correlation:
+    """The one decision of what an HTTP request is for capture (:class:`Correlation`); capture never
+    fails a call. The carriers in order (``docs/gateways.md``): the
     ``/ng-rollout/<id>/`` URL prefix (or the id an outer capture middleware read from one), the
     ``x-rollout-id`` header, then as ``rules`` say the API key (``Authorization: Bearer`` or ``x-api-key``
     through a pattern) and the ``x-session-id`` header, then the W3C ``baggage`` entry ``rollout.id``. The
@@ -111,7 +104,10 @@ def correlate(scope: Scope, rules: RolloutRules = NO_RULES) -> Correlation | Ref
     request (a ``GET /v1/models`` with a per-rollout key goes upstream too).
 
     The prefix moves into ``root_path`` (``path`` keeps the full path, as the ASGI spec and Starlette want),
-    so the app routes the rest and the URLs it builds (redirects, ``url_for``) keep the prefix.
+    so the app routes the rest and the URLs it builds (redirects, ``url_for``) keep the prefix. An id in
+    the prefix or the header that breaks the grammar, or a second prefix (which id is meant is anyone's
+    guess), is routed the same way (every prefix stripped, the header removed) and noted in
+    :attr:`Correlation.invalid_id`: the call is served and not recorded.
     """
     rollout_id: str | None = scope.get(SCOPE_ROLLOUT_ID)
     source: str = scope.get(SCOPE_ROLLOUT_SOURCE, "url_prefix")
@@ -119,29 +115,26 @@ def correlate(scope: Scope, rules: RolloutRules = NO_RULES) -> Correlation | Ref
     root_path: str = scope.get("root_path", "")
     # Split on the raw path: in the decoded one, /ng-rollout/a%2Fb/... would look like id "a".
     raw_root, raw_route = split_root(scope, root_path)
-    split = split_rollout_prefix(raw_route)
-    if split is not None:
-        prefix_id, raw_rest = split
-        if not is_valid_rollout_id(prefix_id):
-            return _invalid_id(prefix_id, "/ng-rollout/<id>/")
-        if split_rollout_prefix(unquote(raw_rest) if "%" in raw_rest else raw_rest) is not None:
-            # /ng-rollout/a/ng-rollout/b/...: which id is meant is anyone's guess, and the app would route
-            # /ng-rollout/b/... (no dialect path): refused rather than answered and not recorded
-            return Refusal(
-                f"more than one /ng-rollout/<id>/ prefix in {raw_route[:256]!r}: {DOUBLE_PREFIX_RULE}",
-                DOUBLE_PREFIX_RULE,
-                type="invalid_rollout_prefix",
-            )
-        changes["root_path"] = root_path + rollout_path_prefix(prefix_id)
+    prefix_ids, raw_rest = _split_prefixes(raw_route)
+    invalid_id: tuple[str, str] | None = None
+    if prefix_ids:
+        # decoded, as the server decoded the path: the app routes path minus root_path
+        changes["root_path"] = root_path + "".join(f"/{ROLLOUT_PATH_PREFIX}/{i}" for i in prefix_ids)
         changes[SCOPE_UNPREFIXED_RAW_PATH] = (raw_root + raw_rest).encode("latin-1")
-        rollout_id, source = prefix_id, "url_prefix"
+        if len(prefix_ids) > 1:
+            # /ng-rollout/a/ng-rollout/b/...: which id is meant is anyone's guess; served, not recorded
+            invalid_id = (INVALID_DOUBLE_PREFIX, "/".join(prefix_ids))
+        elif not is_valid_rollout_id(prefix_ids[0]):
+            invalid_id = (INVALID_IN_PREFIX, prefix_ids[0])
+        else:
+            rollout_id, source = prefix_ids[0], "url_prefix"
     header_values = [v for k, v in scope.get("headers", ()) if k.lower() == _ROLLOUT_ID_HEADER]
     header_id = rollout_id_from_header(header_values)
     if header_id is not None:
-        if not is_valid_rollout_id(header_id):
-            return _invalid_id(header_id, f"the {ROLLOUT_ID_HEADER} header")
         changes["headers"] = [(k, v) for k, v in scope["headers"] if k.lower() != _ROLLOUT_ID_HEADER]
-        if rollout_id is None:
+        if not is_valid_rollout_id(header_id):
+            invalid_id = invalid_id or (INVALID_IN_HEADER, header_id)
+        elif rollout_id is None and invalid_id is None:
             rollout_id, source = header_id, "header"
     if changes:
         scope = dict(scope, **changes)
@@ -150,14 +143,18 @@ def correlate(scope: Scope, rules: RolloutRules = NO_RULES) -> Correlation | Ref
     key = match_api_key(scope.get("headers", ()), rules) if rules.api_key_pattern is not None else None
     if key is not None and key.headers is not None:
         scope = dict(scope, headers=key.headers)  # the per-rollout key does not go upstream
-    prefixed = split is not None
+    prefixed = bool(prefix_ids)
+    if rollout_id is not None:
+        invalid_id = None  # a valid id won (the prefix over the header): the header's is simply not read
     dialect = dialect_of(scope)
     if dialect is None:  # not a model call: nothing more to read
-        return Correlation(scope, rollout_id, source, prefixed, None, {})
+        return Correlation(scope, rollout_id, source, prefixed, None, {}, invalid_id=invalid_id)
     headers = headers_by_name(scope)
     marks = headers.get(CAPTURED_HEADER)
     if marks and CAPTURED_VALUE in (v.decode("latin-1").strip() for v in marks):
         return Correlation(scope, rollout_id, source, prefixed, dialect, headers, captured_upstream=True)
+    if invalid_id is not None:  # the caller meant an id: no later carrier (a key, baggage) stands in for it
+        return Correlation(scope, None, source, prefixed, dialect, headers, invalid_id=invalid_id)
     invalid_key = False
     invalid_session = None
     if rollout_id is None and key is not None:
@@ -221,6 +218,19 @@ def warn_ignored_carriers(found: Correlation) -> None:
         )
 
 
+def invalid_id_notice(dialect: str, where: str, value: str) -> tuple[str, str, str, str, str]:
+    """The warning for a model call whose id in ``where`` breaks the grammar (or that has two prefixes):
+    ``(format, *args)``. The id may be hostile: cut to 64 characters and escaped (``%r``), never whole."""
+    return (
+        "a %s model call has %s %r: not a rollout id (%s); it is served and not recorded (counted as "
+        "invalid_id: otel-capture check); see docs/gateways.md",
+        dialect,
+        where,
+        value[:64],
+        ROLLOUT_ID_RULE if where != INVALID_DOUBLE_PREFIX else DOUBLE_PREFIX_RULE,
+    )
+
+
 def split_root(scope: Scope, root_path: str) -> tuple[str, str]:
     """The raw path cut into the part ``root_path`` stands for and the rest (the raw route path)."""
     raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
@@ -278,7 +288,14 @@ def server_span_details(scope: Scope) -> tuple[str, dict[str, Any]]:
     path: str = scope.get("path", "")
     if scope.get("type") != "http":
         return path or method, {}
-    route = _PREFIX_IN_TEXT.sub("", path, count=1) or "/"
+    root_path: str = scope.get("root_path", "")
+    raw_root, raw_route = split_root(scope, root_path)
+    prefix_ids, raw_rest = _split_prefixes(raw_route)  # split raw: an id may hold %2F or a space
+    if prefix_ids:  # every prefix, as correlate strips them (a bad id is no part of the name either)
+        route = (root_path if raw_root else "") + (unquote(raw_rest) if "%" in raw_rest else raw_rest)
+    else:
+        route = _PREFIX_IN_TEXT.sub("", path, count=1)
+    route = route or "/"
     attributes: dict[str, Any] = {}
     if _dialect_of_route(scope.get("method"), route) is not None:
         attributes[A.HTTP_ROUTE] = route
@@ -377,5 +394,19 @@ def content_length(headers: Any) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def _invalid_id(rollout_id: str, where: str) -> Refusal:
-    return Refusal(f"invalid rollout id {rollout_id[:256]!r} in {where}: {ROLLOUT_ID_RULE}", ROLLOUT_ID_RULE)
+def _split_prefixes(raw_route: str) -> tuple[list[str], str]:
+    """The ids of the ``/ng-rollout/<id>/`` prefixes that open the raw route (decoded, unvalidated: one
+    normally; ``%6Eg-rollout`` is the same segment to the app that decodes it) and the raw rest."""
+    ids: list[str] = []
+    rest = raw_route
+    while True:
+        split = split_rollout_prefix(rest)
+        if split is None and "%" in rest:
+            end = rest.find("/", 1)
+            head = rest if end < 0 else rest[:end]
+            if unquote(head) == "/" + ROLLOUT_PATH_PREFIX:
+                split = split_rollout_prefix("/" + ROLLOUT_PATH_PREFIX + rest[len(head) :])
+        if split is None:
+            return ids, rest
+        prefix_id, rest = split
+        ids.append(prefix_id)

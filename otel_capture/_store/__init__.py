@@ -56,7 +56,16 @@ from .types import (
     empty_result,
     validate_rollout_ids,
 )
-from .uncorrelated import UncorrelatedCounter, counter_for, read_uncorrelated
+from .uncorrelated import (
+    INVALID_ID,
+    INVALID_ID_WORDS,
+    LATE_WORDS,
+    NO_ID,
+    NO_ID_WORDS,
+    UncorrelatedCounter,
+    counter_for,
+    read_uncorrelated,
+)
 from .weight import DeclaredVersions, usable_weight_version
 from .writer import LIBC_SYNCFS, JsonlWriter, WriterStats
 from .writer_items import LoopWaiter
@@ -64,7 +73,12 @@ from .writer_items import LoopWaiter
 __all__ = [
     "CAPTURE_SUFFIX",
     "INCOMPLETE_SUFFIX",
+    "INVALID_ID",
+    "INVALID_ID_WORDS",
+    "LATE_WORDS",
     "LIBC_SYNCFS",
+    "NO_ID",
+    "NO_ID_WORDS",
     "ROLLOUT_STATES",
     "TOKENS_SUFFIX",
     "VERBS",

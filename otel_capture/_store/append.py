@@ -53,35 +53,43 @@ class AppendOutcome:
 def _append_locked(fd: int, data: bytes, label: str, timeout: float, clean_end: int = -1) -> int:
     """Append under the data file's own ``flock``, as NeMo Gym's writers and readers expect; a lock held
     by another process for more than ``timeout`` seconds raises :class:`LockTimeoutError`, nothing written.
-    Returns the file's size after the append.
+    Returns the file's size after the append. ``clean_end``: see :func:`_append_held`."""
+    flock_within(fd, fcntl.LOCK_EX, timeout, label)  # NeMo Gym's lock, for the write only (contract D8)
+    try:
+        return _append_held(fd, data, label, os.fstat(fd).st_size, clean_end)
+    finally:
+        _unlock(fd, label)
+
+
+def _unlock(fd: int, label: str) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError as exc:  # a lock lost meanwhile: say so, whatever else went wrong
+        raise fenced_error(exc, label) from None
+
+
+def _append_held(fd: int, data: bytes, label: str, start: int, clean_end: int = -1) -> int:
+    """Append ``data`` to a data file whose ``flock`` the caller holds and whose size is ``start``.
 
     A file that does not end in ``\n`` ends in a line torn by a writer that died mid-``write``: it is
     terminated first, so it stays one damaged line for readers to report instead of swallowing our line.
     ``clean_end``: the size the file had after our own last append through ``fd``; a file still that size
     ends in our ``\n``, and its last byte is not read again.
     """
-    flock_within(fd, fcntl.LOCK_EX, timeout, label)  # NeMo Gym's lock, for the write only (contract D8)
+    if start and start != clean_end and os.pread(fd, 1, start - 1) != b"\n":
+        data = b"\n" + data  # a torn tail is terminated first (contract D7)
     try:
-        start = os.fstat(fd).st_size  # a torn tail is terminated first (contract D7)
-        if start and start != clean_end and os.pread(fd, 1, start - 1) != b"\n":
-            data = b"\n" + data
+        write_all(fd, data)  # the batch's lines for this file in one write (contract D7)
+    except OSError as error:
+        if error.errno in FENCED_ERRNOS:  # the lock is gone: never cut back (contract D27)
+            raise fenced_error(error, label) from None
+        # Half a batch would leave a torn line that every later append follows: cut back (contract D7, D17).
         try:
-            write_all(fd, data)  # the batch's lines for this file in one write (contract D7)
-        except OSError as error:
-            if error.errno in FENCED_ERRNOS:  # the lock is gone: never cut back (contract D27)
-                raise fenced_error(error, label) from None
-            # Half a batch would leave a torn line that every later append follows: cut back (contract D7, D17).
-            try:
-                os.ftruncate(fd, start)
-            except OSError as exc:
-                _logger.error("could not cut a partly written batch back to %d bytes: %s", start, exc)
-            raise
-        return start + len(data)
-    finally:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        except OSError as exc:  # a lock lost meanwhile: say so, whatever else went wrong
-            raise fenced_error(exc, label) from None
+            os.ftruncate(fd, start)
+        except OSError as exc:
+            _logger.error("could not cut a partly written batch back to %d bytes: %s", start, exc)
+        raise
+    return start + len(data)
 
 
 def _append_file(
@@ -99,12 +107,27 @@ def _append_file(
         outcome.created |= created
         _append_locked(fd, data, name, lock_timeout)
         return
-    fd, created = files.open(dirs.root_fd(), name, name, mode)
-    outcome.fds.append(fd)
-    outcome.created |= created
-    clean_end = files.clean_end(fd)
-    files.appended(fd, -1)  # unknown until this append has succeeded
-    files.appended(fd, _append_locked(fd, data, name, lock_timeout, clean_end))
+    # A kept file is locked first, then checked (its lstat gives the size the append starts at).
+    fd, created, start = files.open_locked(dirs.root_fd(), name, name, lock_timeout, mode)
+    try:
+        outcome.fds.append(fd)
+        outcome.created |= created
+        clean_end = files.clean_end(fd)
+        files.appended(fd, -1)  # unknown until this append has succeeded
+        files.appended(fd, _append_held(fd, data, name, start, clean_end))
+    finally:
+        _unlock(fd, name)
+
+
+@dataclass
+class AppendJob:
+    """One rollout's part of a writer batch: its ``(model_call_id, capture line, tokens line)`` entries,
+    the calls that began since the last batch, and how long its data file's lock is waited for."""
+
+    rollout_id: str
+    calls: list[tuple[str, bytes, bytes | None]]
+    begins: list[str]
+    data_lock_timeout: float | None = None
 
 
 def fenced_append(
@@ -131,14 +154,62 @@ def fenced_append(
     ``files`` (the writer thread's), the data files are opened through it and stay open after the batch;
     with ``lock_files``, so does the stripe's lock file.
     """
-    outcome = AppendOutcome()
-    begins = list(begins)
-    mcids = [mcid for mcid, _, _ in calls]
+    job = AppendJob(rollout_id, calls, list(begins), data_lock_timeout)
     stripe = state.locks.stripe(rollout_id)
-    # the stripe, held for "read the fence, then append" (contract L4); hold_ids without a context manager
-    lock_fd = state.locks.acquire(dirs, stripe, lock_files)
+    (result,) = fenced_append_stripe(
+        state, dirs, stripe, [job], file_mode=file_mode, files=files, lock_files=lock_files
+    )
+    if isinstance(result, OSError):
+        raise result
+    return result
+
+
+def fenced_append_stripe(
+    state: DirState,
+    dirs: DirFds,
+    stripe: int,
+    jobs: list[AppendJob],
+    *,
+    file_mode: int = FILE_MODE,
+    files: AppendFiles | None = None,
+    lock_files: LockFiles | None = None,
+) -> list[AppendOutcome | OSError]:
+    """:func:`fenced_append` for every rollout of one stripe in a batch, under one hold of the stripe and
+    one read of the fence journal: the stripe's lock is taken once, the journal refreshed once after it
+    (a fence made before we hold the stripe is seen; one made after waits for us) (contract L4), then each
+    rollout is fenced and appended in turn. Each rollout's outcome, or the ``OSError`` that failed it (the
+    others go on); when the stripe or the journal cannot be had, every rollout fails with that error.
+    """
     try:
-        state.journal.refresh()
+        lock_fd = state.locks.acquire(dirs, stripe, lock_files)
+    except OSError as exc:
+        return [exc for _ in jobs]
+    results: list[AppendOutcome | OSError] = []
+    try:
+        try:
+            state.journal.refresh(dirs.state_fd())
+        except OSError as exc:
+            for job in jobs:
+                state.calls.end(job.rollout_id, [mcid for mcid, _, _ in job.calls])
+            return [exc for _ in jobs]
+        for job in jobs:
+            try:
+                results.append(_append_held_stripe(state, dirs, job, file_mode, files))
+            except OSError as exc:
+                results.append(exc)
+    finally:
+        state.locks.release(stripe, lock_fd, lock_files)
+    return results
+
+
+def _append_held_stripe(
+    state: DirState, dirs: DirFds, job: AppendJob, file_mode: int, files: AppendFiles | None
+) -> AppendOutcome:
+    """One rollout's fence check and append, its stripe held and the journal fresh."""
+    outcome = AppendOutcome()
+    rollout_id, calls, begins = job.rollout_id, job.calls, job.begins
+    mcids = [mcid for mcid, _, _ in calls]
+    try:
         fence = state.journal.fence(rollout_id)
         if fence is not None:
             error = fence_error(rollout_id, fence)
@@ -150,13 +221,10 @@ def fenced_append(
         kept, ended = _admit(state, rollout_id, calls, begins, outcome)
         in_batch = set(mcids)
         begun = [m for m in begins if m not in in_batch]
-        lock_timeout = dirs.lock_timeout if data_lock_timeout is None else data_lock_timeout
-        _write_admitted(state, dirs, rollout_id, kept, begun, ended, outcome, file_mode, lock_timeout, files)
+        timeout = dirs.lock_timeout if job.data_lock_timeout is None else job.data_lock_timeout
+        _write_admitted(state, dirs, rollout_id, kept, begun, ended, outcome, file_mode, timeout, files)
     finally:
-        try:
-            state.calls.end(rollout_id, mcids)
-        finally:
-            state.locks.release(stripe, lock_fd, lock_files)
+        state.calls.end(rollout_id, mcids)
     return outcome
 
 
@@ -206,9 +274,12 @@ def _write_admitted(
     # The marker is opened first: a damaged one fails the batch before any line is written. One that a
     # full filesystem cannot create does not: the lines matter more than another process's view of them.
     marker = None
+    unlink_marker = False  # its last calls end here, known without reading it (contract D19)
     if begun or ended:
         try:
-            marker = state.markers.open(dirs, rollout_id, create=bool(begun))
+            unlink_marker = not begun and state.markers.ends_all(dirs, rollout_id, ended)
+            if not unlink_marker:
+                marker = state.markers.open(dirs, rollout_id, create=bool(begun))
         except OSError as exc:
             if isinstance(exc, DamagedEntryError) or exc.errno not in _NO_ROOM:
                 raise
@@ -223,6 +294,8 @@ def _write_admitted(
                 _append_file(dirs, name, token_data, file_mode, outcome, lock_timeout, files)
         if marker is not None:
             state.markers.write_to(dirs, marker, rollout_id, begun, ended)
+        elif unlink_marker:
+            state.markers.remove(dirs, rollout_id)
     except BaseException:
         for fd in outcome.fds:
             if files is None:

@@ -44,10 +44,13 @@ class DirState:
         self._prepared: tuple[int, int] | None = None  # the capture directory (dev, ino) made whole
         self._prepare_lock = threading.Lock()
 
-    def dirs(self, *, create: bool = True, lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S) -> DirFds:
+    def dirs(
+        self, *, create: bool = True, lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S, keep: bool = False
+    ) -> DirFds:
         """Directory descriptors for one operation (``create``: make what is missing, 0700; every file
-        lock it takes is waited for ``lock_timeout`` seconds at most)."""
-        return DirFds(self.root, self.fsync, create=create, lock_timeout=lock_timeout)
+        lock it takes is waited for ``lock_timeout`` seconds at most; ``keep``: the writer's, kept from
+        one batch to the next, see :meth:`.fs.DirFds.revalidate`)."""
+        return DirFds(self.root, self.fsync, create=create, lock_timeout=lock_timeout, keep=keep)
 
     def prepare(self, dirs: DirFds) -> bool:
         """Make the state directory whole (contract L15), once per capture directory (again when it was

@@ -16,7 +16,9 @@ import io
 import logging
 import os
 import stat
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -154,36 +156,64 @@ def still_named(dir_fd: int, name: str, dev: int, ino: int) -> os.stat_result | 
     return st if st.st_ino == ino and st.st_dev == dev else None
 
 
+def _default_limit() -> int:
+    """How many data files the writer keeps open: a quarter of the process's descriptor limit, between 64
+    and 2,048 (1,024 rollouts with a tokens file each; a node's other descriptors keep three quarters)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):  # pragma: no cover - every Linux has it
+        return 64
+    if soft == resource.RLIM_INFINITY:
+        return 2048
+    return max(64, min(2048, soft // 4))
+
+
 class AppendFiles:
-    """The writer thread's data files, kept open from one batch to the next instead of opened, checked and
-    closed per rollout per batch (an ``openat``, an ``fstat`` and a ``close`` each time).
+    """The writer's data files, kept open from one batch to the next instead of opened, checked and closed
+    per rollout per batch (an ``openat``, an ``fstat`` and a ``close`` each time).
 
-    A kept descriptor is used again only if the name still leads to it: one ``lstat`` of the name (relative
-    to this batch's directory descriptor, no link followed) must find a regular file with one link, the
-    same device and inode, and no mode wider than ``mode``. Anything else (a retire or delete renamed the
-    file away, a link or another file planted in its place, a hard link made to it, the directory replaced)
-    closes it and opens the name afresh through :func:`open_append`, with every check of a first open. The
-    inode cannot be reused while the descriptor holds it, so the same inode is the same file.
+    A kept descriptor is used again only if the name still leads to it *while its ``flock`` is held*
+    (:meth:`open_locked`): one ``lstat`` of the name (relative to this batch's directory descriptor, no link
+    followed) must find a regular file with one link, the same device and inode, and no mode wider than
+    ``mode``. Anything else (a retire or delete renamed the file away, a link or another file planted in its
+    place, a hard link made to it, the directory replaced) unlocks and closes it and opens the name afresh
+    through :func:`open_append`, with every check of a first open. The inode cannot be reused while the
+    descriptor holds it, so the same inode is the same file; checked under the lock, the ``lstat``'s size is
+    the size the append starts at (no ``fstat`` of its own: one round trip fewer on a network filesystem).
 
-    At most ``limit`` files stay open (the least recently used is closed first); :meth:`close_all` closes
-    the rest when the writer goes idle or stops, so a retired rollout's file is not held open for long.
-    Used by one thread only.
+    At most ``limit`` files stay open (:meth:`trim`, after a batch is synced: a file of the batch is never
+    closed before its sync); :meth:`close_all` closes them when the writer goes idle or stops, so a retired
+    rollout's file is not held open for long. Used by the writer thread and, on a network filesystem, by
+    its pool at once, each name by one thread at a time (:mod:`.batch_io`): the table is guarded by a lock,
+    never held across I/O.
     """
 
-    def __init__(self, limit: int = 64) -> None:
-        self._limit = limit
+    def __init__(self, limit: int | None = None) -> None:
+        self._limit = _default_limit() if limit is None else limit
         self._files: dict[str, tuple[int, int, int]] = {}  # name -> (fd, st_dev, st_ino), oldest use first
         self._ends: dict[int, int] = {}  # fd -> size after our last append (its last byte is our "\n")
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._files)
 
-    def open(self, dir_fd: int, name: str, label: str, mode: int = FILE_MODE) -> tuple[int, bool]:
-        """Like :func:`open_append` (the descriptor stays owned by this object: never close it yourself;
-        :meth:`discard` it after a failure)."""
-        kept = self._files.pop(name, None)
+    def open_locked(
+        self, dir_fd: int, name: str, label: str, timeout: float, mode: int = FILE_MODE
+    ) -> tuple[int, bool, int]:
+        """The data file ``name``, open for appending and ``flock(LOCK_EX)``-ed (waited for ``timeout``
+        seconds at most) (contract D8, D21): ``(fd, created, size)``. The descriptor stays owned by this
+        object (never close it; :meth:`discard` it after a failure); the caller unlocks it."""
+        with self._lock:
+            kept = self._files.pop(name, None)
         if kept is not None:
             fd, dev, ino = kept
+            try:
+                flock_within(fd, fcntl.LOCK_EX, timeout, label)
+            except BaseException:
+                self._close(fd)  # fenced (EBADFD): the next batch opens the file afresh (contract D27)
+                raise
             try:
                 st = still_named(dir_fd, name, dev, ino)
             except OSError as exc:
@@ -191,24 +221,30 @@ class AppendFiles:
                 # descriptor stays open: close it, so that the next batch opens the file afresh.
                 self._close(fd)
                 raise fenced_error(exc, label) from None
+            except BaseException:
+                self._close(fd)
+                raise
             if (
                 st is not None
                 and problem(st, single_link=True) is None
                 and not stat.S_IMODE(st.st_mode) & ~mode
             ):
-                self._files[name] = kept  # most recently used last
-                return fd, False
+                with self._lock:
+                    self._files[name] = kept  # most recently used last
+                return fd, False, st.st_size
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
             self._close(fd)
         fd, created = open_append(dir_fd, name, label, mode)
         try:
+            flock_within(fd, fcntl.LOCK_EX, timeout, label)
             st = os.fstat(fd)
         except BaseException:
             os.close(fd)
             raise
-        self._files[name] = (fd, st.st_dev, st.st_ino)
-        while len(self._files) > self._limit:
-            self._close(self._files.pop(next(iter(self._files)))[0])
-        return fd, created
+        with self._lock:
+            self._files[name] = (fd, st.st_dev, st.st_ino)
+        return fd, created, st.st_size
 
     def clean_end(self, fd: int) -> int:
         """The size the file had after our last append to it through ``fd`` (-1 when unknown)."""
@@ -219,14 +255,23 @@ class AppendFiles:
 
     def discard(self, fd: int) -> None:
         """Close a descriptor after a failure on it (it is opened afresh next time)."""
-        for name, kept in self._files.items():
-            if kept[0] == fd:
-                del self._files[name]
-                self._close(fd)
+        with self._lock:
+            found = next((name for name, kept in self._files.items() if kept[0] == fd), None)
+            if found is None:
                 return
+            del self._files[found]
+        self._close(fd)
+
+    def trim(self) -> None:
+        """Close the least recently used files beyond the limit (after a batch's sync)."""
+        while len(self._files) > self._limit:
+            with self._lock:
+                fd = self._files.pop(next(iter(self._files)))[0]
+            self._close(fd)
 
     def close_all(self) -> None:
-        files, self._files = self._files, {}
+        with self._lock:
+            files, self._files = self._files, {}
         for fd, _, _ in files.values():
             self._close(fd)
 
@@ -357,12 +402,25 @@ def check_directory(root: Path, *, allow_shared: bool) -> bool:
     create it). (contract D26)"""
     if allow_shared:
         return False
+    return checked_root(root, allow_shared=False) is not None
+
+
+def checked_root(root: Path, *, allow_shared: bool) -> os.stat_result | None:
+    """The capture directory's ``stat`` (its path followed), after :func:`check_directory`'s refusal unless
+    ``allow_shared``; ``None`` when it is missing or not a directory. One ``stat`` for the writer's batch:
+    the check, and the identity its kept descriptors are compared with (:meth:`DirFds.revalidate`)."""
     try:
         st = os.stat(root)
     except (FileNotFoundError, NotADirectoryError):
-        return False
+        return None
     if not stat.S_ISDIR(st.st_mode):
-        return False
+        return None
+    if not allow_shared:
+        _refuse_unsafe(root, st)
+    return st
+
+
+def _refuse_unsafe(root: Path, st: os.stat_result) -> None:
     reasons = []
     if st.st_mode & stat.S_IWOTH:
         reasons.append(f"world-writable (mode {stat.S_IMODE(st.st_mode):04o})")
@@ -374,7 +432,6 @@ def check_directory(root: Path, *, allow_shared: bool) -> bool:
             "links or files in it; use a directory only you can write, or opt in with "
             "allow_shared_directory=True (OTEL_CAPTURE_ALLOW_SHARED_DIR=1)"
         )
-    return True
 
 
 class DirFds:
@@ -382,8 +439,9 @@ class DirFds:
     subdirectories, each opened relative to its parent without following a link (a link there is a
     :class:`DamagedEntryError`). With ``create``, missing ones are made ``0700`` and their parent synced.
 
-    Opened lazily, closed together (a context manager). Held for one operation or one writer batch only:
-    a directory removed and recreated under a running process is simply opened afresh next time.
+    Opened lazily, closed together (a context manager). Held for one operation, or (``keep``, the writer's)
+    from one batch to the next, each then checked by :meth:`revalidate` before it serves again: a
+    directory removed and recreated under a running process is simply opened afresh.
     """
 
     def __init__(
@@ -393,13 +451,17 @@ class DirFds:
         *,
         create: bool = True,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT_S,
+        keep: bool = False,
     ) -> None:
         self.root = root
         self.lock_timeout = lock_timeout
+        self._keep = keep
+        self._ids: dict[str, tuple[int, int]] = {}  # label -> (st_dev, st_ino) at open (``keep`` only)
         """The longest wait for any file lock of this operation (:func:`flock_within`)."""
         self._fsync = fsync
         self._create = create
         self._fds: dict[str, int] = {}
+        self._opening = threading.RLock()  # a batch's pool opens them lazily from several threads
 
     def __enter__(self) -> DirFds:
         return self
@@ -411,10 +473,69 @@ class DirFds:
 
     def close(self) -> None:
         fds, self._fds = self._fds, {}
+        self._ids = {}
         for fd in fds.values():
             os.close(fd)
 
+    def is_open(self) -> bool:
+        return bool(self._fds)
+
+    def identity(self) -> tuple[int, int]:
+        """The capture directory's ``(st_dev, st_ino)`` as opened (``keep`` only: no ``fstat`` again)."""
+        self.root_fd()
+        return self._ids[""]
+
+    def revalidate(self, root_st: os.stat_result) -> None:
+        """Before kept descriptors serve another batch (contract D18, D24): the capture directory's path
+        must still lead to the kept directory (``root_st``: the batch's ``stat`` of it), and each kept
+        subdirectory's name, ``lstat``-ed relative to its kept parent (no link followed), to the same
+        directory; whatever does not is closed, with everything below it, and opened afresh when next
+        needed. One ``lstat`` per kept subdirectory."""
+        with self._opening:
+            if "" not in self._fds:
+                return
+            if self._ids.get("") != (root_st.st_dev, root_st.st_ino):
+                self.close()
+                return
+            if STATE_DIR in self._fds and not self._still(self._fds[""], STATE_DIR, STATE_DIR):
+                self._forget(lambda label: label == STATE_DIR or label.startswith(STATE_DIR + "/"))
+                return
+            for label in [label for label in self._fds if label.startswith(STATE_DIR + "/")]:
+                if not self._still(self._fds[STATE_DIR], label.split("/", 1)[1], label):
+                    self._ids.pop(label, None)
+                    os.close(self._fds.pop(label))
+
+    def _still(self, parent: int, name: str, label: str) -> bool:
+        try:
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except OSError:
+            return False
+        return stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) == self._ids.get(label)
+
+    def _forget(self, which: Callable[[str], bool]) -> None:
+        for label in [label for label in self._fds if which(label)]:
+            self._ids.pop(label, None)
+            os.close(self._fds.pop(label))
+
+    def _opened(self, label: str, fd: int) -> int:
+        if self._keep:
+            try:
+                st = os.fstat(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._ids[label] = (st.st_dev, st.st_ino)
+        self._fds[label] = fd
+        return fd
+
     def root_fd(self) -> int:
+        fd = self._fds.get("")
+        if fd is not None:
+            return fd
+        with self._opening:
+            return self._open_root()
+
+    def _open_root(self) -> int:
         fd = self._fds.get("")
         if fd is None:
             flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -425,17 +546,21 @@ class DirFds:
                     raise
                 make_root(self.root, self._fsync)
                 fd = os.open(self.root, flags)
-            self._fds[""] = fd
+            self._opened("", fd)
         return fd
 
     def state_fd(self, sub: str | None = None) -> int:
         """``.otel-capture`` (``sub`` None) or ``.otel-capture/<sub>``."""
         label = STATE_DIR if sub is None else f"{STATE_DIR}/{sub}"
         fd = self._fds.get(label)
-        if fd is None:
-            parent = self.root_fd() if sub is None else self.state_fd()
-            fd = self._fds[label] = self._subdir(parent, STATE_DIR if sub is None else sub, label)
-        return fd
+        if fd is not None:
+            return fd
+        with self._opening:
+            fd = self._fds.get(label)
+            if fd is None:
+                parent = self.root_fd() if sub is None else self.state_fd()
+                fd = self._opened(label, self._subdir(parent, STATE_DIR if sub is None else sub, label))
+            return fd
 
     def _subdir(self, parent: int, name: str, label: str) -> int:
         for _ in range(OPEN_TRIES):

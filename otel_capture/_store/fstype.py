@@ -73,6 +73,9 @@ class SyncChoice:
     reason: str
     fs_type: int | None = None
     fs_name: str | None = None
+    shared: bool = False
+    """A network or FUSE filesystem: each call is a round trip to a server, so the writer runs a batch's
+    per-file work concurrently there (:mod:`.batch_io`)."""
 
     def describe(self) -> str:
         what = "one syncfs per batch of several files" if self.kind == "syncfs" else "one fsync per file"
@@ -158,20 +161,23 @@ def choose_sync(root: str | os.PathLike[str], *, syncfs_allowed: bool) -> SyncCh
             None,
             name,
         )
+    shared = magic in SHARED_FILESYSTEMS or (name or "").startswith("fuse")
     if not syncfs_allowed:
-        return SyncChoice("fsync", "OTEL_CAPTURE_SYNC=fsync (or sync='fsync') asks for it", magic, name)
+        why = "OTEL_CAPTURE_SYNC=fsync (or sync='fsync') asks for it"
+        return SyncChoice("fsync", why, magic, name, shared)
     if magic is None:
-        return SyncChoice("fsync", "statfs is not available here", None, name)
+        return SyncChoice("fsync", "statfs is not available here", None, name, shared)
     label = name or LOCAL_FILESYSTEMS.get(magic) or SHARED_FILESYSTEMS.get(magic) or "unknown"
     shown = f"{label}, f_type 0x{magic:X}"
     if magic in LOCAL_FILESYSTEMS and not (name or "").startswith("fuse"):
         return SyncChoice("syncfs", f"{shown}: a local filesystem, whose syncfs writes its disk", magic, name)
-    if magic in SHARED_FILESYSTEMS or (name or "").startswith("fuse"):
+    if shared:
         return SyncChoice(
             "fsync",
             f"{shown}: a network or FUSE filesystem, where syncfs does not reach the server",
             magic,
             name,
+            shared,
         )
     return SyncChoice(
         "fsync",

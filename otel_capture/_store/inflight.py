@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from .._records.codec import split_lines
@@ -48,6 +50,10 @@ class InflightCalls:
             calls = self._calls.get(rollout_id)
             if calls is not None and model_call_id in calls and calls[model_call_id] is None:
                 calls[model_call_id] = epoch
+
+    def has(self, rollout_id: str, model_call_id: str) -> bool:
+        with self._lock:
+            return model_call_id in self._calls.get(rollout_id, ())
 
     def epoch(self, rollout_id: str, model_call_id: str) -> int | None:
         with self._lock:
@@ -86,31 +92,90 @@ def _apply(data: bytes, begun: set[str]) -> set[str]:
     return begun
 
 
+@dataclass(slots=True)
+class _Left:
+    """A marker file as this process last left it: which file (device, inode), its size and change times
+    right after our write, and the calls its lines leave in flight."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    calls: set[str]
+
+    def same(self, st: os.stat_result) -> bool:
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) == (
+            self.dev,
+            self.ino,
+            self.size,
+            self.mtime_ns,
+            self.ctime_ns,
+        )
+
+
 class InflightMarkers:
     """The marker files (contract D19, L10). Writers hold the rollout's stripe; readers (a freeze,
-    ``list_rollouts``) need not."""
+    ``list_rollouts``) need not.
 
-    @staticmethod
-    def open(dirs: DirFds, rollout_id: str, *, create: bool) -> int | None:
+    What this process wrote last to each marker is remembered (:class:`_Left`, at most
+    :data:`REMEMBERED` rollouts): a marker whose ``lstat`` finds it exactly as we left it (same inode,
+    size, modification and change time: nobody wrote since, and every writer holds the stripe we hold)
+    holds the calls we know, so a call's ``-`` that ends its last call removes it without opening or
+    reading it back (:meth:`ends_all`). Anything else is read whole, as before."""
+
+    REMEMBERED = 4096
+
+    def __init__(self) -> None:
+        self._left: dict[str, _Left] = {}
+        self._opened: dict[int, os.stat_result] = {}  # fd -> its fstat at open, until written through
+        self._evicting = threading.Lock()
+
+    def open(self, dirs: DirFds, rollout_id: str, *, create: bool) -> int | None:
         """The rollout's marker, opened to append (``None`` when absent and not ``create``). A marker that
         is a link, a FIFO or a hard link is a ``DamagedEntryError``: never written through."""
         flags = os.O_RDWR | os.O_APPEND | (os.O_CREAT if create else 0)
         try:
-            fd, _ = open_file(
+            fd, st = open_file(
                 dirs.state_fd(INFLIGHT_DIR), rollout_id + INFLIGHT_SUFFIX, flags, marker_label(rollout_id)
             )
         except FileNotFoundError:
             if create:
                 raise
             return None
+        self._opened[fd] = st  # a descriptor number reused later overwrites it
         return fd
 
-    @staticmethod
-    def write_to(dirs: DirFds, fd: int, rollout_id: str, begun: list[str], ended: list[str]) -> None:
+    def ends_all(self, dirs: DirFds, rollout_id: str, ended: list[str]) -> bool:
+        """Whether ending ``ended`` leaves the rollout's marker with no call in flight, known without
+        reading it: the marker is as this process left it (one ``lstat``) and ``ended`` covers its calls.
+        The caller then removes it with :meth:`remove` once its lines are written. False: open it."""
+        left = self._left.get(rollout_id)
+        if left is None or not left.calls <= set(ended):
+            return False
+        try:
+            st = os.stat(
+                rollout_id + INFLIGHT_SUFFIX, dir_fd=dirs.state_fd(INFLIGHT_DIR), follow_symlinks=False
+            )
+        except FileNotFoundError:
+            return False
+        return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and left.same(st)
+
+    def remove(self, dirs: DirFds, rollout_id: str) -> None:
+        """Remove a marker whose calls have all ended (under the stripe, nobody else has it open)."""
+        self._left.pop(rollout_id, None)
+        with contextlib.suppress(FileNotFoundError):  # removed meanwhile (a retire): what we wanted
+            os.unlink(rollout_id + INFLIGHT_SUFFIX, dir_fd=dirs.state_fd(INFLIGHT_DIR))
+
+    def write_to(self, dirs: DirFds, fd: int, rollout_id: str, begun: list[str], ended: list[str]) -> None:
         """Append ``+`` lines for ``begun`` and ``-`` lines for ``ended``; when that would leave no call in
         flight the file is removed instead (under the stripe, nobody else has it open)."""
-        if ended and not (_apply(read_all_from(fd), set()) | set(begun)) - set(ended):
-            os.unlink(rollout_id + INFLIGHT_SUFFIX, dir_fd=dirs.state_fd(INFLIGHT_DIR))
+        st = self._opened.pop(fd, None) or os.fstat(fd)
+        left = self._left.get(rollout_id)
+        calls = set(left.calls) if left is not None and left.same(st) else _apply(read_all_from(fd), set())
+        calls = (calls | set(begun)) - set(ended)
+        if ended and not calls:
+            self.remove(dirs, rollout_id)
             return
         # "@<call> <time>" says when the "+" was written (readers that know only "+" and "-" skip it)
         now = b" %.3f\n" % time.time() if begun else b""
@@ -118,7 +183,14 @@ class InflightMarkers:
             b"-" + m.encode() + b"\n" for m in ended
         )
         if data:
+            self._left.pop(rollout_id, None)  # unknown until written
             write_all(fd, data)
+        after = os.fstat(fd)
+        left = _Left(after.st_dev, after.st_ino, after.st_size, after.st_mtime_ns, after.st_ctime_ns, calls)
+        with self._evicting:  # the writer's pool writes several rollouts' markers at once
+            if len(self._left) >= self.REMEMBERED:
+                self._left.pop(next(iter(self._left)), None)
+            self._left[rollout_id] = left
 
     def write(self, dirs: DirFds, rollout_id: str, begun: list[str], ended: list[str]) -> None:
         if not begun and not ended:

@@ -85,13 +85,16 @@ class FenceJournal:
         self._corrupt: dict[str, str] = {}
         self._raw_corrupt: list[bytes] = []
 
-    def refresh(self) -> None:
+    def refresh(self, state_fd: int | None = None) -> None:
         """Bring the view up to date: one ``lstat`` when nothing changed; what another process appended is
         seen here (contract L11). A journal that is not a regular file of its own (a link, a FIFO, a hard
-        link) is a ``DamagedEntryError``, never read."""
+        link) is a ``DamagedEntryError``, never read. ``state_fd``: the ``.otel-capture`` directory, already
+        open (the writer's batch): the name is looked up there, one lookup instead of one per component of
+        the path (each a round trip on a network filesystem)."""
+        where, name = (None, self.path) if state_fd is None else (state_fd, JOURNAL)
         with self._view_lock:
             try:
-                st = os.stat(self.path, follow_symlinks=False)
+                st = os.stat(name, dir_fd=where, follow_symlinks=False)
             except FileNotFoundError:
                 if self._ino is not None:
                     self._reset_view()
@@ -105,7 +108,7 @@ class FenceJournal:
             # off (docs/scaling.md gives the mount options).
             if st.st_ino == self._ino and st.st_size == self._offset and st.st_ctime_ns == self._ctime_ns:
                 return
-            fd, st = open_file(None, self.path, os.O_RDONLY, _LABEL)
+            fd, st = open_file(where, name, os.O_RDONLY, _LABEL)
             try:
                 same = st.st_ino == self._ino and st.st_size >= self._offset
                 if same and self._header and os.pread(fd, len(self._header), 0) != self._header:

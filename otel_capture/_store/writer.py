@@ -12,6 +12,7 @@ D10, D12, D13, D18, D19, D20, D22, D26 and L9, each cited where it is kept.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import errno
 import logging
@@ -27,13 +28,15 @@ from pathlib import Path
 from .._errors import CaptureFrozenError, LockTimeoutError, WriterClosedError
 from .._rollout_id import validate_rollout_id
 from .._settings import DEFAULT_LOCK_TIMEOUT_S
-from .append import fenced_append
+from .append import AppendJob
+from .batch_io import BatchIO
 from .dirstate import DirState, dir_state
-from .fs import DIR_MODE, FILE_MODE, AppendFiles, check_directory, make_root
+from .fs import DIR_MODE, FILE_MODE, AppendFiles, check_directory, checked_root, make_root
 from .fstype import SyncChoice, choose_sync
 from .libc import name_native_thread
-from .locks import LockFiles
-from .sync import LIBC_SYNCFS, sync_batch
+from .locks import LockFiles, StripedLocks
+from .sync import LIBC_SYNCFS, fsync_dir, sync_batch
+from .uncorrelated import counter_for
 from .weight import DeclaredVersions, WeightStamp, stamp_batch
 from .writer_failures import WriterFailures
 from .writer_items import Completions, LoopWaiter, WriterStats, _Abandon, _Barrier, _Begin, _Discard, _Item
@@ -107,6 +110,8 @@ class JsonlWriter:
         # Why a filesystem decides the sync: syncfs does not reach a network or FUSE server (see _sync).
         self.sync_choice: SyncChoice = choose_sync(self.root, syncfs_allowed=syncfs is not None)
         _logger.info("capture directory %s: %s", self.root, self.sync_choice.describe())
+        # a network or FUSE filesystem: a batch's stripes are written at once (see batch_io)
+        self._io = BatchIO(self.sync_choice.shared, fsync)
         self._file_mode = file_mode
         self._dir_mode = dir_mode
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -116,6 +121,8 @@ class JsonlWriter:
         self._idle = False  # the thread is blocked with nothing to time: a begin must wake it
         self._files = AppendFiles()  # data files kept open between batches (thread only)
         self._lock_files = LockFiles()  # stripe lock files kept open between batches (thread only)
+        # the directory descriptors, kept between batches too (thread only; revalidated each batch)
+        self._dirs = self._state.dirs(lock_timeout=lock_timeout_s, keep=True)
         self.weights: DeclaredVersions = self._state.weights  # refreshed once per batch
         self._closed = False
         self._wrote_in: tuple[int, int] | None = None  # the directory the last batch wrote in (dev, ino)
@@ -128,14 +135,31 @@ class JsonlWriter:
         """A call of ``rollout_id`` has started. Costs a dict insert and a deque append: the in-process view
         of calls in flight is updated at once; the ``+`` marker other processes read is written by the
         thread, and only for a call still in flight ``marker_delay`` after it began (or at a ``flush``):
-        a call whose line comes sooner is admitted in its line's batch with no marker file I/O at all, and
-        a begin wakes the thread only when it is idle with nothing else to time (contract D19)."""
+        a call whose line comes sooner is admitted in its line's batch with no marker file I/O at all. A
+        begin wakes the thread only when it is idle with nothing else to time, and then, from an event
+        loop, only when its marker falls due (a timer there) (contract D19)."""
         rid = validate_rollout_id(rollout_id)
         if self._closed:
             return  # its line or its abandon is what gets counted and marked
         self._state.calls.begin(rid, model_call_id)
         self._begins.append(_Begin(rid, model_call_id, time.monotonic()))
         if self._idle:
+            self._wake_when_due(rid, model_call_id)
+
+    def _wake_when_due(self, rollout_id: str, model_call_id: str) -> None:
+        """The thread is idle with nothing to time: it must wake when this call's marker falls due. On an
+        event loop a timer there wakes it then, only if the call is still in flight (a call whose line
+        came first costs no wake-up at all); elsewhere the thread is woken now to time it itself."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._queue.put(_TICK)
+            return
+        loop.call_later(self._marker_delay, self._marker_due, rollout_id, model_call_id)
+
+    def _marker_due(self, rollout_id: str, model_call_id: str) -> None:
+        # Still idle and the call still in flight: its begin waits in _begins for the thread to see it.
+        if self._idle and self._state.calls.has(rollout_id, model_call_id):
             self._queue.put(_TICK)
 
     def abandon(self, rollout_id: str, model_call_id: str, reason: str) -> None:
@@ -203,6 +227,7 @@ class JsonlWriter:
         self._idle = True  # set before looking: a begin either is seen here or sees the flag and wakes us
         try:
             if self._deferred or self._begins:
+                self._idle = False  # timing the oldest begin: the ones after it fall due later
                 oldest = next(iter(self._deferred.values()), None) or self._begins[0]
                 timeout = oldest.at + self._marker_delay - time.monotonic()
                 retry = self._failures.retry_in()
@@ -214,12 +239,13 @@ class JsonlWriter:
                     return self._queue.get(timeout=timeout)
                 except queue.Empty:
                     return _TICK
-            if self._files or self._lock_files:
+            if self._files or self._lock_files or self._dirs.is_open():
                 try:
                     return self._queue.get(timeout=IDLE_CLOSE)
                 except queue.Empty:
                     self._files.close_all()  # idle: a retired rollout's file is not held open for long
                     self._lock_files.close_all()
+                    self._dirs.close()
             retry = self._failures.retry_in()
             if retry is not None:  # lost calls whose marks are still to be written
                 try:
@@ -310,6 +336,8 @@ class JsonlWriter:
                 _logger.exception("capture writer failed retrying the incomplete marks it holds")
             for barrier in barriers:
                 barrier.future.set_result(None)
+        self._io.close()
+        self._dirs.close()
         self._files.close_all()
         self._lock_files.close_all()
         self._failures.close()
@@ -325,58 +353,87 @@ class JsonlWriter:
             begun.setdefault(begin.rollout_id, []).append(begin.model_call_id)
             by_rollout.setdefault(begin.rollout_id, [])
         try:
-            self._ensure_dir()
+            root_st = self._ensure_dir()
         except OSError as exc:
             self._failures.fail_all(batch, exc)
             return
-        # Phase 1: every rollout's lines are written (each under its lock, fenced); nothing synced yet
-        # (contract D3, D7).
+        stripes: dict[int, list[AppendJob]] = {}
+        for rollout_id, items in by_rollout.items():
+            job = AppendJob(
+                rollout_id,
+                [(i.model_call_id, i.line, i.tokens_line) for i in items],
+                begun.get(rollout_id, []),
+                self._data_lock_wait(rollout_id),
+            )
+            stripes.setdefault(StripedLocks.stripe(rollout_id), []).append(job)
+        # Phase 1: every rollout's lines are written (each under its lock, fenced), a stripe at a time or,
+        # on a network filesystem, stripes at once, each then syncing its files (contract D3, D7).
         written: list[tuple[str, list[_Item]]] = []
         fds: list[int] = []
         created_any = False
-        with self._state.dirs(lock_timeout=self._lock_timeout) as dirs:
-            wrote_in = self._wrote_in = _identity(os.fstat(dirs.root_fd()))
-            for rollout_id, items in by_rollout.items():
-                try:
-                    outcome = fenced_append(
-                        self._state,
-                        dirs,
-                        rollout_id,
-                        [(i.model_call_id, i.line, i.tokens_line) for i in items],
-                        begun.get(rollout_id, []),
-                        file_mode=self._file_mode,
-                        data_lock_timeout=self._data_lock_wait(rollout_id),
-                        files=self._files,
-                        lock_files=self._lock_files,
-                    )
-                except (
-                    OSError
-                ) as exc:  # that rollout fails and is marked; the others go on (contract D5, D22)
-                    exc = self._locked_out_error(rollout_id, exc)
-                    self._failures.fail_append(rollout_id, items, begun.get(rollout_id, []), exc)
-                    dirs.close()  # reopened afresh: the failure may have been a directory removed under us
+        sync_error: OSError | None = None
+        synced = 0
+        dirs = self._dirs
+        dirs.revalidate(root_st)  # kept from the last batch: each still the directory its name leads to
+        try:
+            wrote_in = self._wrote_in = dirs.identity()
+            done = self._io.run(
+                self._state,
+                dirs,
+                stripes,
+                file_mode=self._file_mode,
+                files=self._files,
+                lock_files=self._lock_files,
+            )
+        except BaseException:
+            dirs.close()
+            raise
+        if any(isinstance(result, OSError) for stripe in done for result in stripe.results):
+            dirs.close()  # reopened afresh: the failure may have been a directory removed under us
+        for stripe in done:
+            synced += stripe.fsyncs
+            sync_error = sync_error or stripe.sync_error
+            for job, result in zip(stripe.jobs, stripe.results, strict=True):
+                rollout_id, items = job.rollout_id, by_rollout[job.rollout_id]
+                if isinstance(result, OSError):
+                    # that rollout fails and is marked; the others go on (contract D5, D22)
+                    failure = self._locked_out_error(rollout_id, result)
+                    self._failures.fail_append(rollout_id, items, job.begins, failure)
                     continue
                 self._locked_out.pop(rollout_id, None)
-                self._failures.unmarked(rollout_id, outcome, items)
-                for index, error in outcome.dropped:
+                self._failures.unmarked(rollout_id, result, items)
+                for index, error in result.dropped:
                     self._drop_late(items[index], error)
-                written.append((rollout_id, [items[index] for index in outcome.accepted]))
-                fds.extend(outcome.fds)
-                created_any |= outcome.created
-        # Phase 2: one sync covers the whole batch; only then is any call acknowledged (contract D1, D3, D9).
-        # The files stay open for the next batch (AppendFiles), unless the sync failed.
+                written.append((rollout_id, [items[index] for index in result.accepted]))
+                if not stripe.synced:
+                    fds.extend(result.fds)
+                created_any |= result.created
+        # Phase 2: the whole batch is durable (one sync, or the workers' fsyncs and the directory's); only
+        # then is any call acknowledged (contract D1, D3, D9). The files stay open for the next batch
+        # (AppendFiles), unless a sync failed.
         try:
-            self._sync(fds, created_any)
+            self.stats.fsyncs += synced
+            if sync_error is not None:
+                raise sync_error
+            if synced:
+                fds.clear()  # on a network filesystem every file was synced by its stripe's worker
+                if created_any:
+                    fsync_dir(self.root, self._fsync)  # the new files' entries (contract D10)
+                    self.stats.fsyncs += 1
+            else:
+                self._sync(fds, created_any)
         except OSError as exc:
             self._files.close_all()  # after a failed fsync, nothing is assumed of those descriptors
             for rollout_id, items in written:
                 if items:
                     self._failures.fail(rollout_id, items, exc)
             return
+        self._files.trim()
         if written and not self._still_there(wrote_in):
             # The directory was removed (or replaced) under the batch: its lines went into files no reader
             # will find. Nothing is acknowledged; each call is marked in the directory as it is now
             # (contract D18).
+            self._dirs.close()
             self._files.close_all()
             self._lock_files.close_all()
             gone = OSError(errno.ENOENT, "the capture directory was removed or replaced during the write")
@@ -433,17 +490,21 @@ class JsonlWriter:
         except OSError:
             return False
 
-    def _ensure_dir(self) -> None:
-        """Checked each batch (one ``stat``): a directory made world-writable under a running writer stops
-        capture. Created 0700 (records are training data); its parent is synced so it survives a crash
-        (contract D10, D18, D26)."""
-        if not check_directory(self.root, allow_shared=self._allow_shared):
+    def _ensure_dir(self) -> os.stat_result:
+        """Checked each batch (one ``stat``, returned): a directory made world-writable under a running
+        writer stops capture. Created 0700 (records are training data); its parent is synced so it
+        survives a crash (contract D10, D18, D26)."""
+        st = checked_root(self.root, allow_shared=self._allow_shared)
+        if st is None:
             make_root(self.root, self._fsync, self._dir_mode)
+            st = os.stat(self.root)
+        return st
 
     def _drop_late(self, item: _Item, error: CaptureFrozenError) -> None:
-        # Quietly: a late call of a frozen or retired rollout is the lifecycle working, not a failure
-        # (contract L9).
+        # Not a failure: a late call of a frozen or retired rollout is the lifecycle working (contract L9).
+        # Not silent either: counted in the directory for check and ls (the middleware logs it, metered).
         self.stats.late_write_dropped += 1
+        counter_for(self.root).count_late(item.rollout_id)
         self._done.resolve(item, error)
 
 

@@ -13,8 +13,10 @@ the record line; not the time waiting for the app, the client or the disk), and
 ``otel_capture.durability_wait.duration``, from the app's terminal chunk until the capture let it out (the
 record durable, failed or past its deadline) (contract D1, D6).
 
-Two counters of ours, by dialect: ``otel_capture.uncorrelated_calls``, model calls served without a rollout
-id (so not recorded): a missing prefix or header shows there at once (``docs/gateways.md``); and
+Counters of ours, by dialect: ``otel_capture.uncorrelated_calls``, model calls served without a usable
+rollout id (none, or one outside the grammar; so not recorded): a missing prefix or header shows there at
+once (``docs/gateways.md``); ``otel_capture.late_calls``, calls to a frozen or retired rollout, answered
+and their records dropped (``docs/lifecycle.md``);
 ``otel_capture.tokens_missing_calls``, calls answered without the token ids or log-probs they asked for,
 and ``otel_capture.token_mismatch_calls``, calls whose token ids and log-probs break an invariant
 (``docs/tokens.md``).
@@ -40,6 +42,7 @@ from .._version import __version__
 _logger = logging.getLogger(__name__)
 
 UNCORRELATED_CALLS = "otel_capture.uncorrelated_calls"
+LATE_CALLS = "otel_capture.late_calls"
 CAPTURE_DURATION = "otel_capture.capture.duration"
 DURABILITY_WAIT_DURATION = "otel_capture.durability_wait.duration"
 # the capture's own time per call is microseconds to milliseconds; the wait, one batch's fsync and more
@@ -137,6 +140,11 @@ class ServerMetrics:
             unit="{call}",
             description="Model calls served without a rollout id, so not recorded.",
         )
+        self.late_calls = meter.create_counter(
+            LATE_CALLS,
+            unit="{call}",
+            description="Model calls to a frozen or retired rollout, answered and not recorded.",
+        )
         self.tokens_missing_calls = meter.create_counter(
             TOKENS_MISSING_CALLS,
             unit="{call}",
@@ -200,6 +208,13 @@ class ServerMetrics:
             self.uncorrelated_calls.add(1, {A.MODEL_CALL_DIALECT: dialect})
         except Exception:
             _logger.exception("counting an uncorrelated model call failed")
+
+    def count_late(self, dialect: str) -> None:
+        """Count one late call to a frozen or retired rollout. Never raises."""
+        try:
+            self.late_calls.add(1, {A.MODEL_CALL_DIALECT: dialect})
+        except Exception:
+            _logger.exception("counting a late model call failed")
 
     def count_tokens_missing(self, dialect: str) -> None:
         """Count one call answered without the tokens it asked for. Never raises."""

@@ -7,6 +7,10 @@ under ``opentelemetry-instrument``: ``OTEL_TRACES_EXPORTER`` (``otlp`` is gRPC o
 ``opentelemetry_traces_exporter`` entry-point group (``otel_capture`` never imports its exporters); those
 named in ``OTEL_TRACES_EXPORTER`` sit behind the SDK's batch processor. The records' exporter,
 ``model_call_jsonl``, is added with the writer settings passed in code when they name a directory.
+
+``otlp`` without its protocol's exporter installed (the base install has none; ``[auto]`` brings both) is
+told once, on stderr even where the host silences logging, with the package to install and the protocol
+that needs none: the SDK's own word is a bare "not found", and no span leaves the process.
 """
 
 from __future__ import annotations
@@ -18,12 +22,18 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 
+from .._notices import notify
 from .._sdk_private import configured_exporter_names, configured_sampler
 from .._settings import JSONL_EXPORTER, CaptureSettings, WriterSettings
 
 _logger = logging.getLogger(__name__)
 
 _GROUP = "opentelemetry_traces_exporter"
+# What OTEL_TRACES_EXPORTER=otlp resolves to, by protocol, and the distribution that provides it.
+_OTLP_PACKAGES = {
+    "otlp_proto_grpc": ("grpc", "opentelemetry-exporter-otlp-proto-grpc"),
+    "otlp_proto_http": ("http/protobuf", "opentelemetry-exporter-otlp-proto-http"),
+}
 DEFAULT_SERVICE_NAME = "otel-capture"
 
 
@@ -43,7 +53,7 @@ def build_tracer_provider(capture: CaptureSettings, writer: WriterSettings) -> T
     for name in _standard_exporter_names():
         cls = _exporter_class(name)
         if cls is None:
-            _logger.error("OTEL_TRACES_EXPORTER names %r, which is not installed; ignoring it", name)
+            _tell_missing(name)
             continue
         try:
             provider.add_span_processor(BatchSpanProcessor(cls()))
@@ -70,6 +80,33 @@ def _standard_exporter_names() -> list[str]:
         _logger.error("ignoring OTEL_TRACES_EXPORTER: %s", exc)
         return []
     return [name for name in names if name and name != JSONL_EXPORTER]
+
+
+def _tell_missing(name: str) -> None:
+    """One line saying which exporter is missing and how to get spans out: the package, or (for OTLP)
+    the other protocol when its exporter is there."""
+    if name not in _OTLP_PACKAGES:
+        notify(
+            _logger, logging.ERROR, "OTEL_TRACES_EXPORTER names %r, which is not installed; ignoring it", name
+        )
+        return
+    protocol, package = _OTLP_PACKAGES[name]
+    other = next((n for n in _OTLP_PACKAGES if n != name and _exporter_class(n) is not None), None)
+    instead = ""
+    if other is not None:
+        instead = (
+            f", or set OTEL_EXPORTER_OTLP_PROTOCOL={_OTLP_PACKAGES[other][0]} (its exporter is installed)"
+        )
+    notify(
+        _logger,
+        logging.ERROR,
+        "OTEL_TRACES_EXPORTER=otlp sends OTLP over %s (OTEL_EXPORTER_OTLP_PROTOCOL, default grpc), whose "
+        "exporter is not installed: no spans are exported; install %s "
+        "(pip install 'otel-capture[auto]' brings OTLP over gRPC and HTTP)%s",
+        protocol,
+        package,
+        instead,
+    )
 
 
 def _exporter_class(name: str) -> type[SpanExporter] | None:

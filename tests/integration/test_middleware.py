@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import anthropic
 import httpx
@@ -24,7 +25,6 @@ from otel_capture import (
     read_available_model_call_records,
     read_model_call_records,
 )
-from otel_capture._rollout_id import ROLLOUT_ID_RULE
 from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
 
@@ -162,19 +162,30 @@ def test_correlation_order_is_url_prefix_then_rollout_header_then_baggage(
     assert sources == ["url_prefix", "header"]
 
 
-@pytest.mark.parametrize("bad_id", ["bad%20id", "..x", "-lead", "a" * 201, "a%2Fb", "%00"])
-def test_invalid_rollout_id_is_refused_with_400_and_nothing_written(
-    server: str, telemetry: Telemetry, replay_server: ReplayModelServer, bad_id: str
+@pytest.mark.parametrize("bad_id", ["bad%20id", "..x", "-lead", "a" * 201, "a%2Fb", "%00", "city%209"])
+def test_an_invalid_rollout_id_is_served_not_recorded_counted_and_never_written_raw(
+    server: str,
+    telemetry: Telemetry,
+    replay_server: ReplayModelServer,
+    bad_id: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    response = httpx.post(
-        f"{server}/ng-rollout/{bad_id}/v1/chat/completions", json={"model": "m", "messages": []}
-    )
-    assert response.status_code == 400
-    error = response.json()["error"]
-    assert error["type"] == "invalid_rollout_id"
-    assert error["rule"] == ROLLOUT_ID_RULE
-    assert replay_server.seen == []
-    assert not telemetry.store.root.exists() or list(telemetry.store.root.iterdir()) == []
+    """Issue 33: capture never fails a call (this was a 400 ``invalid_rollout_id``, an eval ending in
+    error). The call is served as a correlated one would be (the prefix stripped), nothing is recorded,
+    the id is never a file name, and the warning shows it escaped and cut."""
+    with caplog.at_level(logging.WARNING, logger="otel_capture"):
+        answer = _openai(f"{server}/ng-rollout/{bad_id}/v1").chat.completions.create(model="m", messages=[])
+    assert answer.choices  # the model's answer, as without capture
+    assert [(method, path) for method, path, _ in replay_server.seen] == [("POST", "/v1/chat/completions")]
+    assert telemetry.store.rollout_ids() == []
+    decoded = unquote(bad_id)
+    names = [p.name for p in telemetry.store.root.iterdir()] if telemetry.store.root.exists() else []
+    assert all(n.startswith(".uncorrelated.") for n in names), names  # only the count, below
+    assert not any(decoded in n for n in names if len(decoded) > 2)
+    (warning,) = [r.getMessage() for r in caplog.records if "not a rollout id" in r.getMessage()]
+    assert "/ng-rollout/<id>/ prefix" in warning and "served and not recorded" in warning
+    assert repr(decoded[:64]) in warning and "\x00" not in warning  # escaped (%00 shows as '\\x00')
+    assert decoded[:65] not in warning or len(decoded) <= 64  # cut
 
 
 def test_malformed_request_body_is_kept_raw(server: str, telemetry: Telemetry) -> None:

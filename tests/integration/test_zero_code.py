@@ -184,3 +184,53 @@ def test_program_flags_that_look_like_opentelemetry_instrument_options_pass_afte
     )
     assert passed.returncode == 0, passed.stderr
     assert passed.stdout.strip() == "['--config', 'run.yaml']"
+
+
+def _instrumented_python(code: str, capture_dir: Path | None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update({"OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"})
+    if capture_dir is not None:
+        env.update(
+            {
+                "OTEL_TRACES_EXPORTER": "model_call_jsonl",
+                "OTEL_EXPORTER_MODEL_CALL_JSONL_DIR": str(capture_dir),
+            }
+        )
+    else:
+        env["OTEL_TRACES_EXPORTER"] = "none"
+    instrument = str(BIN / "opentelemetry-instrument")
+    return subprocess.run(
+        [instrument, "--", sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_zero_code_on_a_process_with_no_asgi_app_says_so_once_at_exit(tmp_path: Path) -> None:
+    """Issue 33: ``opentelemetry-instrument -- vf-eval ...`` (a client, no app) ran, made no capture
+    directory and printed nothing. Now one line at exit says nothing was captured and points to the proxy;
+    it shows even where the host silences logging (the root logger at ERROR, as vLLM sets it)."""
+    capture_dir = tmp_path / "calls"
+    silenced = "import logging; logging.getLogger().setLevel(logging.ERROR); print('6 rollouts done')"
+    ran = _instrumented_python(silenced, capture_dir)
+    assert ran.returncode == 0 and ran.stdout.strip() == "6 rollouts done", ran.stderr
+    (notice,) = [line for line in ran.stderr.splitlines() if "captured nothing" in line]
+    assert str(capture_dir) in notice and "no Starlette or FastAPI app" in notice
+    assert "model server's ASGI app" in notice and "otel-capture proxy --upstream" in notice
+    # a multiprocessing child is instrumented too and serves no app by design: only its parent speaks
+    spawning = (
+        "import multiprocessing as mp\n"
+        "if __name__ == '__main__':\n"
+        "    p = mp.get_context('spawn').Process(target=print, args=('child',)); p.start(); p.join()\n"
+        "    print('parent', p.exitcode)"
+    )
+    parent = _instrumented_python(spawning, capture_dir)
+    assert parent.returncode == 0 and parent.stdout.split() == ["child", "parent", "0"], parent.stderr
+    assert len([line for line in parent.stderr.splitlines() if "captured nothing" in line]) == 1
+    # a process that builds an app is what zero-code is for: not a word
+    served = _instrumented_python(
+        "import fastapi; fastapi.FastAPI().build_middleware_stack(); print('built')", capture_dir
+    )
+    assert served.returncode == 0 and served.stdout.strip() == "built", served.stderr
+    assert "captured nothing" not in served.stderr
+    # no capture directory configured: nothing was expected of it, nothing to say
+    bare = _instrumented_python("print('plain')", None)
+    assert bare.returncode == 0 and "captured nothing" not in bare.stderr

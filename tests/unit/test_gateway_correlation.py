@@ -8,10 +8,15 @@ from typing import Any
 import pytest
 
 from otel_capture import InvalidRolloutIdError, rollout_context, rollout_headers
-from otel_capture._correlation import Correlation, Refusal, server_span_details, unprefixed_raw_path
+from otel_capture._correlation import Correlation, server_span_details, unprefixed_raw_path
 from otel_capture._correlation import correlate as _correlate
 from otel_capture._correlation.ids import rollout_id_from_header
-from otel_capture._correlation.routing import DOUBLE_PREFIX_RULE
+from otel_capture._correlation.routing import (
+    INVALID_DOUBLE_PREFIX,
+    INVALID_IN_HEADER,
+    INVALID_IN_PREFIX,
+    route_path,
+)
 from otel_capture._notices import RateLimitedNotice
 
 
@@ -56,10 +61,22 @@ def test_the_prefix_moves_into_root_path_and_the_path_keeps_it() -> None:
     assert unprefixed_raw_path(scope) == b"/api/v1/chat/completions"
 
 
-def test_an_encoded_slash_in_the_id_is_refused_not_routed() -> None:
-    error = _correlate(_scope(b"/ng-rollout/a%2Fb/v1/chat/completions"))
-    assert isinstance(error, Refusal) and error.status == 400
-    assert error.payload()["error"]["type"] == "invalid_rollout_id"
+def test_an_encoded_slash_in_the_id_is_routed_without_the_prefix_and_not_captured() -> None:
+    """Before issue 33 this was a 400: capture never fails a call. The id is not a rollout's (never a
+    file name); the app routes the model path and the proxy forwards it without the prefix."""
+    found = _correlate(_scope(b"/ng-rollout/a%2Fb/v1/chat/completions"))
+    assert found.invalid_id == (INVALID_IN_PREFIX, "a/b")
+    assert (found.rollout_id, found.dialect, found.captured) == (None, "chat", False)
+    assert route_path(found.scope) == "/v1/chat/completions"
+    assert unprefixed_raw_path(found.scope) == b"/v1/chat/completions"
+    # baggage does not stand in for the id the caller meant
+    bagged = _scope(b"/ng-rollout/city%209/v1/responses", headers=[(b"baggage", b"rollout.id=b-1")])
+    found = _correlate(bagged)
+    assert (found.rollout_id, found.invalid_id, found.captured) == (
+        None,
+        (INVALID_IN_PREFIX, "city 9"),
+        False,
+    )
 
 
 def test_the_header_is_removed_and_loses_to_the_prefix() -> None:
@@ -68,19 +85,25 @@ def test_the_header_is_removed_and_loses_to_the_prefix() -> None:
     assert isinstance(result, Correlation)
     assert (result.rollout_id, result.source) == ("from-url", "url_prefix")
     assert result.scope["headers"] == [(b"x-other", b"kept")]
-    error = _correlate(_scope(b"/v1/responses", headers=[(b"x-rollout-id", b"a"), (b"x-rollout-id", b"b")]))
-    assert isinstance(error, Refusal) and "x-rollout-id" in error.message
+    found = _correlate(_scope(b"/v1/responses", headers=[(b"x-rollout-id", b"a"), (b"x-rollout-id", b"b")]))
+    assert (found.rollout_id, found.invalid_id, found.captured) == (None, (INVALID_IN_HEADER, "a,b"), False)
+    assert found.scope["headers"] == []  # removed all the same: never forwarded
 
 
-def test_a_double_prefix_is_refused_naming_the_rule() -> None:
-    for raw in (
-        b"/ng-rollout/a/ng-rollout/b/v1/chat/completions",
-        b"/ng-rollout/a/ng-rollout/b",
-        b"/ng-rollout/a/%6Eg-rollout/b/v1/responses",  # the app routes the decoded path: the same thing
+def test_a_double_prefix_is_routed_without_both_prefixes_and_not_captured() -> None:
+    """Which rollout is meant is anyone's guess: before issue 33 a 400; now served (both prefixes
+    stripped, as the caller meant the model path) and not recorded."""
+    for raw, route in (
+        (b"/ng-rollout/a/ng-rollout/b/v1/chat/completions", "/v1/chat/completions"),
+        (b"/ng-rollout/a/ng-rollout/b", "/ng-rollout/a/ng-rollout/b"),
+        (b"/ng-rollout/a/%6Eg-rollout/b/v1/responses", "/v1/responses"),  # the app decodes: the same thing
     ):
-        refusal = _correlate(_scope(raw))
-        assert isinstance(refusal, Refusal) and refusal.status == 400
-        assert refusal.rule == DOUBLE_PREFIX_RULE and refusal.payload()["error"]["rule"] == DOUBLE_PREFIX_RULE
+        found = _correlate(_scope(raw))
+        assert found.invalid_id == (INVALID_DOUBLE_PREFIX, "a/b")
+        assert found.rollout_id is None and not found.captured
+        assert route_path(found.scope) == route
+        if route != raw.decode():
+            assert unprefixed_raw_path(found.scope) == route.encode()
     # one prefix, and a later segment that merely contains the word, is routed as before
     result = _correlate(_scope(b"/ng-rollout/a/v1/ng-rollout/chat/completions"))
     assert isinstance(result, Correlation) and result.rollout_id == "a"
@@ -120,3 +143,16 @@ def test_the_notice_says_the_first_time_then_counts_what_it_held_back() -> None:
     assert [always.note() for _ in range(3)] == [0, 1, 1]
     rarely = RateLimitedNotice(3600.0)
     assert [rarely.note() for _ in range(3)] == [0, None, None]
+
+
+def test_the_server_span_is_named_without_any_prefix_even_one_outside_the_grammar() -> None:
+    """An id outside the grammar is served (issue 33), so its server span is named: without the id."""
+    for raw in (
+        b"/ng-rollout/city%209/v1/chat/completions",
+        b"/ng-rollout/a%2Fb/v1/chat/completions",
+        b"/ng-rollout/a/ng-rollout/b/v1/chat/completions",
+        b"/ng-rollout/r-1/v1/chat/completions",
+    ):
+        name, attributes = server_span_details(_scope(raw))
+        assert name == "POST /v1/chat/completions", raw
+        assert attributes == {"http.route": "/v1/chat/completions"}

@@ -85,3 +85,23 @@ def test_the_build_ships_every_subpackage_and_py_typed() -> None:
     assert core <= set(setuptools["packages"])  # an unlisted subpackage is missing from the wheel
     assert "py.typed" in setuptools["package-data"]["otel_capture"]
     assert (REPO / "otel_capture" / "py.typed").is_file()
+
+
+def test_the_wheel_the_docs_install_is_the_one_pip_wheel_builds() -> None:
+    """README and docs/vllm.md name the wheel file; tests/integration/test_install.py builds and installs it."""
+    from otel_capture._version import __version__
+
+    wheel = f"dist/otel_capture-{__version__}-py3-none-any.whl[auto]"
+    for doc in ("README.md", "docs/vllm.md"):
+        text = (REPO / doc).read_text()
+        assert wheel in text, doc
+        assert "pip wheel --no-deps -w dist /path/to/otel-capture" in text, doc
+        assert "pip install '/path/to/otel-capture[auto]'" in text, doc
+
+
+def test_the_readme_says_what_the_full_test_command_starts_and_the_quick_run() -> None:
+    text = (REPO / "README.md").read_text()
+    intro = text.split("## What it does", 1)[0]
+    assert "python -m pytest tests/unit" in intro
+    for piece in ("Jaeger", "Phoenix", "GlusterFS", "vLLM", "LiteLLM", "verifiers", "inspect-ai", "14 min"):
+        assert piece in intro, piece

@@ -1,0 +1,105 @@
+"""The writer's in-flight markers (contract D19) as a model server makes them: ``begin`` on the event loop,
+where a timer wakes the writer thread only for a call still in flight when its marker falls due, and a
+marker whose last call ends removed without being read back when it is as this process left it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+from otel_capture._store import JsonlWriter, LoopWaiter
+from otel_capture._store.dirstate import STATE_DIR, dir_state
+from otel_capture._store.inflight import InflightMarkers
+
+BOUND = 60.0  # seconds: only to prove "does not hang"
+
+
+async def _call(writer: JsonlWriter, rollout: str, mcid: str, lasts: float) -> None:
+    loop = asyncio.get_running_loop()
+    writer.begin(rollout, mcid)
+    if lasts:
+        await asyncio.sleep(lasts)
+    future = loop.create_future()
+    writer.submit(rollout, b'{"model_call_id":"%s"}\n' % mcid.encode(), mcid, None, LoopWaiter(loop, future))
+    await asyncio.wait_for(future, BOUND)
+
+
+def test_a_call_begun_on_the_loop_that_ends_first_wakes_the_writer_once(tmp_path: Path) -> None:
+    """Calls begun on an event loop whose lines come within the delay: one batch each (the line's), no
+    marker file, and nothing left in flight once the timers have run."""
+    root = tmp_path / "calls"
+    writer = JsonlWriter(root, marker_delay=0.05)
+
+    async def main() -> None:
+        for i in range(10):
+            await _call(writer, "r", f"c{i}", 0)
+        await asyncio.sleep(0.1)  # every timer has fired (and found its call recorded)
+
+    try:
+        asyncio.run(main())
+        assert writer.flush(BOUND)
+        assert writer.stats.batches == 10
+        assert writer.stats.records_written == 10
+    finally:
+        writer.close(BOUND)
+    inflight = root / STATE_DIR / "inflight"
+    assert not inflight.exists() or os.listdir(inflight) == []
+    assert dir_state(root).calls.pending("r") == {}
+
+
+def test_a_call_begun_on_the_loop_gets_its_marker_when_due_without_a_flush(tmp_path: Path) -> None:
+    """What a freeze in another process reads: the ``+`` of a call begun on a loop and still in flight
+    after the delay, written with no flush and no other call to wake the writer; gone once recorded."""
+    root = tmp_path / "calls"
+    writer = JsonlWriter(root, marker_delay=0.05)
+    other = InflightMarkers()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        writer.begin("r", "slow")
+        deadline = time.monotonic() + BOUND
+        while not other.pending(root, "r"):
+            assert time.monotonic() < deadline, "the marker never came"
+            await asyncio.sleep(0.01)
+        assert other.pending(root, "r") == {"slow"}
+        future = loop.create_future()
+        writer.submit("r", b'{"model_call_id":"slow"}\n', "slow", None, LoopWaiter(loop, future))
+        await asyncio.wait_for(future, BOUND)
+
+    try:
+        asyncio.run(main())
+    finally:
+        writer.close(BOUND)
+    assert other.pending(root, "r") == set()
+    assert os.listdir(root / STATE_DIR / "inflight") == []
+
+
+def test_a_marker_another_process_wrote_to_is_read_back_not_removed(tmp_path: Path) -> None:
+    """Our slow call's ``+`` is in the marker; another process then adds its own call (under the stripe,
+    as every marker writer does). Our call's ``-`` must not remove the file on what we remember of it:
+    the other process's call stays in flight."""
+    root = tmp_path / "calls"
+    writer = JsonlWriter(root, marker_delay=0.05)
+    state = dir_state(root)
+    stranger = InflightMarkers()  # another process's writer: its own memory, the same files
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        writer.begin("r", "ours")
+        deadline = time.monotonic() + BOUND
+        while not stranger.pending(root, "r"):
+            assert time.monotonic() < deadline, "the marker never came"
+            await asyncio.sleep(0.01)
+        with state.dirs() as dirs, state.locks.hold_ids(dirs, ["r"]):
+            stranger.write(dirs, "r", ["theirs"], [])
+        future = loop.create_future()
+        writer.submit("r", b'{"model_call_id":"ours"}\n', "ours", None, LoopWaiter(loop, future))
+        await asyncio.wait_for(future, BOUND)
+
+    try:
+        asyncio.run(main())
+    finally:
+        writer.close(BOUND)
+    assert stranger.pending(root, "r") == {"theirs"}
