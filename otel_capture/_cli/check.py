@@ -132,7 +132,7 @@ def local_loss_lines(store: CaptureStore) -> list[str]:
     """The losses this node keeps for a directory it cannot reach (contract D44)."""
     return [
         f"{loss.rollout_id or '(rollout unknown)'}: lost, not yet in the incomplete marker: {loss.describe()}"
-        for loss in read_reserves(store.root).pending
+        for loss in read_reserves(store.root, shared=False).pending
     ]
 
 

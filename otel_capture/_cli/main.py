@@ -376,8 +376,12 @@ def _check(args: argparse.Namespace) -> int:
     )
 
     store = CaptureStore(args.dir)
-    if not store.root.is_dir():
-        print(f"otel-capture: error: {args.dir} is not a directory", file=sys.stderr)
+    try:
+        unreachable = None if store.root.is_dir() else "is not a directory"
+    except OSError as exc:  # a shared mount cut off from its server (ENOTCONN), a stale handle...
+        unreachable = f"cannot be reached: {exc.strerror or exc}"
+    if unreachable is not None:
+        print(f"otel-capture: error: {args.dir} {unreachable}", file=sys.stderr)
         for line in local_loss_lines(store):  # kept on this node while it is unreachable (contract D44)
             print(line)
         return EXIT_ERROR

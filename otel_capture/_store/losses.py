@@ -183,15 +183,18 @@ def _open_dir(path: Path) -> int | None:
         raise
 
 
-def read_reserves(root: str | os.PathLike[str], local_base: str | os.PathLike[str] | None = None) -> Reserves:
+def read_reserves(
+    root: str | os.PathLike[str], local_base: str | os.PathLike[str] | None = None, *, shared: bool = True
+) -> Reserves:
     """Every entry of every reserve of ``root``, the node-local ones of this node included (no lock,
-    nothing created; a reserve that is not a regular file is skipped)."""
+    nothing created; a reserve that is not a regular file is skipped); with ``shared=False`` this node's
+    own only, for a directory this node cannot reach (contract D44)."""
     found = Reserves()
     local = local_reserve_dir(root, local_base)
-    for path, label in (
-        (Path(root) / STATE_DIR / LOSSES_DIR, shared_label),
-        (local, lambda n: str(local / n)),
-    ):
+    places: list[tuple[Path, Callable[[str], str]]] = [(local, lambda n: str(local / n))]
+    if shared:
+        places.insert(0, (Path(root) / STATE_DIR / LOSSES_DIR, shared_label))
+    for path, label in places:
         dir_fd = _open_dir(path)
         if dir_fd is None:
             continue

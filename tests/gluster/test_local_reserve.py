@@ -109,7 +109,7 @@ def test_a_node_cut_off_keeps_its_losses_locally_and_writes_them_once_back(
             assert result.returncode == 1 and all(rid in result.stdout for rid in lost), result.stdout
         finally:
             gluster.restore(0)
-        gluster.wait_connected(2)
+            gluster.wait_connected(2)  # also when an assertion failed: the next tests need node 1 back
         with log.open("ab") as stderr:
             restarted, _ = start_cli_proxy(
                 upstream, "--capture-dir", str(node1), env=env, stderr=stderr.fileno()
