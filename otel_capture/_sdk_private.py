@@ -18,6 +18,10 @@ does. What is read, and who needs it:
   reader (a measurement without one goes nowhere), and the metrics API's stand-in
   ``_ProxyMeterProvider._real_meter_provider``: whether a provider was set behind it
   (:class:`otel_capture._telemetry.metrics.MeterGate`);
+- the SDK's OTLP span exporters: over HTTP, the method of ``OTLPSpanExporter`` that calls its module's
+  ``encode_spans`` (``export``; older releases: ``_serialize_spans``), over gRPC, its ``_translate_data``
+  and the ``encode_spans`` and ``ExportTraceServiceRequest`` its module imported: where
+  :mod:`._telemetry.otlp` puts its own encoder (the SDK's stays for what that encoder does not write);
 - ``app._is_instrumented_by_opentelemetry``: the mark contrib's FastAPI/Starlette instrumentation leaves on
   an app it wrapped in its own HTTP server span (:mod:`._instrumentor`).
 
@@ -33,6 +37,7 @@ the SDK's version.
 from __future__ import annotations
 
 import logging
+import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -45,7 +50,9 @@ from opentelemetry.sdk.trace.sampling import Sampler
 __all__ = [
     "configured_exporter_names",
     "configured_sampler",
+    "grpc_request_class",
     "has_metric_readers",
+    "http_encoding_methods",
     "instrumented_by_contrib",
     "is_meter_provider_stand_in",
     "measurement_consumer",
@@ -61,6 +68,7 @@ _reported: set[str] = set()
 
 _NO_SINK = "model-call records cannot be routed (no sink is found) and every span is built"
 _METRICS_ASSUMED = "metrics are recorded as if a reader were there"
+_SDK_ENCODER = "spans are encoded by the SDK's OTLP encoder (the same bytes, more CPU)"
 # The metrics API's stand-in for the provider set later (``metrics.get_meter_provider()`` before a set).
 _PROXY_METER_PROVIDER: type | None = getattr(metrics_api, "_ProxyMeterProvider", None)
 
@@ -105,6 +113,40 @@ def processor_exporter(processor: object) -> Any:
     if exporter is None:
         exporter = getattr(getattr(processor, "_batch_processor", None), "_exporter", None)
     return exporter
+
+
+# The methods of the OTLP/HTTP span exporter that may call its module's encode_spans, newest release first.
+_HTTP_ENCODING_METHODS = ("export", "_serialize_spans")
+
+
+def http_encoding_methods(exporter_class: type) -> list[str]:
+    """The methods of the SDK's OTLP/HTTP ``OTLPSpanExporter`` whose code calls its module's
+    ``encode_spans`` (empty, and told once, when none does)."""
+    found = [
+        name
+        for name in _HTTP_ENCODING_METHODS
+        if "encode_spans"
+        in getattr(getattr(exporter_class.__dict__.get(name), "__code__", None), "co_names", ())
+    ]
+    if not found:
+        _report_missing("OTLP/HTTP OTLPSpanExporter method calling encode_spans", _SDK_ENCODER)
+    return found
+
+
+def grpc_request_class(exporter_class: type) -> Any:
+    """The ``ExportTraceServiceRequest`` class the module of the SDK's OTLP/gRPC ``OTLPSpanExporter``
+    imported, when its ``_translate_data`` builds the request with that module's ``encode_spans``;
+    ``None`` (told once) when not."""
+    translate = getattr(exporter_class.__dict__.get("_translate_data"), "__code__", None)
+    module = sys.modules.get(exporter_class.__module__)
+    request = getattr(module, "ExportTraceServiceRequest", None)
+    if translate is None or "encode_spans" not in translate.co_names or request is None:
+        _report_missing("OTLP/gRPC OTLPSpanExporter._translate_data calling encode_spans", _SDK_ENCODER)
+        return None
+    if not callable(getattr(module, "encode_spans", None)):
+        _report_missing("encode_spans in the OTLP/gRPC span exporter's module", _SDK_ENCODER)
+        return None
+    return request
 
 
 def configured_exporter_names() -> list[str]:

@@ -14,6 +14,9 @@ or ``BatchSpanProcessor`` (those exact classes, not subclasses) around an export
 ``ignores_spans = True`` (``ModelCallJsonlExporter``). Any other processor (OTLP, an in-memory exporter, a
 vendor's) brings the spans back from the next call on: the provider's processors are looked at per call,
 by identity, so one added later counts at once.
+
+The same look at the processors puts the capture's OTLP encoder (:mod:`.otlp`, the same bytes for less
+CPU) behind each of the SDK's own OTLP span exporters it finds there, whoever built them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
 from .._sdk_private import processor_exporter, provider_disabled, span_processors
+from .otlp import use_own_encoder
 from .provider import SinkOnlyProcessor
 
 IGNORES_SPANS = "ignores_spans"  # an exporter's class attribute: True when its export() does nothing
@@ -54,6 +58,8 @@ class SpanGate:
             return False
         if processors is not self._processors:  # a processor was added: look again
             unseen = all(ignores_spans(p) for p in processors)
+            if not unseen:
+                _encode_own(processors)
             self._unseen, self._processors = unseen, processors
         return self._unseen
 
@@ -86,6 +92,14 @@ class SpanGate:
                 trace_state=result.trace_state,
             )
         )
+
+
+def _encode_own(processors: tuple[Any, ...]) -> None:
+    """The capture's encoder behind the SDK's OTLP exporters among the SDK's own processors."""
+    for processor in processors:
+        kind = type(processor)
+        if kind is SimpleSpanProcessor or kind is BatchSpanProcessor:
+            use_own_encoder(processor_exporter(processor))
 
 
 def ignores_spans(processor: object) -> bool:

@@ -144,3 +144,20 @@ def test_a_meter_provider_of_the_sdk_without_its_readers_is_an_error_in_the_log(
     consumer._reader_storages = storages
     provider._measurement_consumer = consumer
     provider.shutdown()
+
+
+def test_the_sdk_otlp_span_exporters_encode_where_the_capture_puts_its_encoder(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    methods = sdk.http_encoding_methods(HttpExporter)
+    assert methods and all("encode_spans" in getattr(HttpExporter, m).__code__.co_names for m in methods)
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    assert sdk.grpc_request_class(GrpcExporter) is ExportTraceServiceRequest
+    assert "encode_spans" in GrpcExporter._translate_data.__code__.co_names
+    with caplog.at_level(logging.ERROR, logger="otel_capture._sdk_private"):
+        assert sdk.http_encoding_methods(object) == [] and sdk.grpc_request_class(object) is None
+    assert "the same bytes, more CPU" in caplog.text
