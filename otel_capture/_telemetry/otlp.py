@@ -9,7 +9,8 @@ proto3 defaults left out, as protobuf writes them): the bytes are the SDK encode
 
 A batch holding anything this encoder does not write (a mapping as an attribute value, an integer beyond
 int64, a value type the SDK's validation would not have let through) goes to the SDK's encoder whole, so
-its odd cases (what it logs, what it drops) stay the SDK's.
+its odd cases (what it logs, what it drops) stay the SDK's; so does a batch this encoder fails on (a span
+object unlike the SDK's), told once in the log.
 
 :func:`use_own_encoder` puts it behind an OTLP exporter the SDK built (by ``opentelemetry-instrument``'s
 configurator, the proxy's provider, or the host's own code): the exporter object stays the same, with its
@@ -244,8 +245,18 @@ def _own_or_sdk(sdk_encode: Callable[[Sequence[Any]], Any]) -> Callable[[Sequenc
             return _Encoded(encode_spans(spans))
         except _Unsupported:
             return sdk_encode(spans)
+        except Exception:  # a span unlike the SDK's: never worse than the SDK's encoder
+            if not _told:
+                _told.append(True)
+                _logger.warning(
+                    "otel-capture's OTLP encoder failed; the SDK's encodes instead", exc_info=True
+                )
+            return sdk_encode(spans)
 
     return encode
+
+
+_told: list[bool] = []  # the failure above is logged once
 
 
 class _Encoded:

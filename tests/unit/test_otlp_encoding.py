@@ -5,6 +5,8 @@ exporters only, keeping their configuration."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -183,6 +185,32 @@ def test_what_only_the_sdk_encodes_goes_to_the_sdk_whole() -> None:
     translate = otlp._grpc_translate(sdk_encode_spans, ExportTraceServiceRequest)
     assert translate(None, spans) == sdk_encode_spans(spans)
     assert translate(None, spans[1:]) == sdk_encode_spans(spans[1:])  # ours, parsed
+
+
+def test_a_batch_the_encoder_fails_on_goes_to_the_sdk_and_is_told_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    spans = _capture_spans()
+
+    class Odd:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(spans[0], name)
+
+        @property
+        def attributes(self) -> Any:
+            return types.MappingProxyType(OddAttributes(spans[0].attributes or {}))
+
+    class OddAttributes(dict):  # type: ignore[type-arg]  # a mapping whose copy() fails
+        def copy(self) -> Any:
+            raise RuntimeError("no copy")
+
+    odd = [Odd(), *spans]
+    otlp._told.clear()
+    encode = otlp._own_or_sdk(sdk_encode_spans)
+    with caplog.at_level(logging.WARNING, logger="otel_capture._telemetry.otlp"):
+        assert encode(odd) == sdk_encode_spans(odd)
+        assert encode(odd) == sdk_encode_spans(odd)
+    assert caplog.text.count("the SDK's encodes instead") == 1
 
 
 def test_the_sdk_otlp_exporters_a_capture_sees_encode_with_the_capture_and_keep_their_settings() -> None:
