@@ -7,6 +7,7 @@ name it, and once room returns its rollout's incomplete marker names it (call id
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -27,6 +28,8 @@ from support import Gate, ReplayModelServer, serve
 from otel_capture import CaptureSettings, CaptureStore, read_available_model_call_records, start_proxy
 from otel_capture._attach import GAP_INCOMPLETE, GAP_NO_RECORDS, build_model_call_capture
 from otel_capture._store import pending_losses
+from otel_capture._store.inflight import InflightMarkers
+from otel_capture._store.names import INFLIGHT_DIR, INFLIGHT_SUFFIX, STATE_DIR
 from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
 BOUND = 60.0  # generous: how long a recovery may take on a loaded machine before the test gives up
@@ -92,6 +95,22 @@ def _until(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.1)
 
 
+def _hold_markers(
+    store: CaptureStore, rollouts: list[str], count: int, holding: contextlib.ExitStack
+) -> None:
+    """Once the rollouts' in-flight markers list ``count`` calls, open each and keep it open until
+    ``holding`` closes: a neighbour reading them, as ``tail -f`` would. A file removed while open keeps its
+    inode until it is closed, so the markers' removal (the calls' ends) gives no inode back meanwhile."""
+
+    def listed() -> int:
+        return sum(len(InflightMarkers.pending(store.root, rid)) for rid in rollouts)
+
+    _until(lambda: listed() == count, f"the in-flight markers never listed the {count} calls")
+    folder = store.root / STATE_DIR / INFLIGHT_DIR
+    for rid in rollouts:
+        holding.callback(os.close, os.open(folder / (rid + INFLIGHT_SUFFIX), os.O_RDONLY))
+
+
 def _exhaust_inodes(disk: Path) -> list[Path]:
     folder = disk / "filler"
     folder.mkdir(exist_ok=True)
@@ -144,12 +163,16 @@ def test_out_of_inodes_every_lost_call_is_named_and_check_fails_until_its_mark_i
     disk = tmpfs("nr_inodes=400,size=16m")
     store = CaptureStore(disk / "calls")
     new = [f"new{i}" for i in range(8)]  # rollouts with no file yet: each needs inodes it cannot have
-    with start_proxy(upstream_url, str(store.root)) as proxy:
+    with start_proxy(upstream_url, str(store.root)) as proxy, contextlib.ExitStack() as holding:
         warm = httpx.post(f"{proxy.url}/ng-rollout/warm/v1/chat/completions", json={"model": "m"})
         assert warm.status_code == 200
         gate = _gate(server)  # the next calls wait at it, in flight
         threads, answers = _held_calls(proxy.url, [*new, "warm"], gate)
         _wait_in_flight(server, CALLS)
+        # Without the neighbour, warm's marker, removed when its calls are recorded, gives an inode back;
+        # one is enough for a lost call's mark, whose writing removes that rollout's marker, freeing the
+        # next: every mark lands before the test looks, at once or at the writer's retry.
+        _hold_markers(store, [*new, "warm"], CALLS, holding)
         fillers = _exhaust_inodes(disk)
         gate.open()
         for thread in threads:
@@ -172,7 +195,7 @@ def test_out_of_inodes_every_lost_call_is_named_and_check_fails_until_its_mark_i
 
         # a rollout that has its data file keeps capturing, also calls in flight long enough to need an
         # in-flight marker file, which cannot be made now
-        fillers += _exhaust_inodes(disk)  # the calls' ends gave a few inodes back
+        fillers += _exhaust_inodes(disk)  # anything given back since (the held markers give none)
         server.replies["chat"].gate = None
         server.chunk_delay = 0.1
         for _ in range(3):
@@ -181,6 +204,7 @@ def test_out_of_inodes_every_lost_call_is_named_and_check_fails_until_its_mark_i
 
         for filler in fillers:  # room returns: the writer writes the held-back marks by itself
             filler.unlink()
+        holding.close()  # and the neighbour lets go of the removed markers
         _until(lambda: _check(store.root).returncode == 0, "check still fails after the inodes returned")
     per_rollout = {rid: sum(1 for i in range(CALLS) if i % (len(new) + 1) == n) for n, rid in enumerate(new)}
     for rid, calls in per_rollout.items():
