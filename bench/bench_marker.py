@@ -6,7 +6,11 @@
 One ``JsonlWriter`` on a temporary directory, calls made one at a time as a model server makes them
 (``begin``, the call's duration on the event loop, ``submit``, wait until durable), the writer thread's
 CPU read from its ``schedstat`` (it is named ``otel-capture-wr`` in the kernel), user and system apart
-from its ``stat``. Side by side in alternating rounds: calls of 0 ms and of 30 ms. A model server's calls
+from its ``stat``, and its wake-ups: its voluntary context switches (each a time it blocked, on its queue,
+the GIL, a lock or a sync, and was woken again), from its ``status``. On a shared or virtual machine a
+wake-up of a thread whose caches went cold costs far more than the system calls around it, so the
+wake-ups say where the CPU goes when the CPU figures move with the machine's load. Side by side in
+alternating rounds: calls of 0 ms and of 30 ms. A model server's calls
 (vLLM's: 0.1 s and up on CPU) all take the second path: this is the writer's share of
 ``bench_vllm``'s per-call cost, without vLLM.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -33,9 +38,27 @@ def _writer_cpu() -> tuple[float, float, float]:
     return writer.on_cpu * 1000, writer.user * 1000, writer.system * 1000
 
 
-async def _round(writer: JsonlWriter, duration_s: float, calls: int, n: int) -> tuple[float, float, float]:
+def _writer_wakeups() -> int:
+    """The writer thread's voluntary context switches so far (``voluntary_ctxt_switches``)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as comm:
+                if comm.read().strip() != WRITER_THREAD_KERNEL_NAME:
+                    continue
+            with open(f"/proc/self/task/{tid}/status") as status:
+                for line in status:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        return int(line.split()[1])
+        except OSError:
+            continue
+    raise LookupError("no writer thread")
+
+
+async def _round(
+    writer: JsonlWriter, duration_s: float, calls: int, n: int
+) -> tuple[float, float, float, float]:
     loop = asyncio.get_running_loop()
-    before = _writer_cpu()
+    before, woken = _writer_cpu(), _writer_wakeups()
     for i in range(calls):
         model_call_id = f"{n:08x}{i:024x}"
         writer.begin("bench", model_call_id)
@@ -45,12 +68,13 @@ async def _round(writer: JsonlWriter, duration_s: float, calls: int, n: int) -> 
         writer.submit("bench", LINE, model_call_id, None, LoopWaiter(loop, future))
         await future
     after = _writer_cpu()
-    return tuple((a - b) * 1000 / calls for a, b in zip(after, before, strict=True))  # type: ignore[return-value]
+    on_cpu, user, system = ((a - b) * 1000 / calls for a, b in zip(after, before, strict=True))
+    return on_cpu, user, system, (_writer_wakeups() - woken) / calls
 
 
-async def _main(calls: int, rounds: int) -> tuple[dict[str, list[tuple[float, float, float]]], bool]:
+async def _main(calls: int, rounds: int) -> tuple[dict[str, list[tuple[float, float, float, float]]], bool]:
     """The rounds' figures, and whether the lines on disk are exactly the calls made."""
-    found: dict[str, list[tuple[float, float, float]]] = {"0 ms": [], "30 ms": []}
+    found: dict[str, list[tuple[float, float, float, float]]] = {"0 ms": [], "30 ms": []}
     with tempfile.TemporaryDirectory(prefix="bench-marker-") as tmp:
         writer = JsonlWriter(Path(tmp) / "calls")
         writer.flush(10)  # its thread has started (and named itself)
@@ -74,12 +98,12 @@ def main() -> int:
     found, complete = asyncio.run(_main(args.calls, args.rounds))
     rows = []
     for label, rounds in found.items():
-        on_cpu, user, system = (statistics.median(r[i] for r in rounds) for i in range(3))
-        rows.append([label, on_cpu, user, system])
+        on_cpu, user, system, wakeups = (statistics.median(r[i] for r in rounds) for i in range(4))
+        rows.append([label, on_cpu, user, system, wakeups])
     H.print_table(
-        f"writer thread CPU per call, us (medians of {args.rounds} rounds of {args.calls} calls; the marker "
-        f"delay is {MARKER_DELAY * 1000:.0f} ms)",
-        ["call lasts", "on CPU", "user", "system"],
+        f"writer thread CPU per call, us, and its wake-ups per call (medians of {args.rounds} rounds of "
+        f"{args.calls} calls; the marker delay is {MARKER_DELAY * 1000:.0f} ms)",
+        ["call lasts", "on CPU", "user", "system", "wake-ups"],
         rows,
         [
             f"ratio 30 ms / 0 ms: {H.ratio(rows[1][1], rows[0][1])}",
