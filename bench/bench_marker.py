@@ -6,17 +6,26 @@
 One ``JsonlWriter`` on a temporary directory, calls made one at a time as a model server makes them
 (``begin``, the call's duration on the event loop, ``submit``, wait until durable), the writer thread's
 CPU read from its ``schedstat`` (it is named ``otel-capture-wr`` in the kernel), user and system apart
-from its ``stat``. Side by side in alternating rounds: calls of 0 ms and of 30 ms. A model server's calls
-(vLLM's: 0.1 s and up on CPU) all take the second path: this is the writer's share of
-``bench_vllm``'s per-call cost, without vLLM.
+from its ``stat``, and its wake-ups: its voluntary context switches (each a time it blocked, on its queue,
+the GIL, a lock or a sync, and was woken again), from its ``status``. On a shared or virtual machine a
+wake-up of a thread whose caches went cold costs far more than the system calls around it, so the
+wake-ups say where the CPU goes when the CPU figures move with the machine's load. Side by side in
+rotating rounds: calls of 0 ms, of 30 ms, and of 30 ms with the event loop busy meanwhile (a task that
+runs Python for 2 ms at a time, as a model server's loop serves other requests). A model server's calls
+(vLLM's: 0.1 s and up on CPU) all take the 30 ms path: this is the writer's share of ``bench_vllm``'s
+per-call cost, without vLLM. The busy row shows what a busy loop adds: each system call of the writer
+lets the GIL go, and the loop, which wants it, takes it; the writer then waits for it again (more
+wake-ups, and the switch interval's delay each time).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 from bench import _harness as H
@@ -33,9 +42,43 @@ def _writer_cpu() -> tuple[float, float, float]:
     return writer.on_cpu * 1000, writer.user * 1000, writer.system * 1000
 
 
-async def _round(writer: JsonlWriter, duration_s: float, calls: int, n: int) -> tuple[float, float, float]:
+def _writer_wakeups() -> int:
+    """The writer thread's voluntary context switches so far (``voluntary_ctxt_switches``)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as comm:
+                if comm.read().strip() != WRITER_THREAD_KERNEL_NAME:
+                    continue
+            with open(f"/proc/self/task/{tid}/status") as status:
+                for line in status:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        return int(line.split()[1])
+        except OSError:
+            continue
+    raise LookupError("no writer thread")
+
+
+BUSY_SLICE = 0.002
+"""Seconds of Python the busy loop's task runs between two yields to the event loop."""
+
+
+async def _busy(stop: asyncio.Event) -> None:
+    """Keep the event loop busy (and the GIL wanted) until ``stop``: Python for :data:`BUSY_SLICE`, a
+    yield, again."""
+    while not stop.is_set():
+        until = time.perf_counter() + BUSY_SLICE
+        while time.perf_counter() < until:
+            pass
+        await asyncio.sleep(0)
+
+
+async def _round(
+    writer: JsonlWriter, duration_s: float, calls: int, n: int, busy: bool = False
+) -> tuple[float, float, float, float]:
     loop = asyncio.get_running_loop()
-    before = _writer_cpu()
+    stop = asyncio.Event()
+    busy_task = asyncio.create_task(_busy(stop)) if busy else None
+    before, woken = _writer_cpu(), _writer_wakeups()
     for i in range(calls):
         model_call_id = f"{n:08x}{i:024x}"
         writer.begin("bench", model_call_id)
@@ -44,45 +87,56 @@ async def _round(writer: JsonlWriter, duration_s: float, calls: int, n: int) -> 
         future = loop.create_future()
         writer.submit("bench", LINE, model_call_id, None, LoopWaiter(loop, future))
         await future
-    after = _writer_cpu()
-    return tuple((a - b) * 1000 / calls for a, b in zip(after, before, strict=True))  # type: ignore[return-value]
+    after, woke = _writer_cpu(), _writer_wakeups()
+    stop.set()
+    if busy_task is not None:
+        await busy_task
+    on_cpu, user, system = ((a - b) * 1000 / calls for a, b in zip(after, before, strict=True))
+    return on_cpu, user, system, (woke - woken) / calls
 
 
-async def _main(calls: int, rounds: int) -> tuple[dict[str, list[tuple[float, float, float]]], bool]:
+ROWS = {"0 ms": (0.0, False), "30 ms": (0.03, False), "30 ms, loop busy": (0.03, True)}
+"""Each row's call duration and whether the event loop is busy meanwhile."""
+
+
+async def _main(calls: int, rounds: int) -> tuple[dict[str, list[tuple[float, float, float, float]]], bool]:
     """The rounds' figures, and whether the lines on disk are exactly the calls made."""
-    found: dict[str, list[tuple[float, float, float]]] = {"0 ms": [], "30 ms": []}
+    found: dict[str, list[tuple[float, float, float, float]]] = {label: [] for label in ROWS}
     with tempfile.TemporaryDirectory(prefix="bench-marker-") as tmp:
         writer = JsonlWriter(Path(tmp) / "calls")
         writer.flush(10)  # its thread has started (and named itself)
         try:
             await _round(writer, 0.0, 10, 999)  # the state directory and the file made before counting
+            labels = list(ROWS)
             for n in range(rounds):
-                for label in ("0 ms", "30 ms") if n % 2 == 0 else ("30 ms", "0 ms"):
-                    found[label].append(await _round(writer, 0.03 if label == "30 ms" else 0.0, calls, n))
+                for label in labels[n % len(labels) :] + labels[: n % len(labels)]:  # rotated each round
+                    duration_s, busy = ROWS[label]
+                    found[label].append(await _round(writer, duration_s, calls, n, busy))
         finally:
             writer.close()
         lines = H.count_lines(Path(tmp) / "calls")
-    return found, lines == 10 + 2 * rounds * calls
+    return found, lines == 10 + len(ROWS) * rounds * calls
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=100, help="calls per round (default 100)")
-    parser.add_argument("--rounds", type=int, default=6, help="rounds per duration (default 6)")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds per row (default 6)")
     args = parser.parse_args()
     print(H.machine_line(), flush=True)
     found, complete = asyncio.run(_main(args.calls, args.rounds))
     rows = []
     for label, rounds in found.items():
-        on_cpu, user, system = (statistics.median(r[i] for r in rounds) for i in range(3))
-        rows.append([label, on_cpu, user, system])
+        on_cpu, user, system, wakeups = (statistics.median(r[i] for r in rounds) for i in range(4))
+        rows.append([label, on_cpu, user, system, wakeups])
     H.print_table(
-        f"writer thread CPU per call, us (medians of {args.rounds} rounds of {args.calls} calls; the marker "
-        f"delay is {MARKER_DELAY * 1000:.0f} ms)",
-        ["call lasts", "on CPU", "user", "system"],
+        f"writer thread CPU per call, us, and its wake-ups per call (medians of {args.rounds} rounds of "
+        f"{args.calls} calls; the marker delay is {MARKER_DELAY * 1000:.0f} ms)",
+        ["call lasts", "on CPU", "user", "system", "wake-ups"],
         rows,
         [
-            f"ratio 30 ms / 0 ms: {H.ratio(rows[1][1], rows[0][1])}",
+            f"ratio 30 ms / 0 ms: {H.ratio(rows[1][1], rows[0][1])}; loop busy / idle: "
+            f"{H.ratio(rows[2][1], rows[1][1])}",
             f"lines on disk equal the calls: {complete}",
         ],
     )
