@@ -18,6 +18,8 @@ does. What is read, and who needs it:
   reader (a measurement without one goes nowhere), and the metrics API's stand-in
   ``_ProxyMeterProvider._real_meter_provider``: whether a provider was set behind it
   (:class:`otel_capture._telemetry.metrics.MeterGate`);
+- ``CompositePropagator._propagators``: the propagators behind the global one, so the capture writes the
+  W3C trace headers itself when they are the SDK's default (:mod:`._capture.propagation`);
 - ``app._is_instrumented_by_opentelemetry``: the mark contrib's FastAPI/Starlette instrumentation leaves on
   an app it wrapped in its own HTTP server span (:mod:`._instrumentor`).
 
@@ -43,6 +45,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import Sampler
 
 __all__ = [
+    "composite_propagators",
     "configured_exporter_names",
     "configured_sampler",
     "has_metric_readers",
@@ -154,6 +157,16 @@ def meter_provider_pending(stand_in: object) -> bool:
     if real == 0:
         _report_missing("_ProxyMeterProvider._real_meter_provider", _METRICS_ASSUMED)
     return real is None
+
+
+def composite_propagators(composite: object) -> tuple[Any, ...] | None:
+    """The propagators a ``CompositePropagator`` runs, in order (``None`` when they are not found where
+    they are read: the caller then uses the composite as it is)."""
+    propagators = getattr(composite, "_propagators", None)
+    if propagators is None:
+        _report_missing("CompositePropagator._propagators", "the trace headers go through the propagator API")
+        return None
+    return tuple(propagators)
 
 
 def instrumented_by_contrib(app: object) -> bool:

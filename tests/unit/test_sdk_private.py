@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 from opentelemetry import metrics, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.metrics import _internal as metrics_api
+from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk import _configuration as sdk_configuration
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -17,6 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import Sampler
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from otel_capture import _sdk_private as sdk
 from otel_capture._capture.sink import find_sink
@@ -144,3 +147,10 @@ def test_a_meter_provider_of_the_sdk_without_its_readers_is_an_error_in_the_log(
     consumer._reader_storages = storages
     provider._measurement_consumer = consumer
     provider.shutdown()
+
+
+def test_the_composite_propagator_keeps_its_propagators_where_they_are_read() -> None:
+    inner = [TraceContextTextMapPropagator(), W3CBaggagePropagator()]
+    composite = CompositePropagator(inner)
+    assert list(composite._propagators) == inner  # read as is: an AttributeError here is the rename
+    assert sdk.composite_propagators(composite) == tuple(inner)
