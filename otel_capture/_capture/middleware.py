@@ -245,10 +245,12 @@ class ModelCallCaptureMiddleware:
         headers: dict[str, list[bytes]],
         source: str,
         baggage_id: str | None,
+        metrics_recording: bool,
     ) -> tuple[trace.Span, dict[str, Any] | None, otel_context.Context | None]:
         """The model-call span, its start attributes (kept for the metrics) and the caller's context read
         from the headers when no span is current (``None`` otherwise). When no processor would see the
-        span, only its context is made (``_spans``), and the attributes only if the metrics need them."""
+        span, only its context is made (``_spans``), and the attributes only if the metrics need them
+        (``metrics_recording``: :attr:`ServerMetrics.recording`, read once per call)."""
         parent = None
         if not trace.get_current_span().get_span_context().is_valid:
             # No HTTP server span around us: continue the caller's trace from its traceparent header.
@@ -258,7 +260,7 @@ class ModelCallCaptureMiddleware:
         name = f"{operation} {model}" if model else operation
         if self._spans.unseen():
             span: trace.Span = self._spans.context_only(name, parent, self._span_kind)
-            if not self._metrics.recording:
+            if not metrics_recording:
                 return span, None, parent
             return span, self._start_attributes(call, scope, headers, source, baggage_id), parent
         attributes = self._start_attributes(call, scope, headers, source, baggage_id)
@@ -476,7 +478,7 @@ class _CapturedExchange:
             mark = time.perf_counter() if timed else 0.0
         admission = middleware.engine.admit()  # the engine's version as the app takes the call
         span, attributes, parent = middleware._start_span(
-            call, scope, found.headers, found.source, found.baggage_id
+            call, scope, found.headers, found.source, found.baggage_id, timed
         )
         # in the caller's context when there is no server span (its baggage too), else in the current one
         span_context = trace.set_span_in_context(span, parent)
