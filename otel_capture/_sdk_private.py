@@ -22,6 +22,8 @@ does. What is read, and who needs it:
   ``encode_spans`` (``export``; older releases: ``_serialize_spans``), over gRPC, its ``_translate_data``
   and the ``encode_spans`` and ``ExportTraceServiceRequest`` its module imported: where
   :mod:`._telemetry.otlp` puts its own encoder (the SDK's stays for what that encoder does not write);
+- ``CompositePropagator._propagators``: the propagators behind the global one, so the capture writes the
+  W3C trace headers itself when they are the SDK's default (:mod:`._capture.propagation`);
 - ``app._is_instrumented_by_opentelemetry``: the mark contrib's FastAPI/Starlette instrumentation leaves on
   an app it wrapped in its own HTTP server span (:mod:`._instrumentor`).
 
@@ -48,6 +50,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import Sampler
 
 __all__ = [
+    "composite_propagators",
     "configured_exporter_names",
     "configured_sampler",
     "grpc_request_class",
@@ -196,6 +199,16 @@ def meter_provider_pending(stand_in: object) -> bool:
     if real == 0:
         _report_missing("_ProxyMeterProvider._real_meter_provider", _METRICS_ASSUMED)
     return real is None
+
+
+def composite_propagators(composite: object) -> tuple[Any, ...] | None:
+    """The propagators a ``CompositePropagator`` runs, in order (``None`` when they are not found where
+    they are read: the caller then uses the composite as it is)."""
+    propagators = getattr(composite, "_propagators", None)
+    if propagators is None:
+        _report_missing("CompositePropagator._propagators", "the trace headers go through the propagator API")
+        return None
+    return tuple(propagators)
 
 
 def instrumented_by_contrib(app: object) -> bool:

@@ -207,8 +207,9 @@ class InFlightCall:
         scope: Mapping[str, Any] | None = None,
     ) -> None:
         # 128 random bits as 32 hex digits, like NeMo Gym's uuid4().hex; from `random` (reseeded after fork,
-        # as the OpenTelemetry SDK's span ids are) because os.urandom is a ~10 us syscall per call here
-        self.model_call_id = format(random.getrandbits(128), "032x")
+        # as the OpenTelemetry SDK's span ids are) because os.urandom is a ~10 us syscall per call here;
+        # randbytes().hex() is getrandbits(128) as bytes, a third quicker than formatting the int
+        self.model_call_id = random.randbytes(16).hex()
         self.dialect = dialect
         self._spec = DIALECTS[dialect]
         self.rollout_id = rollout_id

@@ -35,8 +35,7 @@ from collections import deque
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import metrics, propagate, trace
-from opentelemetry.propagators.textmap import Getter
+from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from .. import _attributes as A
@@ -69,6 +68,7 @@ from .._telemetry import ServerMetrics, SpanGate
 from .._version import __version__
 from .call import InFlightCall
 from .engine import Admission, EngineWeights, engine_route
+from .propagation import caller_context, with_trace_headers
 from .sink import CallSink, FinishedCall, LoopWaiter, SinkLookup, find_sink
 from .weight import (
     WEIGHT_VERSION_HEADER,
@@ -245,20 +245,22 @@ class ModelCallCaptureMiddleware:
         headers: dict[str, list[bytes]],
         source: str,
         baggage_id: str | None,
+        metrics_recording: bool,
     ) -> tuple[trace.Span, dict[str, Any] | None, otel_context.Context | None]:
         """The model-call span, its start attributes (kept for the metrics) and the caller's context read
         from the headers when no span is current (``None`` otherwise). When no processor would see the
-        span, only its context is made (``_spans``), and the attributes only if the metrics need them."""
+        span, only its context is made (``_spans``), and the attributes only if the metrics need them
+        (``metrics_recording``: :attr:`ServerMetrics.recording`, read once per call)."""
         parent = None
         if not trace.get_current_span().get_span_context().is_valid:
             # No HTTP server span around us: continue the caller's trace from its traceparent header.
-            parent = propagate.extract(headers, getter=_HEADERS_GETTER)
+            parent = caller_context(headers)
         model = call.request_model
         operation = DIALECTS[call.dialect].operation_name  # chat, or text_completion for /v1/completions
         name = f"{operation} {model}" if model else operation
         if self._spans.unseen():
             span: trace.Span = self._spans.context_only(name, parent, self._span_kind)
-            if not self._metrics.recording:
+            if not metrics_recording:
                 return span, None, parent
             return span, self._start_attributes(call, scope, headers, source, baggage_id), parent
         attributes = self._start_attributes(call, scope, headers, source, baggage_id)
@@ -476,14 +478,17 @@ class _CapturedExchange:
             mark = time.perf_counter() if timed else 0.0
         admission = middleware.engine.admit()  # the engine's version as the app takes the call
         span, attributes, parent = middleware._start_span(
-            call, scope, found.headers, found.source, found.baggage_id
+            call, scope, found.headers, found.source, found.baggage_id, timed
         )
         # in the caller's context when there is no server span (its baggage too), else in the current one
         span_context = trace.set_span_in_context(span, parent)
         token = otel_context.attach(span_context)
-        if span.get_span_context().is_valid:
+        context = span.get_span_context()
+        if context.is_valid:
             # An app that traces from the request's headers (vLLM's engine) nests its span under this call.
-            scope["headers"] = _with_trace_headers(scope.get("headers", ()), span_context)
+            scope["headers"] = with_trace_headers(
+                scope.get("headers", ()), found.headers, context, span_context
+            )
         if timed:
             self._own += time.perf_counter() - mark
         exception: BaseException | None = None
@@ -626,38 +631,6 @@ class _Deadlines:
                 # the writer resolves it later into the void (it skips done futures)
                 future.set_exception(_NotDurableInTime())
             queue.popleft()
-
-
-class _HeadersGetter(Getter[dict[str, list[bytes]]]):
-    """The propagators read the request's headers where they are (``headers_by_name``), not from a copy of
-    every header decoded per call."""
-
-    def get(self, carrier: dict[str, list[bytes]], key: str) -> list[str] | None:
-        values = carrier.get(key)
-        return None if values is None else [b",".join(values).decode("latin-1")]
-
-    def keys(self, carrier: dict[str, list[bytes]]) -> list[str]:
-        return list(carrier)
-
-
-_HEADERS_GETTER = _HeadersGetter()
-
-
-def _with_trace_headers(headers: Any, context: otel_context.Context) -> list[tuple[bytes, bytes]]:
-    """The request's headers with the call span's ``traceparent`` (and the propagators' other trace
-    fields, e.g. ``tracestate``, which the span carries from its parent) in place of the caller's. The
-    caller's ``baggage`` goes on as it was sent, as the proxy passes it."""
-    fields: dict[str, str] = {}
-    propagate.inject(fields, context)
-    fields.pop("baggage", None)
-    names = {name.encode("latin-1") for name in fields}
-    kept = [(k, v) for k, v in headers if k.lower() not in names]
-    kept += [
-        (k.encode("latin-1"), v.encode("latin-1"))
-        for k, v in fields.items()
-        if "\r" not in v and "\n" not in v
-    ]
-    return kept
 
 
 async def _read_request(receive: Receive) -> tuple[list[Message], bool]:

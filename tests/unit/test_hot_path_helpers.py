@@ -15,7 +15,8 @@ from opentelemetry.trace import get_current_span
 from support import metric_points
 
 from otel_capture import _attributes as A
-from otel_capture._capture.middleware import _HEADERS_GETTER, _Deadlines, _NotDurableInTime
+from otel_capture._capture.middleware import _Deadlines, _NotDurableInTime
+from otel_capture._capture.propagation import HEADERS_GETTER
 from otel_capture._correlation import response_headers
 from otel_capture._correlation.routing import content_length, first_header, headers_by_name
 from otel_capture._telemetry import ServerMetrics
@@ -57,12 +58,12 @@ def test_the_propagators_read_the_headers_as_from_a_decoded_copy() -> None:
     }
     headers = headers_by_name(scope)
     copy = {k: b",".join(v).decode("latin-1") for k, v in headers.items()}
-    ours = propagate.extract(headers, getter=_HEADERS_GETTER)
+    ours = propagate.extract(headers, getter=HEADERS_GETTER)
     plain = propagate.extract(copy)
     assert get_current_span(ours).get_span_context() == get_current_span(plain).get_span_context()
     assert get_current_span(ours).get_span_context().is_valid
     assert baggage.get_all(ours) == baggage.get_all(plain) == {"rollout.id": "r1", "k": "v"}
-    assert propagate.extract({}, getter=_HEADERS_GETTER) == propagate.extract({})
+    assert propagate.extract({}, getter=HEADERS_GETTER) == propagate.extract({})
 
 
 def test_a_wait_past_its_deadline_fails_and_ended_waits_are_dropped() -> None:

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 from opentelemetry import metrics, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.metrics import _internal as metrics_api
+from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk import _configuration as sdk_configuration
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -17,6 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import Sampler
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from otel_capture import _sdk_private as sdk
 from otel_capture._capture.sink import find_sink
@@ -161,3 +164,10 @@ def test_the_sdk_otlp_span_exporters_encode_where_the_capture_puts_its_encoder(
     with caplog.at_level(logging.ERROR, logger="otel_capture._sdk_private"):
         assert sdk.http_encoding_methods(object) == [] and sdk.grpc_request_class(object) is None
     assert "the same bytes, more CPU" in caplog.text
+
+
+def test_the_composite_propagator_keeps_its_propagators_where_they_are_read() -> None:
+    inner = [TraceContextTextMapPropagator(), W3CBaggagePropagator()]
+    composite = CompositePropagator(inner)
+    assert list(composite._propagators) == inner  # read as is: an AttributeError here is the rename
+    assert sdk.composite_propagators(composite) == tuple(inner)
