@@ -1,6 +1,6 @@
 """The capture proxy on a real GlusterFS mount against the same proxy on the local disk, in one run.
 
-    python -m bench.bench_gluster [--seconds S] [--quick] [--against SRC]
+    python -m bench.bench_gluster [--seconds S] [--quick] [--against SRC ...]
 
 Needs root, ``/dev/fuse`` and Debian's ``glusterfs-server`` / ``glusterfs-client`` (``.ci/run`` installs
 them) and ``wrk``. The volume is the one ``tests/gluster/`` runs on (``tests/gluster_cluster.py``: one
@@ -19,9 +19,10 @@ proxy``) in front of one upstream that answers at once:
 
 Every run checks that wrk saw no error and the proxies counted no failed record.
 
-``--against SRC`` measures, in the same run, a second pair of node proxies whose ``otel_capture`` is
-imported from another source tree (``git archive main | tar -x -C SRC``): every mount figure gets a
-"before" beside it, for a change's before/after on a machine whose load moves.
+``--against SRC`` (repeatable) measures, in the same run, another pair of node proxies whose
+``otel_capture`` is imported from another source tree (``git archive main | tar -x -C SRC``), in its own
+directory on the mount: every mount figure gets that tree's beside it (named after ``SRC``'s last
+component), for a change's before/after on a machine whose load moves.
 """
 
 from __future__ import annotations
@@ -152,7 +153,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=10, help="seconds per measurement (default 10)")
     parser.add_argument("--quick", action="store_true", help="3-second measurements")
     parser.add_argument(
-        "--against", type=Path, help="another source tree whose proxy is measured beside this one's"
+        "--against",
+        type=Path,
+        action="append",
+        default=[],
+        help="another source tree whose proxy is measured beside this one's (repeatable)",
     )
     args = parser.parse_args()
     seconds = 3 if args.quick else args.seconds
@@ -172,11 +177,10 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _run(mounts: tuple[Path, Path], work: Path, seconds: int, against: Path | None) -> int:
+def _run(mounts: tuple[Path, Path], work: Path, seconds: int, against: list[Path]) -> int:
     local = work / "local" / "calls"
     local.parent.mkdir()
     on_mount = (mounts[0] / "calls", mounts[1] / "calls")  # one directory, seen from each node
-    before_dirs = (mounts[0] / "calls-before", mounts[1] / "calls-before")
     print(H.machine_line(local.parent), flush=True)
     print(f"GlusterFS: {H.filesystem_of(mounts[0])} at {mounts[0]} and {mounts[1]}", flush=True)
     print(f"load: {H.loadgen_name()}, {seconds} s per measurement", flush=True)
@@ -190,17 +194,23 @@ def _run(mounts: tuple[Path, Path], work: Path, seconds: int, against: Path | No
             on_disk = stack.enter_context(proxy(local, "proxy on the local disk"))
             node1 = stack.enter_context(proxy(on_mount[0], "proxy on node 1"))
             node2 = stack.enter_context(proxy(on_mount[1], "proxy on node 2"))
-            before: tuple[H.ServerProcess, H.ServerProcess] | None = None
-            if against is not None:
-                before = (
-                    stack.enter_context(proxy(before_dirs[0], "before: node 1", against)),
-                    stack.enter_context(proxy(before_dirs[1], "before: node 2", against)),
+            variants: list[tuple[str, tuple[H.ServerProcess, H.ServerProcess]]] = [("mount", (node1, node2))]
+            for n, src in enumerate(against):
+                name = src.name
+                variants.append(
+                    (
+                        name,
+                        (
+                            stack.enter_context(proxy(mounts[0] / f"calls-{n}", f"{name}: node 1", src)),
+                            stack.enter_context(proxy(mounts[1] / f"calls-{n}", f"{name}: node 2", src)),
+                        ),
+                    )
                 )
-            for server in (on_disk, node1, node2, *(before or ())):  # the state directory, first opens
+            for server in (on_disk, *(s for _, pair in variants for s in pair)):  # state dirs, first opens
                 measure(server, 16, 1, 32, "/ng-rollout/warm-")
             seen: list[tuple[str, Run]] = []
-            ok = _one_node_table(on_disk, node1, before, seconds, seen)
-            ok &= _two_nodes_table((node1, node2), before, seconds, seen)
+            ok = _one_node_table(on_disk, variants, seconds, seen)
+            ok &= _two_nodes_table(variants, seconds, seen)
             print(f"\nerrors and failed records: {_problems(seen)}")
             print(f"no wrk error and no failed record in any run: {ok}")
     return 0 if ok else 1
@@ -208,8 +218,7 @@ def _run(mounts: tuple[Path, Path], work: Path, seconds: int, against: Path | No
 
 def _one_node_table(
     on_disk: H.ServerProcess,
-    node1: H.ServerProcess,
-    before: tuple[H.ServerProcess, H.ServerProcess] | None,
+    variants: list[tuple[str, tuple[H.ServerProcess, H.ServerProcess]]],
     seconds: int,
     seen: list[tuple[str, Run]],
 ) -> bool:
@@ -218,9 +227,7 @@ def _one_node_table(
     by_case: dict[tuple[int, int], dict[str, Run]] = {}
     for n, (rollouts, concurrency) in enumerate(CASES):
         prefix = f"/ng-rollout/r{rollouts}-"
-        order = [("disk", on_disk), ("mount", node1)]
-        if before is not None:
-            order.append(("before", before[0]))
+        order = [("disk", on_disk), *((name, pair[0]) for name, pair in variants)]
         if concurrency == CASES[0][1]:
             for _, server in order:
                 warm(server, rollouts, prefix)
@@ -233,8 +240,8 @@ def _one_node_table(
             seen.append((f"{name} {rollouts}/c={concurrency}", run))
         disk, mount = found["disk"], found["mount"]
         row = [f"{rollouts:,} rollouts, c={concurrency}", disk.rps, mount.rps, H.ratio(mount.rps, disk.rps)]
-        if before is not None:
-            row += [found["before"].rps, H.ratio(found["before"].rps, disk.rps)]
+        for name, _ in variants[1:]:
+            row += [found[name].rps, H.ratio(found[name].rps, disk.rps)]
         row += [
             mount.p50_ms,
             mount.p99_ms,
@@ -243,7 +250,7 @@ def _one_node_table(
         ]
         rows.append(row)
     notes = []
-    for name in ("mount", "before") if before is not None else ("mount",):
+    for name, _ in variants:
         for rollouts in (32, 1024):
             low, high = by_case[(rollouts, 64)][name], by_case[(rollouts, 256)][name]
             notes.append(f"{rollouts:,} rollouts, {name}, c=256 against c=64: {H.ratio(high.rps, low.rps)}")
@@ -253,8 +260,8 @@ def _one_node_table(
             f"{H.ratio(half[name].rps, half['disk'].rps)}"
         )
     header = ["load", "local disk", "mount", "mount/disk"]
-    if before is not None:
-        header += ["before", "before/disk"]
+    for name, _ in variants[1:]:
+        header += [name, f"{name}/disk"]
     header += ["mount p50 ms", "mount p99 ms", "fsyncs/record", "records/batch"]
     H.print_table(
         "the capture proxy, non-streamed chat calls: local disk against the GlusterFS mount (req/s)",
@@ -266,14 +273,13 @@ def _one_node_table(
 
 
 def _two_nodes_table(
-    nodes: tuple[H.ServerProcess, H.ServerProcess],
-    before: tuple[H.ServerProcess, H.ServerProcess] | None,
+    variants: list[tuple[str, tuple[H.ServerProcess, H.ServerProcess]]],
     seconds: int,
     seen: list[tuple[str, Run]],
 ) -> bool:
     ok = True
     rows = []
-    pairs = [("mount", nodes)] + ([("before", before)] if before is not None else [])
+    pairs = variants
     for _, (first, second) in pairs:
         warm(second, 1024, "/ng-rollout/n2-")
         warm(first, 1024, "/ng-rollout/n1-")
