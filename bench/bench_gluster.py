@@ -139,6 +139,15 @@ def _clean(run: Run) -> bool:
     return run.errors == 0 and run.failures == 0
 
 
+COARSE_BATCHES = 5
+"""A window that saw fewer of the writer's batches than this measured a handful of batches: coarse."""
+
+
+def _coarse(runs: list[tuple[str, Run]]) -> str:
+    coarse = [f"{label} ({run.batches})" for label, run in runs if run.batches < COARSE_BATCHES]
+    return "; ".join(coarse) or "none"
+
+
 def _problems(runs: list[tuple[str, Run]]) -> str:
     bad = [
         f"{label}: {run.errors} wrk error(s), {run.failures} failed record(s)"
@@ -213,6 +222,10 @@ def _run(mounts: tuple[Path, Path], work: Path, seconds: int, against: list[Path
             ok &= _two_nodes_table(variants, seconds, seen)
             print(f"\nerrors and failed records: {_problems(seen)}")
             print(f"no wrk error and no failed record in any run: {ok}")
+            print(
+                f"windows with fewer than {COARSE_BATCHES} batches (coarse: a longer --seconds): "
+                f"{_coarse(seen)}"
+            )
     return 0 if ok else 1
 
 
