@@ -1,6 +1,6 @@
 """The capture proxy on a real GlusterFS mount against the same proxy on the local disk, in one run.
 
-    python -m bench.bench_gluster [--seconds S] [--quick]
+    python -m bench.bench_gluster [--seconds S] [--quick] [--against SRC ...]
 
 Needs root, ``/dev/fuse`` and Debian's ``glusterfs-server`` / ``glusterfs-client`` (``.ci/run`` installs
 them) and ``wrk``. The volume is the one ``tests/gluster/`` runs on (``tests/gluster_cluster.py``: one
@@ -18,11 +18,17 @@ proxy``) in front of one upstream that answers at once:
   the one node.
 
 Every run checks that wrk saw no error and the proxies counted no failed record.
+
+``--against SRC`` (repeatable) measures, in the same run, another pair of node proxies whose
+``otel_capture`` is imported from another source tree (``git archive main | tar -x -C SRC``), in its own
+directory on the mount: every mount figure gets that tree's beside it (named after ``SRC``'s last
+component), for a change's before/after on a machine whose load moves.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import sys
 import tempfile
@@ -114,12 +120,32 @@ def warm(proxy: H.ServerProcess, rollouts: int, prefix: str) -> None:
             return
 
 
+def _proxy_argv(src: Path | None, *extra: str) -> list[str]:
+    """``bench._servers proxy`` from this tree, or from ``src`` (its ``otel_capture`` and ``bench``)."""
+    if src is None:
+        return H.server_argv("proxy", *extra)
+    code = (
+        f"import runpy, sys; sys.path.insert(0, {str(src)!r}); "
+        "runpy.run_module('bench._servers', run_name='__main__')"
+    )
+    return [H.PYTHON, "-c", code, "proxy", *extra]
+
+
 def _fsyncs_per_record(run: Run) -> float | None:
     return run.fsyncs / run.records if run.records else None
 
 
 def _clean(run: Run) -> bool:
     return run.errors == 0 and run.failures == 0
+
+
+COARSE_BATCHES = 5
+"""A window that saw fewer of the writer's batches than this measured a handful of batches: coarse."""
+
+
+def _coarse(runs: list[tuple[str, Run]]) -> str:
+    coarse = [f"{label} ({run.batches})" for label, run in runs if run.batches < COARSE_BATCHES]
+    return "; ".join(coarse) or "none"
 
 
 def _problems(runs: list[tuple[str, Run]]) -> str:
@@ -135,6 +161,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=int, default=10, help="seconds per measurement (default 10)")
     parser.add_argument("--quick", action="store_true", help="3-second measurements")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        action="append",
+        default=[],
+        help="another source tree whose proxy is measured beside this one's (repeatable)",
+    )
     args = parser.parse_args()
     seconds = 3 if args.quick else args.seconds
     reason = unavailable()
@@ -148,126 +181,151 @@ def main() -> int:
     try:
         (work / "gluster").mkdir()
         with running_gluster(work / "gluster") as cluster:
-            return _run(cluster.mounts, work, seconds)
+            return _run(cluster.mounts, work, seconds, args.against)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _run(mounts: tuple[Path, Path], work: Path, seconds: int) -> int:
+def _run(mounts: tuple[Path, Path], work: Path, seconds: int, against: list[Path]) -> int:
     local = work / "local" / "calls"
     local.parent.mkdir()
     on_mount = (mounts[0] / "calls", mounts[1] / "calls")  # one directory, seen from each node
     print(H.machine_line(local.parent), flush=True)
     print(f"GlusterFS: {H.filesystem_of(mounts[0])} at {mounts[0]} and {mounts[1]}", flush=True)
     print(f"load: {H.loadgen_name()}, {seconds} s per measurement", flush=True)
-    ok = True
     with H.ServerProcess(H.server_argv("bare"), name="upstream") as upstream:
 
-        def proxy(directory: Path, name: str) -> H.ServerProcess:
-            argv = H.server_argv("proxy", "--upstream", upstream.url, "--capture-dir", str(directory))
+        def proxy(directory: Path, name: str, src: Path | None = None) -> H.ServerProcess:
+            argv = _proxy_argv(src, "--upstream", upstream.url, "--capture-dir", str(directory))
             return H.ServerProcess(argv, name=name)
 
-        with (
-            proxy(local, "proxy on the local disk") as on_disk,
-            proxy(on_mount[0], "proxy on node 1") as node1,
-            proxy(on_mount[1], "proxy on node 2") as node2,
-        ):
-            for server in (on_disk, node1, node2):  # the state directory made, the files' first open
+        with contextlib.ExitStack() as stack:
+            on_disk = stack.enter_context(proxy(local, "proxy on the local disk"))
+            node1 = stack.enter_context(proxy(on_mount[0], "proxy on node 1"))
+            node2 = stack.enter_context(proxy(on_mount[1], "proxy on node 2"))
+            variants: list[tuple[str, tuple[H.ServerProcess, H.ServerProcess]]] = [("mount", (node1, node2))]
+            for n, src in enumerate(against):
+                name = src.name
+                variants.append(
+                    (
+                        name,
+                        (
+                            stack.enter_context(proxy(mounts[0] / f"calls-{n}", f"{name}: node 1", src)),
+                            stack.enter_context(proxy(mounts[1] / f"calls-{n}", f"{name}: node 2", src)),
+                        ),
+                    )
+                )
+            for server in (on_disk, *(s for _, pair in variants for s in pair)):  # state dirs, first opens
                 measure(server, 16, 1, 32, "/ng-rollout/warm-")
-            rows = []
             seen: list[tuple[str, Run]] = []
-            by_case: dict[tuple[int, int], tuple[Run, Run]] = {}
-            for n, (rollouts, concurrency) in enumerate(CASES):
-                prefix = f"/ng-rollout/r{rollouts}-"
-                if concurrency == CASES[0][1]:
-                    warm(on_disk, rollouts, prefix)
-                    warm(node1, rollouts, prefix)
-                order = [("disk", on_disk), ("mount", node1)]
-                if n % 2:
-                    order.reverse()
-                found = {
-                    name: measure(server, concurrency, seconds, rollouts, prefix) for name, server in order
-                }
-                disk, mount = found["disk"], found["mount"]
-                by_case[(rollouts, concurrency)] = (disk, mount)
-                ok &= _clean(disk) and _clean(mount)
-                seen.extend(
-                    [(f"disk {rollouts}/c={concurrency}", disk), (f"mount {rollouts}/c={concurrency}", mount)]
-                )
-                rows.append(
-                    [
-                        f"{rollouts:,} rollouts, c={concurrency}",
-                        disk.rps,
-                        mount.rps,
-                        H.ratio(mount.rps, disk.rps),
-                        mount.p50_ms,
-                        mount.p99_ms,
-                        _fsyncs_per_record(mount),
-                        mount.records / mount.batches if mount.batches else None,
-                    ]
-                )
-            notes = []
-            for rollouts in (32, 1024):
-                low, high = by_case[(rollouts, 64)][1], by_case[(rollouts, 256)][1]
-                notes.append(
-                    f"{rollouts:,} rollouts on the mount, c=256 against c=64: {H.ratio(high.rps, low.rps)}"
-                )
-            half = by_case[(1024, 256)]
-            notes.append(
-                f"goal: the mount at c=256 over 1,024 rollouts >= 0.5x the local disk: {H.ratio(half[1].rps, half[0].rps)}"
-            )
-            H.print_table(
-                "the capture proxy, non-streamed chat calls: local disk against the GlusterFS mount (req/s)",
-                [
-                    "load",
-                    "local disk",
-                    "mount",
-                    "mount/disk",
-                    "mount p50 ms",
-                    "mount p99 ms",
-                    "fsyncs/record",
-                    "records/batch",
-                ],
-                rows,
-                notes,
-            )
-
-            rows = []
-            warm(node2, 1024, "/ng-rollout/n2-")
-            warm(node1, 1024, "/ng-rollout/n1-")
-            for concurrency in (64, 256):
-                one = measure(node1, concurrency, seconds, 1024, "/ng-rollout/n1-")
-                two = measure_together(
-                    [(node1, "/ng-rollout/n1-"), (node2, "/ng-rollout/n2-")], concurrency, seconds, 1024
-                )
-                ok &= _clean(one) and all(_clean(run) for run in two)
-                seen.extend(
-                    [
-                        (f"one node c={concurrency}", one),
-                        *((f"two nodes c={concurrency}", run) for run in two),
-                    ]
-                )
-                total = sum(run.rps for run in two)
-                rows.append(
-                    [
-                        f"1,024 rollouts per node, c={concurrency} per node",
-                        one.rps,
-                        two[0].rps,
-                        two[1].rps,
-                        total,
-                        H.ratio(total, one.rps),
-                    ]
-                )
-            H.print_table(
-                "one node against two writing into one directory on the mount at once (req/s)",
-                ["load", "one node", "two: node 1", "two: node 2", "two: sum", "two/one"],
-                rows,
-                [
-                    f"errors and failed records: {_problems(seen)}",
-                    f"no wrk error and no failed record in any run: {ok}",
-                ],
+            ok = _one_node_table(on_disk, variants, seconds, seen)
+            ok &= _two_nodes_table(variants, seconds, seen)
+            print(f"\nerrors and failed records: {_problems(seen)}")
+            print(f"no wrk error and no failed record in any run: {ok}")
+            print(
+                f"windows with fewer than {COARSE_BATCHES} batches (coarse: a longer --seconds): "
+                f"{_coarse(seen)}"
             )
     return 0 if ok else 1
+
+
+def _one_node_table(
+    on_disk: H.ServerProcess,
+    variants: list[tuple[str, tuple[H.ServerProcess, H.ServerProcess]]],
+    seconds: int,
+    seen: list[tuple[str, Run]],
+) -> bool:
+    ok = True
+    rows = []
+    by_case: dict[tuple[int, int], dict[str, Run]] = {}
+    for n, (rollouts, concurrency) in enumerate(CASES):
+        prefix = f"/ng-rollout/r{rollouts}-"
+        order = [("disk", on_disk), *((name, pair[0]) for name, pair in variants)]
+        if concurrency == CASES[0][1]:
+            for _, server in order:
+                warm(server, rollouts, prefix)
+        if n % 2:
+            order.reverse()
+        found = {name: measure(server, concurrency, seconds, rollouts, prefix) for name, server in order}
+        by_case[(rollouts, concurrency)] = found
+        for name, run in found.items():
+            ok &= _clean(run)
+            seen.append((f"{name} {rollouts}/c={concurrency}", run))
+        disk, mount = found["disk"], found["mount"]
+        row = [f"{rollouts:,} rollouts, c={concurrency}", disk.rps, mount.rps, H.ratio(mount.rps, disk.rps)]
+        for name, _ in variants[1:]:
+            row += [found[name].rps, H.ratio(found[name].rps, disk.rps)]
+        row += [
+            mount.p50_ms,
+            mount.p99_ms,
+            _fsyncs_per_record(mount),
+            mount.records / mount.batches if mount.batches else None,
+        ]
+        rows.append(row)
+    notes = []
+    for name, _ in variants:
+        for rollouts in (32, 1024):
+            low, high = by_case[(rollouts, 64)][name], by_case[(rollouts, 256)][name]
+            notes.append(f"{rollouts:,} rollouts, {name}, c=256 against c=64: {H.ratio(high.rps, low.rps)}")
+        half = by_case[(1024, 256)]
+        notes.append(
+            f"goal ({name}): c=256 over 1,024 rollouts >= 0.5x the local disk: "
+            f"{H.ratio(half[name].rps, half['disk'].rps)}"
+        )
+    header = ["load", "local disk", "mount", "mount/disk"]
+    for name, _ in variants[1:]:
+        header += [name, f"{name}/disk"]
+    header += ["mount p50 ms", "mount p99 ms", "fsyncs/record", "records/batch"]
+    H.print_table(
+        "the capture proxy, non-streamed chat calls: local disk against the GlusterFS mount (req/s)",
+        header,
+        rows,
+        notes,
+    )
+    return ok
+
+
+def _two_nodes_table(
+    variants: list[tuple[str, tuple[H.ServerProcess, H.ServerProcess]]],
+    seconds: int,
+    seen: list[tuple[str, Run]],
+) -> bool:
+    ok = True
+    rows = []
+    pairs = variants
+    for _, (first, second) in pairs:
+        warm(second, 1024, "/ng-rollout/n2-")
+        warm(first, 1024, "/ng-rollout/n1-")
+    for concurrency in (64, 256):
+        for name, (first, second) in pairs:
+            one = measure(first, concurrency, seconds, 1024, "/ng-rollout/n1-")
+            two = measure_together(
+                [(first, "/ng-rollout/n1-"), (second, "/ng-rollout/n2-")], concurrency, seconds, 1024
+            )
+            ok &= _clean(one) and all(_clean(run) for run in two)
+            seen.extend(
+                [
+                    (f"{name}: one node c={concurrency}", one),
+                    *((f"{name}: two nodes c={concurrency}", run) for run in two),
+                ]
+            )
+            total = sum(run.rps for run in two)
+            rows.append(
+                [
+                    f"{name}: 1,024 rollouts per node, c={concurrency} per node",
+                    one.rps,
+                    two[0].rps,
+                    two[1].rps,
+                    total,
+                    H.ratio(total, one.rps),
+                ]
+            )
+    H.print_table(
+        "one node against two writing into one directory on the mount at once (req/s)",
+        ["load", "one node", "two: node 1", "two: node 2", "two: sum", "two/one"],
+        rows,
+    )
+    return ok
 
 
 if __name__ == "__main__":
