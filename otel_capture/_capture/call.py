@@ -179,12 +179,17 @@ def classify_exception(exc: BaseException) -> str:
     return "exception"
 
 
+_NO_TOKENS: dict[str, Any] = {"prompt_token_ids": None, "generations": []}  # extract_tokens found none
+
+
 def _token_checks(
     request: dict[str, Any] | None, response: dict[str, Any] | None, dialect: str
 ) -> tuple[str | None, str | None]:
     """``(tokens_missing, token_mismatch)`` of an answer (``docs/tokens.md``), its tokens read once."""
     try:
         found = extract_tokens(response)
+        if found is None:  # no tokens at all (most answers): nothing to mismatch, and not read twice more
+            return tokens_missing(request, response, dialect, _NO_TOKENS), None
         return tokens_missing(request, response, dialect, found), token_mismatch(
             request, response, dialect, found
         )
