@@ -231,9 +231,13 @@ class StreamReassembly:
         if whole is None:
             self._dispatch(self._decoder.feed(data))
             return
-        # the usual shape (only ``data:`` lines): one event object carries each event's data in turn (an
-        # accumulator reads an event, never keeps it)
-        event = SSEEvent(None, "")
+        # the usual shape (only ``data:`` lines): read in one call while the cap is not reached
+        size = sum(map(len, whole))
+        if size < self._budget:
+            self._budget -= size
+            self.accumulator.add_data(whole)
+            return
+        event = SSEEvent(None, "")  # one event object carries each event's data in turn (never kept)
         add = self.accumulator.add
         for event.data in whole:
             if self._budget > 0:
