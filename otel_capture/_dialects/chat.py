@@ -5,7 +5,15 @@ Part of stream reassembly; see :mod:`otel_capture._dialects.reassembly` for the 
 
 from __future__ import annotations
 
-from .stream import JsonDict, _ChoicesAccumulator, _merge
+import logging
+from typing import Any
+
+import orjson
+
+from .sse import SSEEvent
+from .stream import _LATEST_TOP, JsonDict, _ChoicesAccumulator, _merge, _Text
+
+_logger = logging.getLogger(__name__)
 
 __all__ = ["ChatCompletionsAccumulator"]
 
@@ -41,6 +49,75 @@ class ChatCompletionsAccumulator(_ChoicesAccumulator[_ChatChoice]):
 
     _OBJECT = "chat.completion"
     _SKIPPED_TOP = frozenset({"choices", "usage", "object", "error", "obfuscation"})
+
+    def add_data(self, datas: list[str]) -> None:
+        """The usual chunk (top-level keys already settled, one choice already begun whose delta is only a
+        ``content`` string, no finish reason, log-probs, token ids or error) is read here in one loop,
+        with what :meth:`add` would do to it and nothing else (it was 55 % of a streamed event's CPU as
+        five calls deep); any other event goes through :meth:`add`."""
+        event = SSEEvent(None, "")
+        add = self.add
+        settled = self._settled_top
+        top = self._top
+        states = self._choices
+        texts = self._texts
+        group = _Text._GROUP
+        payload: Any
+        choice: Any
+        delta: Any
+        for data in datas:
+            try:
+                try:
+                    payload = orjson.loads(data) if len(data) >= 16 else None
+                except ValueError:  # NaN and the like: add reads it again, leniently
+                    payload = None
+                choices = payload.get("choices") if type(payload) is dict else None
+                if (
+                    type(choices) is not list
+                    or len(choices) != 1
+                    or "error" in payload
+                    or not settled.issuperset(payload)
+                ):
+                    event.data = data
+                    add(event)
+                    continue
+                choice = choices[0]
+                delta = choice.get("delta") if type(choice) is dict else None
+                state = (
+                    states.get(choice.get("index", 0)) if type(delta) is dict and len(delta) == 1 else None
+                )
+                content = delta.get("content") if state is not None else None
+                if (
+                    type(content) is not str
+                    or state is None
+                    or choice.get("finish_reason")
+                    or choice.get("logprobs") is not None
+                    or "token_ids" in choice
+                    or "stop_reason" in choice
+                    or type(choice.get("index", 0)) is not int
+                ):
+                    event.data = data
+                    add(event)
+                    continue
+                for key in _LATEST_TOP:
+                    value = payload.get(key)
+                    if value is not None:
+                        top[key] = value
+                usage = payload.get("usage")
+                if type(usage) is dict:
+                    self._usage = usage
+                message = state.message
+                text = texts.get((id(message), "content"))
+                if text is None:
+                    text = texts[(id(message), "content")] = _Text(message, "content")
+                tail = text.tail
+                tail.append(content)
+                if len(tail) >= group:
+                    text.groups.append("".join(tail))
+                    tail.clear()
+            except Exception:  # telemetry never breaks the host app; the tests assert this stays at 0
+                self.internal_errors += 1
+                _logger.debug("skipped a stream event that could not be reassembled", exc_info=True)
 
     def _add_choice(self, choice: JsonDict) -> bool:
         index = choice.get("index")

@@ -85,6 +85,17 @@ class SSEDecoder:
         """Nothing of an event is held: no incomplete line, no undispatched data or event name."""
         return not (self._tail or self._data or self._discarding_line or self._event is not None)
 
+    def held(self) -> bytes | None:
+        """What is held of an event not yet dispatched: its name, data lines and incomplete last line,
+        joined by line feeds (``b""`` at an event boundary); ``None`` while a line over the cap is being
+        dropped (what it held is not known)."""
+        if self._discarding_line:
+            return None
+        if self._event is None and not self._data:
+            return bytes(self._tail)
+        parts = [self._event or "", *self._data]
+        return "\n".join(parts).encode("utf-8", "surrogatepass") + b"\n" + self._tail
+
     @property
     def pending_bytes(self) -> int:
         """Bytes held for the incomplete line and the undispatched event's data."""

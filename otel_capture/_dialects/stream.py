@@ -35,6 +35,8 @@ class StreamAccumulator(Protocol):
 
     def add(self, event: SSEEvent) -> bool: ...
 
+    def add_data(self, datas: list[str]) -> None: ...
+
     def result(self) -> JsonDict | None: ...
 
 
@@ -162,6 +164,14 @@ class _Accumulator:
             self.internal_errors += 1
             _logger.debug("skipped a stream event that could not be reassembled", exc_info=True)
             return False
+
+    def add_data(self, datas: list[str]) -> None:
+        """Feed the data of events without an ``event:`` name, in order (the deferred reassembly's batch);
+        what each carried is not told. An accumulator may read the usual shape faster here."""
+        event = SSEEvent(None, "")  # one event object carries each event's data in turn: add never keeps it
+        add = self.add
+        for event.data in datas:
+            add(event)
 
     def result(self) -> JsonDict | None:
         """The reassembled response so far; None when nothing usable arrived."""

@@ -163,9 +163,12 @@ _MALLOC_TRIM = _malloc_trim()
 # The kernel's send buffer for each client connection (accepted sockets inherit it from the listening one):
 # fixed instead of autotuned up to net.ipv4.tcp_wmem's maximum (4 MiB), so a client that stops reading holds
 # at most this much sent-but-unread in the proxy's kernel, and the proxy's writes then wait (uvicorn's
-# flow control, which pauses the relay and so the upstream read). Enough to keep a fast client's loopback
-# or LAN connection full (a model stream is far slower than this per round trip). (contract D33)
-CLIENT_SEND_BUFFER = 256 * 1024
+# flow control, which pauses the relay and so the upstream read). 64 KiB (the kernel doubles it): what the
+# proxy holds per slow client is mostly the record's copy of what this buffer took, 0.8 MiB less per
+# client than at 256 KiB (200 slow readers: 209 MiB against 372 MiB of RSS), and a 64 MiB stream relays no
+# slower (the proxy's own CPU, ~20 MiB/s, is the bound on loopback; a model stream is far slower than even
+# a WAN round trip's worth of this). (contract D33, D45)
+CLIENT_SEND_BUFFER = 64 * 1024
 
 
 def limit_client_buffers(sock: socket.socket) -> socket.socket:

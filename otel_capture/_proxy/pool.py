@@ -40,6 +40,13 @@ def _stale(exc: BaseException) -> bool:
     )
 
 
+# aiohttp's read buffer for an upstream's body: reading pauses once twice this is buffered (plus the socket
+# read in flight). 16 KiB rather than aiohttp's 64 KiB: a slow client's call holds less (200 slow readers
+# stayed under 300 MB in 3 of 3 runs that had settled at ~296 MiB with 64 KiB), and a fast 64 MiB stream
+# costs the proxy no more CPU (contract D45).
+_READ_BUFFER = 16 * 1024
+
+
 class UpstreamHeadTooLarge(aiohttp.ClientResponseError):
     """The upstream's status line or a header line is over ``MAX_HEADER_LINE_BYTES``: not forwarded."""
 
@@ -81,6 +88,7 @@ class _Pool:
                 max_line_size=MAX_HEADER_LINE_BYTES,
                 max_field_size=MAX_HEADER_LINE_BYTES,
                 max_headers=MAX_HEADERS,
+                read_bufsize=_READ_BUFFER,
             )
             request_line = method.encode("latin-1") + b" " + target + b" HTTP/1.1\r\n"
             transport.write(b"".join((request_line, self._host, headers, self._close, b"\r\n", body)))
