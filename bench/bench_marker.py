@@ -99,32 +99,43 @@ ROWS = {"0 ms": (0.0, False), "30 ms": (0.03, False), "30 ms, loop busy": (0.03,
 """Each row's call duration and whether the event loop is busy meanwhile."""
 
 
-async def _main(calls: int, rounds: int) -> tuple[dict[str, list[tuple[float, float, float, float]]], bool]:
+async def _main(
+    calls: int, rounds: int, rows: dict[str, tuple[float, bool]]
+) -> tuple[dict[str, list[tuple[float, float, float, float]]], bool]:
     """The rounds' figures, and whether the lines on disk are exactly the calls made."""
-    found: dict[str, list[tuple[float, float, float, float]]] = {label: [] for label in ROWS}
+    found: dict[str, list[tuple[float, float, float, float]]] = {label: [] for label in rows}
     with tempfile.TemporaryDirectory(prefix="bench-marker-") as tmp:
         writer = JsonlWriter(Path(tmp) / "calls")
         writer.flush(10)  # its thread has started (and named itself)
         try:
             await _round(writer, 0.0, 10, 999)  # the state directory and the file made before counting
-            labels = list(ROWS)
+            labels = list(rows)
             for n in range(rounds):
                 for label in labels[n % len(labels) :] + labels[: n % len(labels)]:  # rotated each round
-                    duration_s, busy = ROWS[label]
+                    duration_s, busy = rows[label]
                     found[label].append(await _round(writer, duration_s, calls, n, busy))
         finally:
             writer.close()
         lines = H.count_lines(Path(tmp) / "calls")
-    return found, lines == 10 + len(ROWS) * rounds * calls
+    return found, lines == 10 + len(rows) * rounds * calls
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=100, help="calls per round (default 100)")
     parser.add_argument("--rounds", type=int, default=6, help="rounds per row (default 6)")
+    parser.add_argument(
+        "--long",
+        default="",
+        help="extra rows: calls lasting these many ms each, comma-separated (e.g. 800,1200: as long as a "
+        "tiny model's calls take on a CPU vLLM, where the writer sleeps between the marker and the line)",
+    )
     args = parser.parse_args()
+    rows = dict(ROWS)
+    for ms in filter(None, args.long.split(",")):
+        rows[f"{float(ms):g} ms"] = (float(ms) / 1000, False)
     print(H.machine_line(), flush=True)
-    found, complete = asyncio.run(_main(args.calls, args.rounds))
+    found, complete = asyncio.run(_main(args.calls, args.rounds, rows))
     rows = []
     for label, rounds in found.items():
         on_cpu, user, system, wakeups = (statistics.median(r[i] for r in rounds) for i in range(4))
