@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -387,3 +388,20 @@ def gym_style_read(path: Path) -> int:
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
     return count
+
+
+def exhaust_inodes(disk: Path) -> list[Path]:
+    """Empty files made in ``disk/filler`` until the filesystem has no inode left (ENOSPC); the new ones."""
+    folder = disk / "filler"
+    folder.mkdir(exist_ok=True)
+    made: list[Path] = []
+    start = len(list(folder.iterdir()))
+    while True:
+        path = folder / str(start + len(made))
+        try:
+            path.touch()
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            return made
+        made.append(path)

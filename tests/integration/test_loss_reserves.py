@@ -17,7 +17,6 @@ for the test.
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import subprocess
@@ -29,7 +28,7 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
-from support import ReplayModelServer, serve, start_cli_proxy
+from support import ReplayModelServer, exhaust_inodes, serve, start_cli_proxy
 
 BOUND = 60.0  # generous: how long a recovery may take on a loaded machine before the test gives up
 CHUNKS = [b'{"id":"chatcmpl-9","object":"chat.completion","model":"m",', b'"choices":[]}']
@@ -100,22 +99,6 @@ def _check(root: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _exhaust_inodes(disk: Path) -> list[Path]:
-    folder = disk / "filler"
-    folder.mkdir(exist_ok=True)
-    made: list[Path] = []
-    start = len(list(folder.iterdir()))
-    while True:
-        path = folder / str(start + len(made))
-        try:
-            path.touch()
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
-            return made
-        made.append(path)
-
-
 def _marked(root: Path, rollout_id: str) -> list[str]:
     """The call ids of the rollout's marker lines, in order (a call whose in-flight marker was refused too
     is named twice, once per reason)."""
@@ -152,7 +135,7 @@ def test_a_writer_restarted_on_a_full_disk_takes_the_reserve_its_predecessor_han
     run.stop(signal.SIGTERM)  # a clean stop: it hands its reserve on rather than leaving none
     assert _check(root, env).returncode == 0
 
-    fillers = _exhaust_inodes(disk)  # the node filled up while the pod was down
+    fillers = exhaust_inodes(disk)  # the node filled up while the pod was down
     url = run.start()
     lost = [f"new{i}" for i in range(CALLS)]  # new rollouts: no inode for their files or markers
     for rid in lost:
@@ -179,7 +162,7 @@ def test_a_first_writer_on_a_full_disk_keeps_its_losses_in_the_node_local_reserv
     root.mkdir(mode=0o700)  # made by the job, never written by a writer: no reserve to hand on
     local = tmp_path / "local"  # on another filesystem, which has room
     env = {LOCAL: str(local)}
-    fillers = _exhaust_inodes(disk)
+    fillers = exhaust_inodes(disk)
     run = proxies(root, env)
     url = run.start()
     lost = [f"new{i}" for i in range(CALLS)]
@@ -205,7 +188,7 @@ def test_check_says_when_only_a_running_writer_s_memory_knows_a_loss(
     root = disk / "calls"
     root.mkdir(mode=0o700)
     env = {LOCAL: str(disk / "local")}  # nowhere with room: no reserve at all
-    fillers = _exhaust_inodes(disk)
+    fillers = exhaust_inodes(disk)
     run = proxies(root, env)
     url = run.start()
     assert _call(url, "new0") == (200, b"".join(CHUNKS))

@@ -23,7 +23,7 @@ import orjson
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from support import Gate, ReplayModelServer, serve
+from support import Gate, ReplayModelServer, exhaust_inodes, serve
 
 from otel_capture import CaptureSettings, CaptureStore, read_available_model_call_records, start_proxy
 from otel_capture._attach import GAP_INCOMPLETE, GAP_NO_RECORDS, build_model_call_capture
@@ -111,22 +111,6 @@ def _hold_markers(
         holding.callback(os.close, os.open(folder / (rid + INFLIGHT_SUFFIX), os.O_RDONLY))
 
 
-def _exhaust_inodes(disk: Path) -> list[Path]:
-    folder = disk / "filler"
-    folder.mkdir(exist_ok=True)
-    made: list[Path] = []
-    start = len(list(folder.iterdir()))
-    while True:
-        path = folder / str(start + len(made))
-        try:
-            path.touch()
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
-            return made
-        made.append(path)
-
-
 def _fill_blocks(disk: Path) -> Path:
     filler = disk / "filler"
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
@@ -173,7 +157,7 @@ def test_out_of_inodes_every_lost_call_is_named_and_check_fails_until_its_mark_i
         # one is enough for a lost call's mark, whose writing removes that rollout's marker, freeing the
         # next: every mark lands before the test looks, at once or at the writer's retry.
         _hold_markers(store, [*new, "warm"], CALLS, holding)
-        fillers = _exhaust_inodes(disk)
+        fillers = exhaust_inodes(disk)
         gate.open()
         for thread in threads:
             thread.join(BOUND)
@@ -195,7 +179,7 @@ def test_out_of_inodes_every_lost_call_is_named_and_check_fails_until_its_mark_i
 
         # a rollout that has its data file keeps capturing, also calls in flight long enough to need an
         # in-flight marker file, which cannot be made now
-        fillers += _exhaust_inodes(disk)  # anything given back since (the held markers give none)
+        fillers += exhaust_inodes(disk)  # anything given back since (the held markers give none)
         server.replies["chat"].gate = None
         server.chunk_delay = 0.1
         for _ in range(3):

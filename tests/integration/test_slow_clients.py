@@ -101,6 +101,29 @@ def proxied(tmp_path: Path) -> Iterator[tuple[FastStream, Any, str, Path]]:
             process.communicate(timeout=60)
 
 
+def _slow_clients(url: str) -> list[socket.socket]:
+    """:data:`SLOW_CLIENTS` raw connections, each having sent one streamed chat call (20 rollouts), none
+    reading yet."""
+    host, port = url.removeprefix("http://").split(":")
+    clients = []
+    for i in range(SLOW_CLIENTS):
+        sock = socket.create_connection((host, int(port)))
+        head = f"POST /ng-rollout/slow-{i % 20}/v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+        head += f"content-type: application/json\r\ncontent-length: {len(REQUEST)}\r\n\r\n"
+        sock.sendall(head.encode() + REQUEST)
+        sock.setblocking(False)
+        clients.append(sock)
+    return clients
+
+
+def _read_a_byte_each(clients: list[socket.socket]) -> None:
+    """Each client reads one byte (if one has come), then a second passes."""
+    for sock in clients:
+        with contextlib.suppress(BlockingIOError):
+            sock.recv(1)
+    time.sleep(1)
+
+
 # From a peak of about 2 GB while the cancelled records are written, back to near idle: what stays is the
 # allocators' fragmented free lists (74 MiB above idle on a quiet run, 166 MiB in a CI run).
 RETURNED_WITHIN = 256 * MiB
@@ -110,31 +133,20 @@ def test_slow_readers_hold_bounded_memory_and_it_is_given_back_after_they_leave(
     proxied: tuple[FastStream, Any, str, Path],
 ) -> None:
     upstream, process, url, capture_dir = proxied
-    host, port = url.removeprefix("http://").split(":")
     idle = rss_bytes(process.pid)
-    clients = []
-    for i in range(SLOW_CLIENTS):
-        sock = socket.create_connection((host, int(port)))
-        head = f"POST /ng-rollout/slow-{i % 20}/v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
-        head += f"content-type: application/json\r\ncontent-length: {len(REQUEST)}\r\n\r\n"
-        sock.sendall(head.encode() + REQUEST)
-        sock.setblocking(False)
-        clients.append(sock)
+    clients = _slow_clients(url)
     peak = 0
     in_clients = 0
     for _ in range(8):  # ~1 byte a second each, for a few seconds
-        for sock in clients:
-            with contextlib.suppress(BlockingIOError):
-                sock.recv(1)
-        time.sleep(1)
+        _read_a_byte_each(clients)
         in_clients = sum(unread(sock) for sock in clients)
         peak = max(peak, rss_bytes(process.pid) - idle)
     # Nothing is read ahead of the client: each upstream stream has gone no further than the buffers on
     # the way (the kernel's on both legs, the proxy's 64 KiB send buffer, aiohttp's 32 KiB).
     assert len(upstream.sent) > SLOW_CLIENTS // 2  # most have reached the upstream (2 cores, shared)
     assert max(upstream.sent) < 24 * MiB < STREAM_BYTES, max(upstream.sent) / MiB
-    # What the proxy holds is what the clients' kernels took (kept for the record: raw, and the reassembly
-    # of what it has parsed) plus a bounded amount per call; never the stream read ahead.
+    # What the proxy holds is what the clients' kernels took (kept once, for the record) plus a bounded
+    # amount per call; never the stream read ahead.
     bound = 2 * in_clients + SLOW_CLIENTS * 2 * MiB + 200 * MiB
     assert peak < bound, (peak / MiB, in_clients / MiB)
     for sock in clients:  # abort: RST, as a client killed mid-stream
@@ -172,22 +184,11 @@ def test_200_slow_readers_of_a_20_mb_stream_hold_a_bounded_amount_each(tmp_path:
     with serve(upstream) as upstream_url:
         process, url = start_cli_proxy(upstream_url, "--capture-dir", str(tmp_path))
         try:
-            host, port = url.removeprefix("http://").split(":")
             idle = rss_bytes(process.pid)
-            clients = []
-            for i in range(SLOW_CLIENTS):
-                sock = socket.create_connection((host, int(port)))
-                head = f"POST /ng-rollout/slow-{i % 20}/v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
-                head += f"content-type: application/json\r\ncontent-length: {len(REQUEST)}\r\n\r\n"
-                sock.sendall(head.encode() + REQUEST)
-                sock.setblocking(False)
-                clients.append(sock)
+            clients = _slow_clients(url)
             peak = 0
             for _ in range(8):  # ~1 byte a second each
-                for sock in clients:
-                    with contextlib.suppress(BlockingIOError):
-                        sock.recv(1)
-                time.sleep(1)
+                _read_a_byte_each(clients)
                 peak = max(peak, rss_bytes(process.pid))
             started = len(upstream.sent)
             for sock in clients:
