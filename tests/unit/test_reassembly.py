@@ -48,6 +48,7 @@ from openai.types.chat import ChatCompletionChunk
 from openai.types.responses import ResponseStreamEvent
 from support import RECORDED as STREAMS
 
+from otel_capture._dialects.chat import ChatCompletionsAccumulator
 from otel_capture._dialects.reassembly import Dialect, accumulator_for
 from otel_capture._dialects.sse import SSEDecoder, SSEEvent
 
@@ -976,3 +977,52 @@ def test_a_done_event_replaces_the_streamed_pieces() -> None:
     for event in events:
         accumulator.add(event)
     assert _text_of("responses", accumulator.result()) == "final"
+
+
+def _chat_datas() -> list[tuple[str, list[str]]]:
+    """The data of every event of every recorded chat stream (OpenAI's, vLLM's with log-probs and token
+    ids), and of hand-made ones that leave the usual shape mid-stream."""
+    found = []
+    for name, dialect, raw in _recorded():
+        if dialect == "chat":
+            found.append((name, [e.data for e in SSEDecoder().feed(raw)]))
+    vllm = (STREAMS / "vllm_0.32.0_cpu" / "chat_completions.sse").read_bytes()
+    found.append(("vllm chat", [e.data for e in SSEDecoder().feed(vllm)]))
+
+    def chunk(delta: dict[str, Any], **choice: Any) -> str:
+        body = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+        return orjson.dumps({**body, "choices": [{"index": 0, "delta": delta, **choice}]}).decode()
+
+    found.append(
+        (
+            "shapes",
+            [
+                chunk({"role": "assistant", "content": ""}),
+                *(chunk({"content": f"w{i} "}) for i in range(40)),
+                chunk({"content": "a", "reasoning_content": "r"}),  # two keys: add's way
+                chunk({"content": "b"}, logprobs={"content": [{"token": "b", "logprob": -0.5}]}),
+                chunk({"content": "c"}, token_ids=[7]),
+                chunk({"content": "d"}, index=1),  # a choice not begun
+                chunk(
+                    {"tool_calls": [{"index": 0, "id": "t", "function": {"name": "f", "arguments": "{}"}}]}
+                ),
+                chunk({"content": "NaN"}),
+                '{"choices": [{"index": 0, "delta": {"content": "x"}}], "x": NaN}',  # lenient JSON
+                chunk({"content": "e"}, finish_reason="stop"),
+                orjson.dumps({"id": "c", "choices": [], "usage": {"prompt_tokens": 3}}).decode(),
+                "[DONE]",
+            ],
+        )
+    )
+    return found
+
+
+@pytest.mark.parametrize(("name", "datas"), _chat_datas(), ids=lambda v: v if isinstance(v, str) else "")
+def test_the_chat_accumulators_batch_read_equals_reading_event_by_event(name: str, datas: list[str]) -> None:
+    one_by_one = ChatCompletionsAccumulator()
+    for data in datas:
+        one_by_one.add(SSEEvent(None, data))
+    batched = ChatCompletionsAccumulator()
+    batched.add_data(datas)
+    assert batched.result() == one_by_one.result() is not None
+    assert batched.internal_errors == one_by_one.internal_errors == 0
