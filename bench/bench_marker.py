@@ -16,6 +16,14 @@ runs Python for 2 ms at a time, as a model server's loop serves other requests).
 per-call cost, without vLLM. The busy row shows what a busy loop adds: each system call of the writer
 lets the GIL go, and the loop, which wants it, takes it; the writer then waits for it again (more
 wake-ups, and the switch interval's delay each time).
+
+A last table separates the machine from the writer: the same fixed work, in a plain thread, done back to
+back and after sleeping as long as each row's call lasts: the writer's system calls (open for append,
+five 1 KiB writes and ``fstat`` calls, ``fsync``, close) and, as a control, a pure-Python loop. Where the
+system calls cost more after a sleep and the Python loop does not, the writer's CPU per call grows with the
+call's length because of what a wake-up costs the kernel's I/O path on this machine, not because of the
+writer's work (on the 2-core VM of docs/performance.md: 137 us back to back, 330-380 us after 20 ms to
+0.8 s asleep; the Python loop unchanged).
 """
 
 from __future__ import annotations
@@ -120,6 +128,48 @@ async def _main(
     return found, lines == 10 + len(rows) * rounds * calls
 
 
+MACHINE_REPEATS = 12
+"""Times each fixed piece of work is done per sleep, in the machine table."""
+
+
+def _syscalls(path: Path) -> None:
+    """The writer's system calls for one call's line, without the writer: open, write, fstat, fsync."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for _ in range(5):
+            os.write(fd, LINE)
+            os.fstat(fd)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _python() -> None:
+    """A fixed piece of pure Python, no system call: the control."""
+    total = 0
+    for i in range(20_000):
+        total += i
+
+
+def _machine(sleeps_s: list[float]) -> list[list[object]]:
+    """Median CPU (us, this thread's clock) of each fixed piece of work after each sleep."""
+    rows: list[list[object]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-marker-machine-") as tmp:
+        path = Path(tmp) / "work.jsonl"
+        for label, work in (("syscalls + fsync", lambda: _syscalls(path)), ("pure Python", _python)):
+            row: list[object] = [label]
+            for sleep_s in sleeps_s:
+                cpu = []
+                for _ in range(MACHINE_REPEATS):
+                    time.sleep(sleep_s)
+                    before = time.thread_time_ns()
+                    work()
+                    cpu.append((time.thread_time_ns() - before) / 1000)
+                row.append(statistics.median(cpu))
+            rows.append(row)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=100, help="calls per round (default 100)")
@@ -131,11 +181,11 @@ def main() -> int:
         "tiny model's calls take on a CPU vLLM, where the writer sleeps between the marker and the line)",
     )
     args = parser.parse_args()
-    rows = dict(ROWS)
+    found_rows = dict(ROWS)
     for ms in filter(None, args.long.split(",")):
-        rows[f"{float(ms):g} ms"] = (float(ms) / 1000, False)
+        found_rows[f"{float(ms):g} ms"] = (float(ms) / 1000, False)
     print(H.machine_line(), flush=True)
-    found, complete = asyncio.run(_main(args.calls, args.rounds, rows))
+    found, complete = asyncio.run(_main(args.calls, args.rounds, found_rows))
     rows = []
     for label, rounds in found.items():
         on_cpu, user, system, wakeups = (statistics.median(r[i] for r in rounds) for i in range(4))
@@ -150,6 +200,13 @@ def main() -> int:
             f"{H.ratio(rows[2][1], rows[1][1])}",
             f"lines on disk equal the calls: {complete}",
         ],
+    )
+    sleeps_s = [0.0, *sorted({duration_s for duration_s, _ in found_rows.values() if duration_s})]
+    H.print_table(
+        f"the machine: CPU of fixed work back to back and after a sleep, us (medians of {MACHINE_REPEATS})",
+        ["work", *(f"after {s * 1000:g} ms" for s in sleeps_s)],
+        _machine(sleeps_s),
+        ["the writer's CPU per call grows with the call's length where the system calls' row grows too"],
     )
     return 0 if complete else 1
 
