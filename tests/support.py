@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from otel_capture import CaptureStore, ModelCallRecord, read_model_call_records
 from otel_capture._capture import LoopWaiter
+from otel_capture._dialects.table import Dialect
 from otel_capture._proxy import bind_socket, socket_url
 from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
@@ -333,10 +334,10 @@ def call_and_tokens(store: CaptureStore, rollout_id: str) -> tuple[ModelCallReco
     return record, tokens
 
 
-def recorded_streams() -> list[tuple[str, str, bytes]]:
+def recorded_streams() -> list[tuple[str, Dialect, bytes]]:
     """Every recorded stream as (name, dialect, raw bytes): the SSE files and the SSE bodies inside the
     Anthropic HTTP cassettes."""
-    found: list[tuple[str, str, bytes]] = []
+    found: list[tuple[str, Dialect, bytes]] = []
     for path in sorted((RECORDED / "openai-python" / "chat_completions_sse").glob("*.sse")):
         found.append((path.name, "chat", path.read_bytes()))
     for path in sorted((RECORDED / "third_party_swiftagent" / "responses_sse").glob("*.sse")):
