@@ -163,9 +163,10 @@ def _dropped(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def _dropped_stream() -> list[bytes]:
+def _dropped_stream(raw: bytes) -> list[bytes]:
+    """The recorded stream ``raw`` with every choice's log-probs set to null, one event per chunk."""
     events = []
-    for event in STREAM.decode().split("\n\n"):
+    for event in raw.decode().split("\n\n"):
         if event.startswith("data: {"):
             payload = json.loads(event.removeprefix("data: "))
             for choice in payload["choices"]:
@@ -184,7 +185,7 @@ def test_log_probs_asked_for_and_dropped_are_said_counted_and_checked(
     meters = MeterProvider(metric_readers=[reader])
     reply = replay_server.replies["completions"]
     if stream:
-        reply.content_type, reply.chunks = "text/event-stream", _dropped_stream()
+        reply.content_type, reply.chunks = "text/event-stream", _dropped_stream(STREAM)
     else:
         reply.chunks = [json.dumps(_dropped(BODY)).encode()]
     app = ModelCallCaptureMiddleware(
@@ -230,17 +231,9 @@ def test_chat_log_probs_dropped_from_a_stream_through_the_proxy(
 ) -> None:
     # vLLM with top_logprobs null answers no log-probs (NeMo RL#2845): the stream carries none of them
     url, store, spans = proxied
-    events = []
-    for event in (VLLM / "chat_return_token_ids.sse").read_text().split("\n\n"):
-        if event.startswith("data: {"):
-            payload = json.loads(event.removeprefix("data: "))
-            for choice in payload["choices"]:
-                choice["logprobs"] = None
-            event = "data: " + json.dumps(payload)
-        if event:
-            events.append((event + "\n\n").encode())
     reply = replay_server.replies["chat"]
-    reply.content_type, reply.chunks = "text/event-stream", events
+    reply.content_type = "text/event-stream"
+    reply.chunks = _dropped_stream((VLLM / "chat_return_token_ids.sse").read_bytes())
     with openai.OpenAI(base_url=f"{url}/ng-rollout/chat-dropped/v1", api_key="k", max_retries=0) as client:
         stream = client.chat.completions.create(
             model=MODEL,
