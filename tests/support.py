@@ -18,14 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import openai
 import orjson
 import uvicorn
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_capture import CaptureStore
+from otel_capture import CaptureStore, ModelCallRecord, read_model_call_records
 from otel_capture._capture import LoopWaiter
+from otel_capture._dialects.table import Dialect
 from otel_capture._proxy import bind_socket, socket_url
 from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
@@ -311,10 +313,31 @@ def free_port() -> int:
     return port
 
 
-def recorded_streams() -> list[tuple[str, str, bytes]]:
+def rollout_client(url: str, rollout_id: str, *, timeout: float) -> openai.OpenAI:
+    """The official openai SDK calling the server at ``url`` with the rollout id in the path
+    (``/ng-rollout/<rollout_id>/v1``, as NeMo Gym calls it); no retries, so a failed call fails the test."""
+    return openai.OpenAI(
+        base_url=f"{url}/ng-rollout/{rollout_id}/v1", api_key="k", max_retries=0, timeout=timeout
+    )
+
+
+def call_and_tokens(store: CaptureStore, rollout_id: str) -> tuple[ModelCallRecord, dict[str, Any] | None]:
+    """The rollout's one record and its tokens line (None where it has none), the line checked to name that
+    record's call."""
+    (record,) = read_model_call_records(store, rollout_id)
+    raw = store.read_token_lines(rollout_id)
+    if raw is None:
+        return record, None
+    (line,) = raw.lines
+    tokens: dict[str, Any] = json.loads(line)
+    assert tokens["model_call_id"] == record.model_call_id
+    return record, tokens
+
+
+def recorded_streams() -> list[tuple[str, Dialect, bytes]]:
     """Every recorded stream as (name, dialect, raw bytes): the SSE files and the SSE bodies inside the
     Anthropic HTTP cassettes."""
-    found: list[tuple[str, str, bytes]] = []
+    found: list[tuple[str, Dialect, bytes]] = []
     for path in sorted((RECORDED / "openai-python" / "chat_completions_sse").glob("*.sse")):
         found.append((path.name, "chat", path.read_bytes()))
     for path in sorted((RECORDED / "third_party_swiftagent" / "responses_sse").glob("*.sse")):

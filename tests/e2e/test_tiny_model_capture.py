@@ -3,8 +3,6 @@ proxy with the official SDKs: each record's reassembled response is what the SDK
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -12,17 +10,10 @@ import openai
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from otel_capture import CaptureStore, ModelCallRecord, read_model_call_records, start_proxy
+from otel_capture import CaptureStore, ModelCallRecord, read_model_call_records
 from otel_capture.demo.tiny_model import TinyModel
 
 pytestmark = pytest.mark.model
-
-
-@pytest.fixture
-def proxied(tiny_model: TinyModel, tmp_path: Path) -> Iterator[tuple[str, CaptureStore]]:
-    store = CaptureStore(tmp_path / "calls")
-    with start_proxy(tiny_model.base_url, str(store.root)) as proxy:
-        yield proxy.url, store
 
 
 def _only_record(store: CaptureStore, rollout_id: str) -> ModelCallRecord:

@@ -13,16 +13,13 @@ llama.cpp's ``/completions`` without ``/v1`` is its own native API, another shap
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
+from support import call_and_tokens, rollout_client
 
-from otel_capture import CaptureStore, read_model_call_records, start_proxy
+from otel_capture import CaptureStore, read_model_call_records
 from otel_capture.demo.tiny_model import TinyModel
 
 pytestmark = pytest.mark.model
@@ -30,23 +27,12 @@ pytestmark = pytest.mark.model
 MAX_TOKENS = 5
 
 
-@pytest.fixture
-def proxied(tiny_model: TinyModel, tmp_path: Path) -> Iterator[tuple[str, CaptureStore]]:
-    store = CaptureStore(tmp_path / "calls")
-    with start_proxy(tiny_model.base_url, str(store.root)) as proxy:
-        yield proxy.url, store
-
-
 def _tokens(store: CaptureStore, rollout_id: str) -> dict[str, Any]:
-    (record,) = read_model_call_records(store, rollout_id)
+    record, tokens = call_and_tokens(store, rollout_id)
     assert (record.dialect, record.status_code, record.error_category) == ("completions", 200, None)
     assert record.tokens_out == MAX_TOKENS and record.finish_reason == "length"
     assert record.tokens_missing is None
-    raw = store.read_token_lines(rollout_id)
-    assert raw is not None
-    (line,) = raw.lines
-    tokens: dict[str, Any] = json.loads(line)
-    assert tokens["model_call_id"] == record.model_call_id
+    assert tokens is not None
     return {k: v for k, v in tokens.items() if k not in ("rollout_id", "model_call_id")}
 
 
@@ -66,15 +52,11 @@ def test_completions_streamed_and_not_give_the_same_tokens_line(
         "logprobs": 2,
         "extra_body": {"cache_prompt": False},
     }
-    with openai.OpenAI(
-        base_url=f"{url}/ng-rollout/plain/v1", api_key="k", max_retries=0, timeout=120
-    ) as client:
+    with rollout_client(url, "plain", timeout=120) as client:
         completion = client.completions.create(**request)
     text = ""
     received: list[float] = []
-    with openai.OpenAI(
-        base_url=f"{url}/ng-rollout/streamed/v1", api_key="k", max_retries=0, timeout=120
-    ) as client:
+    with rollout_client(url, "streamed", timeout=120) as client:
         for chunk in client.completions.create(
             **request, stream=True, stream_options={"include_usage": True}
         ):

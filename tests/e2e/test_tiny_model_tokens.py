@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
-import openai
 import pytest
+from support import call_and_tokens, rollout_client
 
-from otel_capture import CaptureStore, read_model_call_records, start_proxy
+from otel_capture import CaptureStore, read_model_call_records
 from otel_capture.demo.tiny_model import TinyModel
 
 pytestmark = pytest.mark.model
@@ -34,30 +32,13 @@ MESSAGES = [{"role": "user", "content": "Name three colours."}]
 SAME_NUMBERS = {"cache_prompt": False}  # llama.cpp: compute the prompt afresh, so both calls agree exactly
 
 
-@pytest.fixture
-def proxied(tiny_model: TinyModel, tmp_path: Path) -> Iterator[tuple[str, CaptureStore]]:
-    store = CaptureStore(tmp_path / "calls")
-    with start_proxy(tiny_model.base_url, str(store.root)) as proxy:
-        yield proxy.url, store
-
-
 def _tokens(store: CaptureStore, rollout_id: str) -> dict[str, Any] | None:
     """The rollout's one call's tokens line (without its ids), or None when it has none."""
-    (record,) = read_model_call_records(store, rollout_id)
+    record, tokens = call_and_tokens(store, rollout_id)
     assert record.status_code == 200 and record.error_category is None
-    raw = store.read_token_lines(rollout_id)
-    if raw is None:
+    if tokens is None:
         return None
-    (line,) = raw.lines
-    tokens: dict[str, Any] = json.loads(line)
-    assert tokens["model_call_id"] == record.model_call_id
     return {k: v for k, v in tokens.items() if k not in ("rollout_id", "model_call_id")}
-
-
-def _openai(url: str, rollout_id: str) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"{url}/ng-rollout/{rollout_id}/v1", api_key="k", max_retries=0, timeout=120
-    )
 
 
 def test_chat_streamed_and_not_give_the_same_tokens_line(
@@ -74,10 +55,10 @@ def test_chat_streamed_and_not_give_the_same_tokens_line(
         "top_logprobs": 2,
         "extra_body": SAME_NUMBERS,
     }
-    with _openai(url, "chat-plain") as client:
+    with rollout_client(url, "chat-plain", timeout=120) as client:
         completion = client.chat.completions.create(**request)
     received: list[tuple[int, float]] = []
-    with _openai(url, "chat-streamed") as client:
+    with rollout_client(url, "chat-streamed", timeout=120) as client:
         for chunk in client.chat.completions.create(**request, stream=True):
             for choice in chunk.choices:
                 if choice.logprobs is not None:
@@ -111,10 +92,10 @@ def test_responses_streamed_and_not_agree(proxied: tuple[str, CaptureStore], tin
         "include": ["message.output_text.logprobs"],
         "extra_body": SAME_NUMBERS,
     }
-    with _openai(url, "resp-plain") as client:
+    with rollout_client(url, "resp-plain", timeout=120) as client:
         response = client.responses.create(**request)
     delta_log_probs: list[float] = []
-    with _openai(url, "resp-streamed") as client:
+    with rollout_client(url, "resp-streamed", timeout=120) as client:
         for event in client.responses.create(**request, stream=True):
             if event.type == "response.output_text.delta":
                 delta_log_probs += [entry.logprob for entry in event.logprobs or []]

@@ -13,15 +13,12 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from support import FIXTURES_ROOT, ReplayModelServer, Telemetry, metric_points, serve, sse_chunks
 
@@ -33,7 +30,6 @@ from otel_capture import (
     read_model_call_records,
     start_proxy,
 )
-from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
 VLLM = FIXTURES_ROOT / "vllm"
 STREAM = (VLLM / "completions_return_token_ids.sse").read_bytes()
@@ -56,16 +52,10 @@ GENERATIONS = [
 
 @pytest.fixture
 def proxied(
-    replay_server: ReplayModelServer, tmp_path: Path
+    replay_server: ReplayModelServer, telemetry: Telemetry
 ) -> Iterator[tuple[str, CaptureStore, InMemorySpanExporter]]:
-    store = CaptureStore(tmp_path / "calls")
-    provider = TracerProvider()
-    spans = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(spans))
-    provider.add_span_processor(SimpleSpanProcessor(ModelCallJsonlExporter(store.root)))
-    with serve(replay_server) as upstream, start_proxy(upstream, tracer_provider=provider) as proxy:
-        yield proxy.url, store, spans
-    provider.shutdown()
+    with serve(replay_server) as upstream, start_proxy(upstream, tracer_provider=telemetry.provider) as proxy:
+        yield proxy.url, telemetry.store, telemetry.spans
 
 
 def _call(base_url: str, *, stream: bool, **headers: str) -> tuple[list[str], dict[int, list[int]]]:
@@ -173,9 +163,10 @@ def _dropped(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def _dropped_stream() -> list[bytes]:
+def _dropped_stream(raw: bytes) -> list[bytes]:
+    """The recorded stream ``raw`` with every choice's log-probs set to null, one event per chunk."""
     events = []
-    for event in STREAM.decode().split("\n\n"):
+    for event in raw.decode().split("\n\n"):
         if event.startswith("data: {"):
             payload = json.loads(event.removeprefix("data: "))
             for choice in payload["choices"]:
@@ -188,22 +179,17 @@ def _dropped_stream() -> list[bytes]:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_log_probs_asked_for_and_dropped_are_said_counted_and_checked(
-    replay_server: ReplayModelServer, tmp_path: Path, stream: bool
+    replay_server: ReplayModelServer, telemetry: Telemetry, stream: bool
 ) -> None:
-    store = CaptureStore(tmp_path / "calls")
-    provider = TracerProvider()
-    spans = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(spans))
-    provider.add_span_processor(SimpleSpanProcessor(ModelCallJsonlExporter(store.root)))
-    reader = InMemoryMetricReader()
+    store, spans, reader = telemetry.store, telemetry.spans, InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
     reply = replay_server.replies["completions"]
     if stream:
-        reply.content_type, reply.chunks = "text/event-stream", _dropped_stream()
+        reply.content_type, reply.chunks = "text/event-stream", _dropped_stream(STREAM)
     else:
         reply.chunks = [json.dumps(_dropped(BODY)).encode()]
     app = ModelCallCaptureMiddleware(
-        replay_server, tracer_provider=provider, meter_provider=meters, settings=CaptureSettings()
+        replay_server, tracer_provider=telemetry.provider, meter_provider=meters, settings=CaptureSettings()
     )
     with serve(app) as url:
         texts, ids = _call(f"{url}/ng-rollout/dropped/v1", stream=stream)  # never an error for the client
@@ -211,7 +197,7 @@ def test_log_probs_asked_for_and_dropped_are_said_counted_and_checked(
         with openai.OpenAI(base_url=f"{url}/ng-rollout/full/v1", api_key="k", max_retries=0) as client:
             reply.content_type, reply.chunks = "application/json", [json.dumps(BODY).encode()]
             client.completions.create(**REQUEST)
-    provider.shutdown()
+    telemetry.provider.shutdown()  # every record written
     assert texts == [" Paris is the", " Lyon, France"]
 
     reason = "log-probs asked for (logprobs=1), none in the response"
@@ -245,17 +231,9 @@ def test_chat_log_probs_dropped_from_a_stream_through_the_proxy(
 ) -> None:
     # vLLM with top_logprobs null answers no log-probs (NeMo RL#2845): the stream carries none of them
     url, store, spans = proxied
-    events = []
-    for event in (VLLM / "chat_return_token_ids.sse").read_text().split("\n\n"):
-        if event.startswith("data: {"):
-            payload = json.loads(event.removeprefix("data: "))
-            for choice in payload["choices"]:
-                choice["logprobs"] = None
-            event = "data: " + json.dumps(payload)
-        if event:
-            events.append((event + "\n\n").encode())
     reply = replay_server.replies["chat"]
-    reply.content_type, reply.chunks = "text/event-stream", events
+    reply.content_type = "text/event-stream"
+    reply.chunks = _dropped_stream((VLLM / "chat_return_token_ids.sse").read_bytes())
     with openai.OpenAI(base_url=f"{url}/ng-rollout/chat-dropped/v1", api_key="k", max_retries=0) as client:
         stream = client.chat.completions.create(
             model=MODEL,

@@ -9,16 +9,15 @@ definitions (``vllm/entrypoints/openai/chat_completion/protocol.py`` at vLLM com
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from support import FIXTURES_ROOT, ReplayModelServer, serve, sse_chunks
+from support import FIXTURES_ROOT, ReplayModelServer, call_and_tokens, serve, sse_chunks
 
-from otel_capture import CaptureStore, read_model_call_records, start_proxy
+from otel_capture import CaptureStore, start_proxy
 
 VLLM = FIXTURES_ROOT / "vllm"
 STREAM = (VLLM / "chat_return_token_ids.sse").read_bytes()
@@ -42,12 +41,8 @@ def proxied(replay_server: ReplayModelServer, tmp_path: Path) -> Iterator[tuple[
 
 
 def _tokens(store: CaptureStore, rollout_id: str) -> dict[str, Any]:
-    raw = store.read_token_lines(rollout_id)
-    assert raw is not None
-    (line,) = raw.lines
-    tokens: dict[str, Any] = json.loads(line)
-    (record,) = read_model_call_records(store, rollout_id)
-    assert tokens["model_call_id"] == record.model_call_id
+    _, tokens = call_and_tokens(store, rollout_id)
+    assert tokens is not None
     return tokens
 
 

@@ -16,20 +16,23 @@ import openai
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from support import FIXTURES_ROOT, ReplayModelServer, metric_points, serve, sse_chunks
+from support import (
+    FIXTURES_ROOT,
+    ReplayModelServer,
+    Telemetry,
+    call_and_tokens,
+    metric_points,
+    serve,
+    sse_chunks,
+)
 
 from otel_capture import (
     CaptureSettings,
     CaptureStore,
     ModelCallCaptureMiddleware,
     ModelCallRecord,
-    read_model_call_records,
     start_proxy,
 )
-from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
 
 CASES = FIXTURES_ROOT / "token_integrity"
 MISMATCH = "otel_capture.model_call.token_mismatch"
@@ -73,12 +76,8 @@ def _chat(base_url: str, case: str, *, stream: bool) -> list[float | None]:
 
 
 def _read(store: CaptureStore, rollout_id: str) -> tuple[ModelCallRecord, dict[str, Any]]:
-    (record,) = read_model_call_records(store, rollout_id)
-    raw = store.read_token_lines(rollout_id)
-    assert raw is not None
-    (line,) = raw.lines
-    tokens: dict[str, Any] = json.loads(line)
-    assert tokens["model_call_id"] == record.model_call_id
+    record, tokens = call_and_tokens(store, rollout_id)
+    assert tokens is not None
     return record, tokens
 
 
@@ -130,17 +129,12 @@ def test_token_id_tokens_through_the_proxy_are_decoded(
 
 
 def test_an_id_lost_in_process_is_a_mismatch_on_the_record_the_span_and_the_counter(
-    replay_server: ReplayModelServer, tmp_path: Path
+    replay_server: ReplayModelServer, telemetry: Telemetry
 ) -> None:
-    store = CaptureStore(tmp_path / "calls")
-    provider = TracerProvider()
-    spans = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(spans))
-    provider.add_span_processor(SimpleSpanProcessor(ModelCallJsonlExporter(store.root)))
-    reader = InMemoryMetricReader()
+    store, spans, reader = telemetry.store, telemetry.spans, InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
     app = ModelCallCaptureMiddleware(
-        replay_server, tracer_provider=provider, meter_provider=meters, settings=CaptureSettings()
+        replay_server, tracer_provider=telemetry.provider, meter_provider=meters, settings=CaptureSettings()
     )
     with serve(app) as url:
         for stream in (False, True):
@@ -161,7 +155,7 @@ def test_an_id_lost_in_process_is_a_mismatch_on_the_record_the_span_and_the_coun
                     assert sum(1 for _ in chunks) > 0
                 else:
                     c.completions.create(**_request("completions_echo"))
-    provider.shutdown()
+    telemetry.provider.shutdown()  # every record written
 
     reasons = {
         False: "generation 0: 16 log-probs for 15 token ids; output: 15 token ids for 16 completion tokens (usage)",

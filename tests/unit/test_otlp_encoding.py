@@ -10,6 +10,7 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
+import httpx
 import pytest
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode_spans
@@ -63,31 +64,14 @@ def _capture_spans(status: int = 200) -> tuple[ReadableSpan, ...]:
     )
     request = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.5,"max_tokens":9}'
 
-    async def call() -> None:
-        messages = [{"type": "http.request", "body": request, "more_body": False}]
-
-        async def receive() -> dict[str, Any]:
-            return messages.pop(0) if messages else {"type": "http.disconnect"}
-
-        async def send(message: dict[str, Any]) -> None:
-            pass
-
-        path = "/ng-rollout/r-1/v1/chat/completions"
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": path,
-            "raw_path": path.encode(),
-            "query_string": b"",
-            "root_path": "",
-            "headers": [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json")],
-            "client": ("127.0.0.1", 5000),
-            "server": ("127.0.0.1", 8000),
-        }
-        await middleware(scope, receive, send)
+    async def call() -> None:  # a real ASGI client: httpx builds the scope and the messages
+        transport = httpx.ASGITransport(app=middleware)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as client:
+            await client.post(
+                "/ng-rollout/r-1/v1/chat/completions",
+                content=request,
+                headers={"content-type": "application/json"},
+            )
 
     asyncio.run(call())
     spans = memory.get_finished_spans()

@@ -47,6 +47,7 @@ from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.chat import ChatCompletionChunk
 from openai.types.responses import ResponseStreamEvent
 from support import RECORDED as STREAMS
+from support import recorded_streams
 
 from otel_capture._dialects.chat import ChatCompletionsAccumulator
 from otel_capture._dialects.reassembly import Dialect, accumulator_for
@@ -58,23 +59,7 @@ JsonDict = dict[str, Any]
 # -- the recordings ------------------------------------------------------------------------------------
 
 
-def _recorded() -> list[tuple[str, Dialect, bytes]]:
-    found: list[tuple[str, Dialect, bytes]] = []
-    for path in sorted((STREAMS / "openai-python" / "chat_completions_sse").glob("*.sse")):
-        found.append((path.name, "chat", path.read_bytes()))
-    for path in sorted((STREAMS / "third_party_swiftagent" / "responses_sse").glob("*.sse")):
-        found.append((path.name, "responses", path.read_bytes()))
-    for path in sorted((STREAMS / "anthropic-sdk-python").glob("messages_sse*/*.sse")):
-        found.append((f"{path.parent.name}/{path.name}", "messages", path.read_bytes()))
-    for path in sorted((STREAMS / "anthropic-sdk-python" / "http_cassettes").glob("*.json")):
-        for number, exchange in enumerate(json.loads(path.read_text())):
-            response = exchange["response"]
-            if response["headers"].get("content-type", "").startswith("text/event-stream"):
-                found.append((f"{path.stem}#{number}", "messages", response["body"].encode()))
-    return found
-
-
-RECORDED = _recorded()
+RECORDED = recorded_streams()
 EXPECTED_TERMINAL = {"streamingerrorhandling__insufficientquotaerrorresponse.sse": "error"}
 
 
@@ -983,7 +968,7 @@ def _chat_datas() -> list[tuple[str, list[str]]]:
     """The data of every event of every recorded chat stream (OpenAI's, vLLM's with log-probs and token
     ids), and of hand-made ones that leave the usual shape mid-stream."""
     found = []
-    for name, dialect, raw in _recorded():
+    for name, dialect, raw in RECORDED:
         if dialect == "chat":
             found.append((name, [e.data for e in SSEDecoder().feed(raw)]))
     vllm = (STREAMS / "vllm_0.32.0_cpu" / "chat_completions.sse").read_bytes()

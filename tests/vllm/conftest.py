@@ -3,7 +3,7 @@ server under zero-code capture (``opentelemetry-instrument``, configured by envi
 its own spans sent with ``--otlp-traces-endpoint``), and the capture proxy, as a user runs it, in front of
 that same server. The proxy marks what it records (``x-otel-capture: captured``), so the zero-code layer
 behind it passes those calls through: each call has one record, written by the layer it entered first.
-Both send their spans to one real OTLP receiver.
+Both send their spans to one real OTLP receiver. ``front`` runs a test against each of the two.
 
 Where vLLM cannot be built (no network to PyPI, no Python 3.11) the tests skip and say why; under
 ``CI=true`` they fail instead: CI must run them."""
@@ -122,3 +122,14 @@ def proxy(
             process.wait()
         if process.stdout is not None:
             process.stdout.close()
+
+
+@pytest.fixture(params=["zero-code", "proxy"])
+def front(request: pytest.FixtureRequest) -> tuple[str, CaptureStore]:
+    """Where the client sends its calls, and where their records are: vLLM itself under zero-code
+    capture, or the capture proxy in front of it."""
+    if request.param == "zero-code":
+        vllm: Vllm = request.getfixturevalue("vllm")
+        return vllm.url, vllm.store
+    proxy: Proxy = request.getfixturevalue("proxy")
+    return proxy.url, proxy.store

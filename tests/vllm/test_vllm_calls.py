@@ -15,11 +15,11 @@ import json
 from typing import Any
 
 import httpx
-import openai
 import pytest
+from support import call_and_tokens, rollout_client
 from vllm_backend import MODEL_NAME, Proxy, Vllm
 
-from otel_capture import CaptureStore, ModelCallRecord, read_model_call_records
+from otel_capture import CaptureStore, ModelCallRecord
 from otel_capture._dialects.table import DIALECT_PATHS
 
 pytestmark = pytest.mark.vllm
@@ -35,38 +35,18 @@ COMPLETIONS = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(params=["zero-code", "proxy"])
-def front(request: pytest.FixtureRequest) -> tuple[str, CaptureStore]:
-    """Where the client sends its calls, and where their records are: vLLM itself under zero-code
-    capture, or the capture proxy in front of it."""
-    if request.param == "zero-code":
-        vllm: Vllm = request.getfixturevalue("vllm")
-        return vllm.url, vllm.store
-    proxy: Proxy = request.getfixturevalue("proxy")
-    return proxy.url, proxy.store
-
-
-def _client(url: str, rollout_id: str) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"{url}/ng-rollout/{rollout_id}/v1", api_key="k", max_retries=0, timeout=300
-    )
-
-
-def _record(store: CaptureStore, rollout_id: str, *, stream: bool) -> ModelCallRecord:
-    (record,) = read_model_call_records(store, rollout_id)
+def _recorded(
+    store: CaptureStore, rollout_id: str, *, stream: bool
+) -> tuple[ModelCallRecord, dict[str, Any] | None]:
+    """The rollout's one record, of an answered call, and its tokens line's ids and log-probs (None when
+    it has none)."""
+    record, tokens = call_and_tokens(store, rollout_id)
     assert record.status_code == 200 and record.error_category is None
     assert record.stream is stream
-    return record
-
-
-def _tokens(store: CaptureStore, rollout_id: str, record: ModelCallRecord) -> dict[str, Any] | None:
-    raw = store.read_token_lines(rollout_id)
-    if raw is None:
-        return None
-    (line,) = raw.lines
-    tokens: dict[str, Any] = json.loads(line)
-    assert tokens["model_call_id"] == record.model_call_id and tokens["model"] == MODEL_NAME
-    return {"prompt_token_ids": tokens["prompt_token_ids"], "generations": tokens["generations"]}
+    if tokens is None:
+        return record, None
+    assert tokens["model"] == MODEL_NAME
+    return record, {"prompt_token_ids": tokens["prompt_token_ids"], "generations": tokens["generations"]}
 
 
 def _events(response: Any) -> list[dict[str, Any]]:
@@ -86,7 +66,7 @@ def test_chat(front: tuple[str, CaptureStore], options: str, request: pytest.Fix
     url, store = front
     rollout_id = f"chat-{request.node.callspec.id}"
     extra = {**TOKENS, "prompt_logprobs": 1} if options == "tokens" else {}
-    with _client(url, rollout_id) as client:
+    with rollout_client(url, rollout_id, timeout=300) as client:
         raw = client.chat.completions.with_raw_response.create(
             model=MODEL_NAME,
             messages=MESSAGES,  # type: ignore[arg-type]
@@ -95,9 +75,8 @@ def test_chat(front: tuple[str, CaptureStore], options: str, request: pytest.Fix
             extra_body=extra,
         )
         received = json.loads(raw.text)
-    record = _record(store, rollout_id, stream=False)
+    record, tokens = _recorded(store, rollout_id, stream=False)
     assert record.response == received  # the body as vLLM sent it, vLLM's extras included
-    tokens = _tokens(store, rollout_id, record)
     if options == "plain":
         assert tokens is None  # vLLM sent no ids and no log-probs: no line
         return
@@ -120,7 +99,7 @@ def test_chat_streamed(front: tuple[str, CaptureStore], options: str, request: p
     url, store = front
     rollout_id = f"chat-stream-{request.node.callspec.id}"
     with (
-        _client(url, rollout_id) as client,
+        rollout_client(url, rollout_id, timeout=300) as client,
         client.chat.completions.with_streaming_response.create(
             model=MODEL_NAME,
             messages=MESSAGES,  # type: ignore[arg-type]
@@ -132,14 +111,13 @@ def test_chat_streamed(front: tuple[str, CaptureStore], options: str, request: p
         ) as response,
     ):
         events = _events(response)
-    record = _record(store, rollout_id, stream=True)
+    record, tokens = _recorded(store, rollout_id, stream=True)
     assert record.response is not None
     choices = [c for e in events for c in e["choices"]]
     (message_choice,) = record.response["choices"]
     assert message_choice["message"]["content"] == "".join(c["delta"].get("content") or "" for c in choices)
     assert message_choice["finish_reason"] == next(c["finish_reason"] for c in choices if c["finish_reason"])
     assert record.response["usage"] == events[-1]["usage"] and record.response["id"] == events[0]["id"]
-    tokens = _tokens(store, rollout_id, record)
     if options == "plain":
         assert tokens is None
         return
@@ -191,11 +169,10 @@ def _expected_responses_tokens(response: dict[str, Any]) -> dict[str, Any]:
 def test_responses(front: tuple[str, CaptureStore], options: str, request: pytest.FixtureRequest) -> None:
     url, store = front
     rollout_id = f"resp-{request.node.callspec.id}"
-    with _client(url, rollout_id) as client:
+    with rollout_client(url, rollout_id, timeout=300) as client:
         received = json.loads(client.responses.with_raw_response.create(**_responses_request(options)).text)
-    record = _record(store, rollout_id, stream=False)
+    record, tokens = _recorded(store, rollout_id, stream=False)
     assert record.response == received
-    tokens = _tokens(store, rollout_id, record)
     if options == "plain":
         assert tokens is None
         return
@@ -209,18 +186,17 @@ def test_responses_streamed(
     url, store = front
     rollout_id = f"resp-stream-{request.node.callspec.id}"
     with (
-        _client(url, rollout_id) as client,
+        rollout_client(url, rollout_id, timeout=300) as client,
         client.responses.with_streaming_response.create(
             **_responses_request(options), stream=True
         ) as response,
     ):
         events = _events(response)
-    record = _record(store, rollout_id, stream=True)
+    record, tokens = _recorded(store, rollout_id, stream=True)
     (completed,) = [e["response"] for e in events if e["type"] == "response.completed"]
     assert record.response == completed
     deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
     assert "".join(p["text"] for i in completed["output"] for p in i.get("content") or []) == deltas
-    tokens = _tokens(store, rollout_id, record)
     if options == "plain":
         assert tokens is None
         return
@@ -246,7 +222,7 @@ def test_completions(front: tuple[str, CaptureStore], options: str, request: pyt
     url, store = front
     rollout_id = f"cmpl-{request.node.callspec.id}"
     extra = {**TOKENS, "prompt_logprobs": 1} if options == "tokens" else {}
-    with _client(url, rollout_id) as client:
+    with rollout_client(url, rollout_id, timeout=300) as client:
         raw = client.completions.with_raw_response.create(
             model=MODEL_NAME,
             prompt="Red, green and",
@@ -255,9 +231,8 @@ def test_completions(front: tuple[str, CaptureStore], options: str, request: pyt
             extra_body=extra,
         )
         received = json.loads(raw.text)
-    record = _record(store, rollout_id, stream=False)
+    record, tokens = _recorded(store, rollout_id, stream=False)
     assert record.response == received
-    tokens = _tokens(store, rollout_id, record)
     if options == "plain":
         assert tokens is None
         return
@@ -274,7 +249,7 @@ def test_completions_streamed(
     url, store = front
     rollout_id = f"cmpl-stream-{request.node.callspec.id}"
     with (
-        _client(url, rollout_id) as client,
+        rollout_client(url, rollout_id, timeout=300) as client,
         client.completions.with_streaming_response.create(
             model=MODEL_NAME,
             prompt="Red, green and",
@@ -286,12 +261,11 @@ def test_completions_streamed(
         ) as response,
     ):
         events = _events(response)
-    record = _record(store, rollout_id, stream=True)
+    record, tokens = _recorded(store, rollout_id, stream=True)
     assert record.response is not None
     choices = [c for e in events for c in e["choices"]]
     assert record.response["choices"][0]["text"] == "".join(c["text"] for c in choices)
     assert record.response["usage"] == events[-1]["usage"]
-    tokens = _tokens(store, rollout_id, record)
     if options == "plain":
         assert tokens is None
         return

@@ -11,23 +11,14 @@ from typing import Any
 
 import httpx
 import pytest
-from vllm_backend import MODEL_NAME, Proxy, Vllm
+from support import call_and_tokens
+from vllm_backend import MODEL_NAME
 
-from otel_capture import CaptureStore, read_model_call_records
+from otel_capture import CaptureStore
 
 pytestmark = pytest.mark.vllm
 
 MAX_TOKENS = 6
-
-
-@pytest.fixture(params=["zero-code", "proxy"])
-def front(request: pytest.FixtureRequest) -> tuple[str, CaptureStore]:
-    """vLLM itself under zero-code capture, or the capture proxy in front of it."""
-    if request.param == "zero-code":
-        vllm: Vllm = request.getfixturevalue("vllm")
-        return vllm.url, vllm.store
-    proxy: Proxy = request.getfixturevalue("proxy")
-    return proxy.url, proxy.store
 
 
 def _prompt_ids(client: httpx.Client, url: str) -> list[int]:
@@ -78,7 +69,7 @@ def test_a_generate_call_is_recorded_as_the_client_got_it(
             usage, prompt_back = chunks[-1]["usage"], chunks[0]["prompt_token_ids"]
 
     assert ids and len(content) == len(ids) and prompt_back == prompt
-    (record,) = read_model_call_records(store, rollout_id)  # the one model call: /tokenize & co unrecorded
+    record, line = call_and_tokens(store, rollout_id)  # the one model call: /tokenize & co unrecorded
     assert (record.dialect, record.status_code, record.error_category, record.stream) == (
         "generate",
         200,
@@ -97,10 +88,7 @@ def test_a_generate_call_is_recorded_as_the_client_got_it(
     assert (record.tokens_in, record.tokens_out) == (len(prompt), len(ids))
     assert (record.tokens_in, record.tokens_out) == (usage["prompt_tokens"], usage["completion_tokens"])
     assert record.finish_reason == finish and record.model == MODEL_NAME
-    raw = store.read_token_lines(rollout_id)
-    assert raw is not None
-    (line,) = (json.loads(x) for x in raw.lines)
-    assert line["model_call_id"] == record.model_call_id and line["prompt_token_ids"] == prompt
+    assert line is not None and line["prompt_token_ids"] == prompt
     assert line["generations"] == [
         {"index": 0, "token_ids": ids, "log_probs": [entry["logprob"] for entry in content]}
     ]

@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import openai
 import pytest
-from vllm_backend import MODEL_NAME, Proxy, Vllm
+from support import rollout_client
+from vllm_backend import MODEL_NAME
 
 from otel_capture import CaptureStore, ModelCallRecord, read_model_call_records
 
@@ -42,15 +42,6 @@ TOOLS = [
 TOOL_CHOICE = {"type": "function", "function": {"name": "get_weather"}}
 QUESTION = {"role": "user", "content": "What is the weather in Paris?"}
 RESULT = "18 degrees and sunny"
-
-
-@pytest.fixture(params=["zero-code", "proxy"])
-def front(request: pytest.FixtureRequest) -> tuple[str, CaptureStore]:
-    if request.param == "zero-code":
-        vllm: Vllm = request.getfixturevalue("vllm")
-        return vllm.url, vllm.store
-    proxy: Proxy = request.getfixturevalue("proxy")
-    return proxy.url, proxy.store
 
 
 def _streamed_tool_calls(response: Any) -> tuple[list[dict[str, Any]], str]:
@@ -82,9 +73,7 @@ def test_a_tool_call_round_trip_is_recorded_call_by_call(
 ) -> None:
     url, store = front
     rollout_id = f"tools-{request.node.callspec.id}"
-    client = openai.OpenAI(
-        base_url=f"{url}/ng-rollout/{rollout_id}/v1", api_key="k", max_retries=0, timeout=300
-    )
+    client = rollout_client(url, rollout_id, timeout=300)
     first: dict[str, Any] = {
         "model": MODEL_NAME,
         "messages": [QUESTION],

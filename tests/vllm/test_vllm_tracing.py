@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import openai
 import pytest
 from otlp_receiver import OtlpReceiver, ReceivedSpan
+from support import rollout_client
 from vllm_backend import MODEL_NAME, Proxy, Vllm
 
 from otel_capture import read_model_call_records
@@ -54,9 +54,7 @@ def test_zero_code_llm_request_is_a_child_of_the_model_call_span(
     receiver, _ = otlp
     trace_id, traceparent = _traceparent(0x5EED01 + stream)
     rollout_id = f"trace-zero-code-{int(stream)}"
-    with openai.OpenAI(
-        base_url=f"{vllm.url}/ng-rollout/{rollout_id}/v1", api_key="k", max_retries=0, timeout=300
-    ) as client:
+    with rollout_client(vllm.url, rollout_id, timeout=300) as client:
         request: dict[str, Any] = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}]}
         if stream:
             list(
@@ -82,9 +80,7 @@ def test_through_the_proxy_llm_request_is_a_child_of_the_proxys_span(
 ) -> None:
     receiver, _ = otlp
     trace_id, traceparent = _traceparent(0x5EED10)
-    with openai.OpenAI(
-        base_url=f"{proxy.url}/ng-rollout/trace-proxy/v1", api_key="k", max_retries=0, timeout=300
-    ) as client:
+    with rollout_client(proxy.url, "trace-proxy", timeout=300) as client:
         client.chat.completions.create(
             model=MODEL_NAME,
             messages=[{"role": "user", "content": "Hi"}],
@@ -107,9 +103,7 @@ def test_every_llm_request_of_a_captured_call_is_the_child_of_its_call_span(
     receiver, _ = otlp
     # one call of our own last, so at least one is here once its spans arrived
     trace_id, traceparent = _traceparent(0x5EED20)
-    with openai.OpenAI(
-        base_url=f"{vllm.url}/ng-rollout/trace-all/v1", api_key="k", max_retries=0, timeout=300
-    ) as client:
+    with rollout_client(vllm.url, "trace-all", timeout=300) as client:
         client.responses.create(
             model=MODEL_NAME, input="Hi", max_output_tokens=4, extra_headers=_headers(traceparent)
         )

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from vllm_backend import MODEL_NAME, Proxy, Vllm
+from vllm_backend import MODEL_NAME
 
 from otel_capture import CaptureStore, build_model_call_capture, read_model_call_records
 
@@ -21,15 +21,6 @@ pytestmark = pytest.mark.vllm
 TIMEOUT = 300
 # long enough that the trainer's calls (milliseconds) land while it streams (seconds on two cores)
 LONG = {"max_tokens": 24, "ignore_eos": True, "temperature": 0}
-
-
-@pytest.fixture(params=["zero-code", "proxy"])
-def front(request: pytest.FixtureRequest) -> tuple[str, CaptureStore]:
-    if request.param == "zero-code":
-        vllm: Vllm = request.getfixturevalue("vllm")
-        return vllm.url, vllm.store
-    proxy: Proxy = request.getfixturevalue("proxy")
-    return proxy.url, proxy.store
 
 
 def _rl(url: str, path: str, body: dict[str, str] | None = None) -> dict[str, object]:
