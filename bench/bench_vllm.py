@@ -49,10 +49,7 @@ import importlib
 import json
 import math
 import random
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -65,6 +62,7 @@ from typing import Any
 import httpx
 
 from bench import _harness as H
+from bench import _pyspy
 from bench._servers import bind_socket
 from otel_capture._store.writer import WRITER_THREAD_KERNEL_NAME
 
@@ -460,67 +458,18 @@ def _report_presence(groups: list[Group], concurrency: int) -> None:
 
 # --- where the time goes ----------------------------------------------------------------------------
 
-_OWNERS = (
-    ("/otel_capture/", "otel_capture"),
-    ("/opentelemetry/", "OpenTelemetry SDK/API"),
-    ("/vllm/", "vLLM"),
-    ("/uvicorn/", "uvicorn"),
-    ("/starlette/", "Starlette/FastAPI"),
-    ("/fastapi/", "Starlette/FastAPI"),
-    ("/pydantic", "pydantic"),
-    ("/transformers/", "transformers/tokenizers"),
-    ("/tokenizers/", "transformers/tokenizers"),
-    ("/zmq/", "zmq"),
-    ("/torch/", "torch"),
-)
-
-
-def _owner(frame: str) -> str | None:
-    """Whose code a py-spy frame (``function (path:line)``) is in; ``None`` for the standard library
-    (transparent: a sample there goes to the code that called it) and frames without a path."""
-    for marker, owner in _OWNERS:
-        if marker in frame:
-            return owner
-    if "site-packages/" in frame:
-        return "other packages"
-    return None
-
-
-def _shares(raw: Path) -> tuple[collections.Counter[str], int]:
-    """Samples per owner in a py-spy ``--format raw`` file (``frame;frame;... count``, outermost first)."""
-    owners: collections.Counter[str] = collections.Counter()
-    total = 0
-    for line in raw.read_text(errors="replace").splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        count = int(count_text)
-        total += count
-        owner = next((o for o in map(_owner, reversed(stack.split(";"))) if o is not None), "stdlib (loop)")
-        owners[owner] += count
-    return owners, total
-
 
 def _profile(pid: int, base: str, work: Path) -> dict[str, tuple[collections.Counter[str], int]]:
-    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    if not Path(py_spy).exists():
-        raise SystemExit("--profile needs py-spy: pip install py-spy")
+    """py-spy's samples of the server by whose code, through ``PROFILE_STREAMS`` 72-token streams of each
+    mode made one at a time."""
     found = {}
     for mode in ("captured", "passed"):
         raw = work / f"profile-{mode}.txt"
-        sampler = subprocess.Popen(
-            [py_spy, "record", "--pid", str(pid), "--format", "raw", "--gil", "--nonblocking",
-             "--rate", "1000", "--full-filenames", "--output", str(raw)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        time.sleep(1.0)  # py-spy attaches before the calls begin
         url, headers = _target(base, mode, "profile")
-        with httpx.Client(timeout=600) as client:
+        with _pyspy.sampling(pid, raw), httpx.Client(timeout=600) as client:
             for _ in range(PROFILE_STREAMS):  # a sample per ms the GIL is held: about 90 per stream
                 _call(client, url, 72, True, headers)
-        sampler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
-        sampler.wait(timeout=60)
-        found[mode] = _shares(raw)
+        found[mode] = _pyspy.shares(raw)
     return found
 
 
@@ -625,32 +574,12 @@ def main() -> int:
     _report_threads(groups, concurrencies)
     _report_presence(groups, args.concurrency)
     if shares:
-        _report_shares(shares)
+        _pyspy.report_shares(shares, "72-token streams")
     print(json.dumps({"groups": [asdict(g) for g in groups], "idle": idle}), file=sys.stderr)
     print(
         f"\nwall time of the whole run: {(time.monotonic() - began) / 60:.1f} min (budget {args.minutes:g} min)"
     )
     return 0 if records >= expected else 1
-
-
-def _report_shares(shares: dict[str, tuple[collections.Counter[str], int]]) -> None:
-    owners = sorted(
-        {o for counter, _ in shares.values() for o in counter}, key=lambda o: -shares["captured"][0][o]
-    )
-    rows = []
-    for owner in owners:
-        row: list[Any] = [owner]
-        for mode in ("captured", "passed"):
-            counter, total = shares[mode]
-            row.append(f"{100 * counter[owner] / total:.1f} %" if total else "-")
-        rows.append(row)
-    H.print_table(
-        "py-spy samples holding the GIL, 72-token streams, by whose code they were in (innermost frame "
-        "outside the standard library)",
-        ["code", "captured", "passed"],
-        rows,
-        [f"samples: captured {shares['captured'][1]}, passed {shares['passed'][1]}"],
-    )
 
 
 if __name__ == "__main__":
