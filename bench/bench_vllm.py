@@ -382,22 +382,33 @@ def _report_paired(groups: list[Group], concurrencies: list[int]) -> list[str]:
             if not units:
                 continue
             ratio, (low, high) = _ratio(units), _interval(units, _ratio)
-            passed = statistics.mean(p for _, p in units)
+            passed, (below, above) = statistics.mean(p for _, p in units), _interval(units, _diff)
             rows.append(
                 [concurrency, label, len(units), f"{passed:.3f} {unit}", f"{_diff(units):+.3f} {unit}",
-                 f"{ratio:.4f}x", f"{low:.4f}-{high:.4f}", f"±{(high - low) / 2 * 100:.1f} %"]
+                 f"[{below:+.3f}, {above:+.3f}]", f"{ratio:.4f}x", f"{low:.4f}-{high:.4f}",
+                 f"±{(high - low) / 2 * 100:.1f} %"]
             )  # fmt: skip
             if label in ("chat call", "streamed token"):
                 verdicts.append(f"c={concurrency} {label} {_verdict(low, high)} ({(ratio - 1) * 100:+.1f} %)")
     H.print_table(
         "the capture's cost, paired: captured against passed groups (ABBA) in the zero-code start",
-        ["conc", "", "quads", "passed", "captured - passed", "captured/passed", "95 % interval", "±"],
+        [
+            "conc",
+            "",
+            "quads",
+            "passed",
+            "captured - passed",
+            "95 % interval",
+            "captured/passed",
+            "95 % interval",
+            "±",
+        ],
         rows,
         [
             "quads: paired samples (one per round: 2 captured and 2 passed groups of each shape, ABBA/BAAB);",
             "ratio: mean captured / mean passed over the quads; interval: percentile bootstrap, quads resampled",
             f"({RESAMPLES} times; per token: rounds resampled, 72- minus 8-token stream over {PER_TOKEN} tokens);"
-            " ±: half its width",
+            " ±: half its width; with fewer than about 10 quads the interval is only a rough one",
             f"goal captured/passed <= {GOAL:.2f} (met: the interval's top under it): " + ", ".join(verdicts),
         ],
     )
