@@ -26,7 +26,8 @@ variant measured in the same rounds as its baseline:
 - **per SSE event**: a streamed chat call of 512 and of 32 events (one ASGI message each) through the
   middleware (records only: an in-memory sink, no span built) against the streaming app alone; the
   event-loop thread's CPU per call, and per event the slope between the two lengths (goal: <= 3 us added
-  per event in bench_goals 4a, where a real server adds its own share);
+  per event in bench_goals 4a, where a real server adds its own share); then the same with the chunks vLLM
+  streams to an RL run, which asks for token ids and log-probs (each chunk carries both);
 - **spans on against records only**: the non-streaming call with the records alone (no span built), with
   the SDK span seen by a processor that does nothing, behind the SDK's ``BatchSpanProcessor`` with an
   exporter that does nothing, one that only encodes OTLP protobuf, and the OTLP/HTTP exporter sending to a
@@ -287,14 +288,53 @@ async def _drive_cpu(
     return (time.process_time() - process) / calls * 1e6, thread / calls * 1e6
 
 
+def rl_events(count: int) -> list[bytes]:
+    """``count`` Chat Completions chunks as vLLM streams them to an RL run, which asks for the token ids
+    and log-probs: each with its ``token_ids`` and a ``logprobs`` object (one top log-prob), then the
+    usual closing events."""
+    events = []
+    for i in range(count):
+        token = f"tok{i % 1000} "
+        entry = {"token": token, "logprob": -0.25, "bytes": list(token.encode())}
+        choice = {
+            "index": 0,
+            "delta": {"content": token},
+            "logprobs": {"content": [{**entry, "top_logprobs": [entry]}]},
+            "finish_reason": None,
+            "token_ids": [1000 + i % 1000],
+        }
+        payload = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1727000000}
+        events.append(
+            b"data: " + orjson.dumps({**payload, "model": "bench-model", "choices": [choice]}) + b"\n\n"
+        )
+    from bench._servers import closing_events
+
+    return [*events, *closing_events(count)]
+
+
 def per_event_table(calls: int, rounds: int) -> None:
     from bench._servers import chat_events
 
+    _per_event(
+        chat_events,
+        "per SSE event (issue 34 goal 4a): the middleware, records only, around a streaming app",
+        calls,
+        rounds,
+    )
+    _per_event(
+        rl_events,
+        "per SSE event, vLLM's chunks for an RL run (token ids and log-probs in each): the same measure",
+        calls,
+        rounds,
+    )
+
+
+def _per_event(make_events: Callable[[int], list[bytes]], title: str, calls: int, rounds: int) -> None:
     settings = CaptureSettings.from_environ({})
     body = orjson.dumps({**orjson.loads(REQUEST_BODY), "stream": True})
     apps = {}
     for n in STREAM_LENGTHS:
-        app = _streaming_app(chat_events(n))
+        app = _streaming_app(make_events(n))
         middleware = ModelCallCaptureMiddleware(
             app, tracer_provider=TracerProvider(), settings=settings, sink=MemorySink()
         )
@@ -315,7 +355,7 @@ def per_event_table(calls: int, rounds: int) -> None:
     slope = (added[long] - added[short]) / (long - short)
     own = (best[f"alone-{long}"] - best[f"alone-{short}"]) / (long - short)
     H.print_table(
-        "per SSE event (issue 34 goal 4a): the middleware, records only, around a streaming app",
+        title,
         ["events", "app alone us/call", "captured us/call", "added us/call", "captured / alone"],
         [
             [n + 3, best[f"alone-{n}"], best[f"on-{n}"], added[n], best[f"on-{n}"] / best[f"alone-{n}"]]

@@ -46,7 +46,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .stream import JsonDict, _Accumulator, _loads
+from .stream import JsonDict, _Accumulator
 
 __all__ = [
     "GenerateAccumulator",
@@ -134,19 +134,12 @@ class GenerateAccumulator(_Accumulator):
         self._seen = False
 
     def _add(self, event: Any) -> bool:
-        data = event.data
-        if len(data) < 16 and data.strip() == "[DONE]":
-            self._finish("completed")
-            return False
-        payload = _loads(data)
+        payload = self._chunk_payload(event)
         if payload is None:
             return False
         self._seen = True
-        error = payload.get("error")
-        if error is not None or event.event == "error":
-            self._finish("error")
-            self._record_error(error if error is not None else payload)
-            return False
+        if payload.get("error") is not None or event.event == "error":
+            return False  # an error chunk carries nothing else here (the error was kept)
         if isinstance(payload.get("choices"), list):
             return self._add_vllm(payload)
         if any(key in payload for key in _SGLANG_BODY):

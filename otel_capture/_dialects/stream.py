@@ -202,6 +202,23 @@ class _Accumulator:
         self._texts.pop((id(container), key), None)
         container[key] = value
 
+    def _chunk_payload(self, event: SSEEvent) -> JsonDict | None:
+        """An OpenAI-style chunk's JSON object (Chat Completions, the legacy Completions, vLLM's and
+        SGLang's generate), ``None`` for anything else: ``data: [DONE]`` completes the stream, and an
+        ``error`` key or an ``event: error`` ends it as ``"error"``, the error kept."""
+        data = event.data
+        if len(data) < 16 and data.strip() == "[DONE]":
+            self._finish("completed")
+            return None
+        payload = _loads(data)
+        if payload is None:
+            return None
+        error = payload.get("error")
+        if error is not None or event.event == "error":
+            self._finish("error")
+            self._record_error(error if error is not None else payload)
+        return payload
+
     def _finish(self, kind: TerminalKind) -> None:
         if self.terminal is None:
             self.terminal = kind
@@ -247,18 +264,10 @@ class _ChoicesAccumulator(_Accumulator, Generic[_ChoiceT]):
         self._settled_top: set[str] = set(self._SKIPPED_TOP)
 
     def _add(self, event: SSEEvent) -> bool:
-        data = event.data
-        if len(data) < 16 and data.strip() == "[DONE]":
-            self._finish("completed")
-            return False
-        payload = _loads(data)
+        payload = self._chunk_payload(event)
         if payload is None:
             return False
         self._seen = True
-        error = payload.get("error")
-        if error is not None or event.event == "error":
-            self._finish("error")
-            self._record_error(error if error is not None else payload)
         top = self._top
         if self._settled_top.issuperset(payload):
             for key in _LATEST_TOP:

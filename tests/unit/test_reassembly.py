@@ -999,6 +999,57 @@ def _chat_datas() -> list[tuple[str, list[str]]]:
             ],
         )
     )
+    lp = {"content": [{"token": "w", "logprob": -0.5, "bytes": [119], "top_logprobs": []}]}
+    found.append(
+        (
+            "vllm shapes",  # what an RL run asks vLLM for: token ids and log-probs on every chunk
+            [
+                chunk({"role": "assistant", "content": ""}, logprobs=None, finish_reason=None),
+                *(chunk({"content": f"w{i} "}, logprobs=lp, token_ids=[i]) for i in range(300)),
+                chunk({"content": "a"}, logprobs=None, token_ids=None),  # null token ids: the key kept
+                chunk({"content": "b"}, logprobs=[1], token_ids=[1]),  # log-probs not an object
+                chunk({"content": "c"}, logprobs={"refusal": [{"token": "r"}]}, token_ids="x"),
+                chunk({"content": "d"}, logprobs={"content": "not a list"}, token_ids=[2]),
+                chunk({"content": "e"}, token_ids=[3], stop_reason=None),
+                chunk({"content": "f"}, token_ids=[4], stop_reason=7),
+                chunk({"content": "g"}, index=True),
+                chunk({"content": "h"}, index=0.0),
+                chunk({"content": "i"}, index=None),
+                orjson.dumps(
+                    {
+                        "id": "c",
+                        "model": "m",
+                        "new_key": 1,
+                        "choices": [{"index": 0, "delta": {"content": "j"}}],
+                    }
+                ).decode(),  # a top-level key not seen before, then it again
+                *(chunk({"content": f"k{i}"}, token_ids=[i]) for i in range(3)),
+                orjson.dumps(
+                    {"id": "c", "new_key": 2, "choices": [{"index": 0, "delta": {"content": "l"}}]}
+                ).decode(),
+                orjson.dumps({"id": "c", "error": None, "choices": [{"delta": {"content": "m"}}]}).decode(),
+                orjson.dumps(
+                    {
+                        "id": "c",
+                        "error": {"message": "boom"},
+                        "choices": [{"index": 0, "delta": {"content": "o"}}],
+                    }
+                ).decode(),  # an error beside a usual choice: add's way (it ends the stream as "error")
+                chunk({"content": "n"}, logprobs=lp, token_ids=[9]),
+                chunk({"content": ""}, logprobs=lp, token_ids=[], finish_reason="length"),
+                "[DONE]",
+            ],
+        )
+    )
+    found.append(
+        (
+            "null token ids",  # every chunk sends the key as null: the answer keeps it as null
+            [
+                chunk({"role": "assistant", "content": ""}),
+                *(chunk({"content": f"w{i} "}, logprobs=None, token_ids=None) for i in range(5)),
+            ],
+        )
+    )
     return found
 
 
@@ -1010,4 +1061,5 @@ def test_the_chat_accumulators_batch_read_equals_reading_event_by_event(name: st
     batched = ChatCompletionsAccumulator()
     batched.add_data(datas)
     assert batched.result() == one_by_one.result() is not None
+    assert (batched.terminal, batched.error) == (one_by_one.terminal, one_by_one.error)
     assert batched.internal_errors == one_by_one.internal_errors == 0
