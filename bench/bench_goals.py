@@ -211,8 +211,10 @@ def floors_table(runs: dict[str, R.Run]) -> None:
         rows,
         [
             "added us/call: CPU per call above the app's own (1a, 2); for 3a the forwarding process's own CPU "
-            "(the upstream's is in its own process). A floor's ratio is the ceiling of any implementation of "
-            "that goal here: below the target, no capture (1a, 2) or Python proxy (3a) reaches it on this stack",
+            "(the upstream's is in its own process)",
+            "a floor's ratio is a ceiling on this stack: the durable floor's for any capture that holds the last "
+            "chunk until its line is synced (1a, 2), the one on the loop for any capture at all; the ASGI "
+            "forwarder's for any proxy served by uvicorn, the raw forwarder's for any Python proxy (3a)",
         ],
     )
 
