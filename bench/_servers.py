@@ -20,7 +20,12 @@ Variants:
   built as for an OTLP exporter (without the exporter's own work);
 * ``gym``: the upstream inside the per-call-fsync baseline (``_gym_baseline.py``);
 * ``proxy``: the app ``otel-capture proxy`` serves (``build_proxy_app``) in front of ``--upstream``, with
-  ``--capture-dir`` when given.
+  ``--capture-dir`` when given;
+* floors (``_floors.py``: the least any implementation costs here, not the product): ``floor``, the model
+  app inside the barest durable capture (bodies kept, one JSON line, a writer thread with group commit);
+  ``floor-onloop``, the same line written on the event loop, no thread, no fsync; ``floor-forward``, the
+  barest forwarding ASGI app in front of ``--upstream`` (the proxy's own upstream pool); ``floor-raw``, a
+  forwarder without ASGI or uvicorn (uvloop protocols, httptools' parsers).
 
 ``--app starlette`` serves a Starlette model app (one ``POST /v1/chat/completions`` route that reads the
 body and answers at once) instead of the raw ASGI one: ``bare`` then is that app alone (run it under
@@ -269,6 +274,8 @@ def _global_sink() -> Any:
 
 def _in_process_app(variant: str, capture_dir: str | None, app_kind: str = "asgi", events: int = 0) -> Any:
     if app_kind == "starlette":
+        if variant in ("floor", "floor-onloop"):
+            return floor_app(starlette_model_app(events), capture_dir, on_loop=variant == "floor-onloop")
         if variant == "bare":
             return StatsRoute(starlette_model_app(events), lambda: _writer_stats(_global_sink()))
         if variant == "gym":
@@ -299,6 +306,8 @@ def _in_process_app(variant: str, capture_dir: str | None, app_kind: str = "asgi
             f"lean-server-span or gym, not {variant!r}"
         )
     model = streaming_upstream_app(events) if events else upstream_app
+    if variant in ("floor", "floor-onloop"):
+        return floor_app(model, capture_dir, on_loop=variant == "floor-onloop")
     if variant == "bare":
         return StatsRoute(model, _writer_stats)
     if variant == "gym":
@@ -340,6 +349,16 @@ def capture_app(model: Any, capture_dir: str | None, variant: str = "capture") -
     settings = CaptureSettings.from_environ({})
     app = ModelCallCaptureMiddleware(model, tracer_provider=provider, settings=settings)
     return StatsRoute(app, lambda: _writer_stats(exporter))
+
+
+def floor_app(model: Any, capture_dir: str | None, *, on_loop: bool) -> Any:
+    """``model`` inside the barest durable capture (``on_loop``: the line written on the event loop, no
+    thread, no fsync), in the stats route."""
+    from bench._floors import FloorCapture, FloorWriter
+
+    assert capture_dir, "a floor needs --capture-dir"
+    writer = FloorWriter(capture_dir)
+    return StatsRoute(FloorCapture(model, writer, on_loop=on_loop), writer.stats)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -424,6 +443,10 @@ def main() -> int:
             "server-span",
             "lean-server-span",
             "proxy",
+            "floor",
+            "floor-onloop",
+            "floor-forward",
+            "floor-raw",
         ],
     )
     parser.add_argument("--capture-dir")
@@ -442,8 +465,19 @@ def main() -> int:
         add = getattr(trace.get_tracer_provider(), "add_span_processor", None)
         if add is not None:
             add(SpanProcessor())
+    if args.variant == "floor-raw":
+        from bench._floors import serve_raw_forwarder
+
+        sock = bind_socket("127.0.0.1", 0)
+        print(f"listening on {socket_url(sock)}", flush=True)
+        serve_raw_forwarder(args.upstream, sock)
+        return 0
     if args.variant == "proxy":
         app = proxy_app(args.upstream, args.capture_dir)
+    elif args.variant == "floor-forward":
+        from bench._floors import FloorForwarder
+
+        app = StatsRoute(FloorForwarder(args.upstream), _writer_stats)
     else:
         app = _in_process_app(args.variant, args.capture_dir, args.app, args.events)
     _serve(app)

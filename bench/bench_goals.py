@@ -53,6 +53,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import orjson
 
@@ -95,11 +96,134 @@ def _proxy_workers_argv(upstream_url: str, capture_dir: Path, workers: int) -> l
     ]
 
 
+# --- floors: the least an implementation costs on this stack (``_floors.py``) -------------------------
+
+
+class Floors(NamedTuple):
+    """A goal's server, its baseline and target, and the servers of its floors (run names; a proxy floor's
+    name is also its ``_servers`` variant)."""
+
+    server: str
+    baseline: str
+    target: float
+    names: tuple[str, str]
+
+
+FLOORS = {
+    "1a": Floors("zero-code", "starlette", 0.4, ("floor-zc", "floor-zc-onloop")),
+    "2": Floors("library", "bare", 0.5, ("floor-lib", "floor-lib-onloop")),
+    "3a": Floors("proxy", "upstream", 0.5, ("floor-forward", "floor-raw")),
+}
+FLOOR_LABELS = {
+    "floor-zc": "FLOOR: the app in the barest durable capture (thread, group commit)",
+    "floor-zc-onloop": "FLOOR: the same, line written on the loop (no thread, no fsync)",
+    "floor-lib": "FLOOR: the app in the barest durable capture (thread, group commit)",
+    "floor-lib-onloop": "FLOOR: the same, line written on the loop (no thread, no fsync)",
+    "floor-forward": "FLOOR: barest forwarding ASGI app (proxy's stack and pool)",
+    "floor-raw": "FLOOR: raw forwarder, uvloop + httptools (no ASGI, no uvicorn)",
+}
+
+
+def _capture_floor_specs(data: Path, key: str, *extra: str) -> list[R.Spec]:
+    """The model app in the barest durable capture, and with its line written on the loop."""
+    return [
+        R.Spec(
+            f"floor-{key}{suffix}",
+            H.server_argv(variant, *extra, "--capture-dir", str(data / f"floor-{key}{suffix}")),
+            capture_dir=data / f"floor-{key}{suffix}",
+        )
+        for variant, suffix in (("floor", ""), ("floor-onloop", "-onloop"))
+    ]
+
+
+def _floor_rows(goal: str, runs: dict[str, R.Run], base: R.Run) -> list[tuple[str, R.Run, R.Run | None]]:
+    return [(FLOOR_LABELS[name], runs[name], base) for name in FLOORS[goal].names]
+
+
+def _added_cpu(goal: str, run: R.Run, base: R.Run) -> float:
+    """CPU per call a server adds to the call's path: above the app's own (1a, 2); the proxy's or
+    forwarder's own process, all of it (3a: the upstream's CPU is its own process's)."""
+    return (run.cpu_us or 0) - (0 if goal == "3a" else base.cpu_us or 0)
+
+
+def _floor_notes(goal: str, runs: dict[str, R.Run], this: R.Run, base: R.Run) -> list[str]:
+    """What the goal's server adds beside what each floor adds, and whether each floor reaches the target."""
+    target = FLOORS[goal].target
+    parts = []
+    for name in FLOORS[goal].names:
+        ratio = runs[name].rps / base.rps
+        parts.append(
+            f"{FLOOR_LABELS[name].removeprefix('FLOOR: ')} {ratio:.2f}x, {_added_cpu(goal, runs[name], base):+.0f} "
+            f"us/call ({'reaches' if ratio >= target else 'below'} {target}x)"
+        )
+    first = runs[FLOORS[goal].names[0]]
+    return [
+        f"{goal}: floors in the same run: {'; '.join(parts)}. The goal's server adds "
+        f"{_added_cpu(goal, this, base):+.0f} us/call, {(this.cpu_us or 0) - (first.cpu_us or 0):+.0f} us beside "
+        "the first floor"
+    ]
+
+
+def _sync_note(servers: R.Servers, name: str) -> str:
+    """The durable floor's disk latency: its writer's mean syncfs/fsync wall time since it started, and the
+    throughput no group commit passes at 64 calls in flight (each call waits for one sync at least)."""
+    stats = servers.running[name].stats()
+    if not stats.get("batches"):
+        return f"{name}: no batch written"
+    sync_ms = stats["sync_ns"] / stats["batches"] / 1e6
+    return (
+        f"{name}: its writer's sync (syncfs, or fsync for one file) took {sync_ms:.2f} ms of wall time on average "
+        f"({stats['batches']:,} batches, {stats['records'] / stats['batches']:.1f} records each): with "
+        f"{R.CONCURRENCY} calls in flight, each waiting for one sync at least, no durable capture passes "
+        f"{R.CONCURRENCY / sync_ms * 1e3:,.0f} calls/s on this disk now, whatever its CPU"
+    )
+
+
+def floors_table(runs: dict[str, R.Run]) -> None:
+    """Each goal's server beside its floors and its baseline, from the runs already measured."""
+    rows = []
+    for goal, (this, base_name, target, floors) in FLOORS.items():
+        if base_name not in runs or any(name not in runs for name in (this, *floors)):
+            continue
+        base = runs[base_name]
+        rows.append([goal, f"baseline: {base_name}", base.rps, None, None, base.cpu_us, None, base.user_us])
+        for name in (this, *floors):
+            run = runs[name]
+            ratio = run.rps / base.rps
+            label = FLOOR_LABELS.get(name, f"the goal's server: {name}")
+            rows.append(
+                [
+                    goal,
+                    label,
+                    run.rps,
+                    f"{ratio:.2f}x",
+                    f"{target}x",
+                    run.cpu_us,
+                    _added_cpu(goal, run, base),
+                    run.user_us,
+                ]
+            )
+    if not rows:
+        return
+    H.print_table(
+        "FLOORS: each goal's server beside the least any implementation costs on this stack (same run, same load)",
+        ["goal", "server", "req/s", "ratio", "target", "CPU us/call", "added us/call", "user us/call"],
+        rows,
+        [
+            "added us/call: CPU per call above the app's own (1a, 2); for 3a the forwarding process's own CPU "
+            "(the upstream's is in its own process)",
+            "a floor's ratio is a ceiling on this stack: the durable floor's for any capture that holds the last "
+            "chunk until its line is synced (1a, 2), the one on the loop for any capture at all; the ASGI "
+            "forwarder's for any proxy served by uvicorn, the raw forwarder's for any Python proxy (3a)",
+        ],
+    )
+
+
 # --- the goals --------------------------------------------------------------------------------------
 
 
 def goal_zero_code(
-    data: Path, rounds: int, seconds: int, fp: bool, diagnostics: bool
+    data: Path, rounds: int, seconds: int, fp: bool, diagnostics: bool, floors: bool
 ) -> tuple[list[R.Goal], dict[str, R.Run]]:
     specs = [
         R.Spec("starlette", H.server_argv("bare", "--app", "starlette"), prefixed=False),
@@ -135,17 +259,23 @@ def goal_zero_code(
                 env=_zero_code_env(None),
             ),
         ]
+    if floors:
+        specs += _capture_floor_specs(data, "zc", "--app", "starlette")
     with R.Servers() as servers:
         for spec in specs:
             servers.start(spec)
         runs = R.rounds_of(servers, [s.name for s in specs], rounds, seconds, fp)
-        disk = R.disk_check(servers, ["zero-code", "gym-fsync"])
+        disk = R.disk_check(servers, ["zero-code", "gym-fsync", *(FLOORS["1a"].names if floors else ())])
+        if floors:
+            disk.append(_sync_note(servers, FLOORS["1a"].names[0]))
     base, zc, gym = runs["starlette"], runs["zero-code"], runs["gym-fsync"]
     rows = [
         ("starlette app, uninstrumented", base, None),
         ("zero-code durable capture", zc, base),
         ("gym-fsync (NeMo Gym 0.7.0 design)", gym, base),
     ]
+    if floors:
+        rows += _floor_rows("1a", runs, base)
     if diagnostics:
         rows += [
             ("diag: contrib HTTP server span alone (no capture)", runs["server-span"], base),
@@ -171,12 +301,13 @@ def goal_zero_code(
             "1a",
             "zero-code capture / uninstrumented",
             zc.rps / base.rps,
-            0.4,
+            FLOORS["1a"].target,
             True,
             "x",
             zc,
             base,
             "uninstrumented",
+            _floor_notes("1a", runs, zc, base) if floors else [],
         ),
         R.Goal(
             "1b",
@@ -194,7 +325,7 @@ def goal_zero_code(
 
 
 def goal_library(
-    data: Path, rounds: int, seconds: int, fp: bool, diagnostics: bool
+    data: Path, rounds: int, seconds: int, fp: bool, diagnostics: bool, floors: bool
 ) -> tuple[list[R.Goal], dict[str, R.Run]]:
     specs = [
         R.Spec("bare", H.server_argv("bare")),
@@ -223,13 +354,19 @@ def goal_library(
                 env={"BENCH_UVICORN_HTTP": "h11", "BENCH_UVICORN_LOOP": "asyncio"},
             ),
         ]
+    if floors:
+        specs += _capture_floor_specs(data, "lib")
     with R.Servers() as servers:
         for spec in specs:
             servers.start(spec)
         runs = R.rounds_of(servers, [s.name for s in specs], rounds, seconds, fp)
-        disk = R.disk_check(servers, ["library"])
+        disk = R.disk_check(servers, ["library", *(FLOORS["2"].names if floors else ())])
+        if floors:
+            disk.append(_sync_note(servers, FLOORS["2"].names[0]))
     base, lib = runs["bare"], runs["library"]
     rows = [("raw ASGI app alone", base, None), ("library mode, durable capture", lib, base)]
+    if floors:
+        rows += _floor_rows("2", runs, base)
     if diagnostics:
         rows += [
             ("diag: library mode, no exporter (no span built, no record)", runs["library-spans"], base),
@@ -253,13 +390,25 @@ def goal_library(
             )
         )
     R.run_table("goal 2: library mode (middleware + exporter in code, no HTTP server span)", rows, disk)
+    notes = _floor_notes("2", runs, lib, base) if floors else []
     return [
-        R.Goal("2", "library capture / bare", lib.rps / base.rps, 0.5, True, "x", lib, base, "bare")
+        R.Goal(
+            "2",
+            "library capture / bare",
+            lib.rps / base.rps,
+            FLOORS["2"].target,
+            True,
+            "x",
+            lib,
+            base,
+            "bare",
+            notes,
+        )
     ], runs
 
 
 def goal_proxy(
-    data: Path, rounds: int, seconds: int, fp: bool, diagnostics: bool
+    data: Path, rounds: int, seconds: int, fp: bool, diagnostics: bool, floors: bool
 ) -> tuple[list[R.Goal], dict[str, R.Run]]:
     specs = [
         R.Spec("upstream", H.server_argv("bare")),
@@ -281,6 +430,11 @@ def goal_proxy(
         specs.append(
             R.Spec("proxy-off", H.server_argv("proxy", "--upstream", "{upstream}"), upstream="upstream")
         )
+    if floors:
+        specs += [
+            R.Spec(name, H.server_argv(name, "--upstream", "{upstream}"), upstream="upstream")
+            for name in FLOORS["3a"].names
+        ]
     names = [s.name for s in specs]
     with R.Servers() as servers:
         for spec in specs:
@@ -298,6 +452,8 @@ def goal_proxy(
     ]
     if diagnostics:
         rows.append(("diag: proxy without --capture-dir (no span built)", runs["proxy-off"], base))
+    if floors:
+        rows += _floor_rows("3a", runs, base)
     R.run_table(
         "goal 3: otel-capture proxy in front of an upstream that answers at once",
         rows,
@@ -312,12 +468,13 @@ def goal_proxy(
             "3a",
             "proxy capture / upstream direct",
             proxy.rps / base.rps,
-            0.5,  # issue 34's goal (0.3x before)
+            FLOORS["3a"].target,  # issue 34's goal (0.3x before)
             True,
             "x",
             proxy,
             base,
             "upstream direct",
+            _floor_notes("3a", runs, proxy, base) if floors else [],
         ),
         R.Goal(
             "3b",
@@ -500,6 +657,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-diagnostics", action="store_true", help="only the goals' own servers")
     parser.add_argument(
+        "--no-floors", action="store_true", help="without the floor rows of goals 1-3 (bench/_floors.py)"
+    )
+    parser.add_argument(
         "--ttft-calls", type=int, help="streamed calls per server for time to first event (default 200)"
     )
     parser.add_argument("--dir", help="where capture files go (default: a new temporary directory)")
@@ -510,6 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds = args.seconds or (2 if args.quick else 3)
     rounds = args.rounds or (1 if args.quick else 2)
     diagnostics = not (args.quick or args.no_diagnostics)
+    floors = not args.no_floors
     ttft_calls = args.ttft_calls or (40 if args.quick else 200)
     wanted = {g.strip() for g in args.goals.split(",")}
     fp = args.python_loadgen
@@ -539,9 +700,9 @@ def main(argv: list[str] | None = None) -> int:
     goals: list[R.Goal] = []
     all_runs: dict[str, R.Run] = {}
     steps: list[tuple[str, Callable[[], tuple[list[R.Goal], dict[str, R.Run]]]]] = [
-        ("1", lambda: goal_zero_code(data, rounds, seconds, fp, diagnostics)),
-        ("2", lambda: goal_library(data, rounds, seconds, fp, diagnostics)),
-        ("3", lambda: goal_proxy(data, rounds, seconds, fp, diagnostics)),
+        ("1", lambda: goal_zero_code(data, rounds, seconds, fp, diagnostics, floors)),
+        ("2", lambda: goal_library(data, rounds, seconds, fp, diagnostics, floors)),
+        ("3", lambda: goal_proxy(data, rounds, seconds, fp, diagnostics, floors)),
         ("4", lambda: goal_streaming(data, rounds, seconds, fp, ttft_calls)),
     ]
     try:
@@ -555,6 +716,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(n in wanted for n in "123"):
         goals.append(fsync_goal(all_runs))
     R.goals_table(goals)
+    floors_table(all_runs)
     others = [r.others_cores for r in all_runs.values()]
     try:
         load_end = f"load avg {os.getloadavg()[0]:.2f} at the end; "

@@ -103,3 +103,61 @@ def test_the_goal_servers_answer_and_count_what_they_wrote(tmp_path: Path) -> No
                 assert answer.status_code == 200 and answer.json()["object"] == "chat.completion", variant
                 assert server.stats()["records"] == 1, (variant, server.log_tail())
             assert H.count_lines(directory) == 1, variant
+
+
+def test_the_floor_servers_answer_and_the_durable_ones_write_a_line_per_call(tmp_path: Path) -> None:
+    """The floors ``bench_goals`` sets beside goals 1-3 do the work they stand for: the captures keep one
+    line per call in the call's rollout file (the durable one acknowledges only what it synced), and the
+    forwarders hand back the upstream's answer whole."""
+    import httpx
+    import orjson
+
+    from bench import _harness as H
+    from bench._servers import REQUEST_BODY, RESPONSE_BODY
+
+    paths = [f"/ng-rollout/bench-{i}/v1/chat/completions" for i in (0, 1, 1)]
+    with H.ServerProcess(H.server_argv("bare"), name="upstream") as upstream:
+        for variant, extra in (
+            ("floor", []),
+            ("floor-onloop", []),
+            ("floor", ["--app", "starlette"]),
+            ("floor-forward", ["--upstream", upstream.url]),
+            ("floor-raw", ["--upstream", upstream.url]),
+        ):
+            directory = tmp_path / f"{variant}{len(extra)}"
+            captures = not variant.startswith(("floor-forward", "floor-raw"))
+            argv = H.server_argv(variant, *extra, *(["--capture-dir", str(directory)] if captures else []))
+            with H.ServerProcess(argv, name=variant) as server:
+                for path in paths:
+                    answer = httpx.post(server.url + path, content=REQUEST_BODY, timeout=BOUND)
+                    assert answer.status_code == 200 and answer.content == RESPONSE_BODY, (variant, extra)
+                if captures:
+                    assert server.stats()["records"] == len(paths), (variant, extra, server.log_tail())
+            if captures:
+                lines = (directory / "bench-1.capture.jsonl").read_bytes().splitlines()
+                assert len(lines) == 2 and H.count_lines(directory) == 3, (variant, extra)
+                record = orjson.loads(lines[0])
+                assert record["request"] == orjson.loads(REQUEST_BODY), (variant, extra)
+                assert record["response"] == orjson.loads(RESPONSE_BODY), (variant, extra)
+
+
+def test_the_floors_table_prints_a_floor_row_beside_each_goal_s_server(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench import _rounds as R
+    from bench import bench_goals as G
+
+    names = [name for floors in G.FLOORS.values() for name in (floors.server, floors.baseline, *floors.names)]
+    runs = {
+        name: R.Run(name, 1000.0, 1000, 1.0, 2.0, 0, 50.0, 1.0, None, 0.0, 0.5, user_us=40.0)
+        for name in names
+    }
+    G.floors_table(runs)
+    out = capsys.readouterr().out
+    for goal, floors in G.FLOORS.items():
+        for name in floors.names:
+            assert any(
+                line.split()[0] == goal and G.FLOOR_LABELS[name] in line
+                for line in out.splitlines()
+                if line.strip()
+            ), (goal, name, out)
