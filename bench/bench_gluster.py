@@ -316,17 +316,21 @@ def _options_set(cluster: Gluster | None, options: dict[str, str]) -> Iterator[N
     if not options or cluster is None:
         yield
         return
-    before = {}
+    before: dict[str, str | None] = {}  # None: the default (put back by a reset)
     for name, value in options.items():
         out = cluster.gluster("volume", "get", cluster.volume, name)
-        before[name] = out.strip().splitlines()[-1].split()[-1]
+        line = out.strip().splitlines()[-1]  # "<name>  <value>" or "<name>  <value> (DEFAULT)"
+        before[name] = None if line.endswith("(DEFAULT)") else line.split()[-1]
         cluster.set_option(name, value)
     time.sleep(OPTION_SETTLE_S)
     try:
         yield
     finally:
-        for name, value in before.items():
-            cluster.set_option(name, value)
+        for name, old in before.items():
+            if old is None:
+                cluster.gluster("volume", "reset", cluster.volume, name)
+            else:
+                cluster.set_option(name, old)
         time.sleep(OPTION_SETTLE_S)
 
 
