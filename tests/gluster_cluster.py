@@ -11,8 +11,9 @@ without systemd, once per test session, and torn down after it:
 * ``glusterd`` runs with its own working directory under the session's temporary directory; the brick
   is a local directory there (which needs ``force``).
 * the volume has the options that make a FUSE client as strict as a local disk across clients (client
-  caches off, ``client.strict-locks``; see ``docs/scaling.md``), and a 10 s ping timeout so a node that
-  is cut off loses its locks after 10 s instead of 42.
+  caches off, ``client.strict-locks``; see ``docs/scaling.md``; and, for speed only, no client
+  io-threads), and a 10 s ping timeout so a node that is cut off loses its locks after 10 s instead
+  of 42.
 * each client is a ``glusterfs`` process started under ``nsenter --net=`` of its node's namespace (only
   the network namespace: the mount stays visible here), attribute, entry and negative timeouts 0.
 
@@ -47,6 +48,7 @@ STRICT_OPTIONS = {
     "performance.read-ahead": "off",
     "performance.readdir-ahead": "off",
     "performance.nl-cache": "off",
+    "performance.client-io-threads": "off",  # no cache: one thread hand-off less per call (docs/scaling.md)
     "client.strict-locks": "on",
     "network.ping-timeout": str(PING_TIMEOUT_S),
     "server.tcp-user-timeout": str(PING_TIMEOUT_S),

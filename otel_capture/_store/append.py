@@ -9,6 +9,7 @@ import errno
 import fcntl
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -164,6 +165,50 @@ def fenced_append(
     return result
 
 
+class SharedRefresh:
+    """The fence journal's refresh for a batch's stripes held at once (:mod:`.batch_io`): one ``lstat``
+    serves every stripe that was already held when it began, instead of one per stripe, each waiting for
+    the one before it (the journal's view is refreshed under one lock).
+
+    Why that keeps the stripe's promise (contract L4): a fence is appended to the journal while its maker
+    holds the stripe, so a fence on a stripe we hold was complete before we took it, and a journal
+    ``lstat`` issued after that sees it (fresh with the attribute caches off: ``docs/scaling.md``). A caller therefore waits for a
+    refresh that *begins* after it called, never for one already under way; the callers that arrive
+    during one all share the next. Its error, if any, is each sharer's."""
+
+    def __init__(self, state: DirState, dirs: DirFds) -> None:
+        self._state, self._dirs = state, dirs
+        self._changed = threading.Condition()
+        self._begun = 0  # refreshes begun, one at a time
+        self._running = False
+        self._last: tuple[int, BaseException | None] = (0, None)  # the latest finished and its error
+
+    def __call__(self) -> None:
+        with self._changed:
+            wanted = self._begun + 1  # the first refresh to begin from now on
+            while self._running and self._last[0] < wanted:
+                self._changed.wait()
+            if self._last[0] >= wanted:
+                error = self._last[1]
+                if error is not None:
+                    raise error
+                return
+            self._running = True
+            self._begun += 1
+            mine = self._begun
+        error = None
+        try:
+            self._state.journal.refresh(self._dirs.state_fd())
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            with self._changed:
+                self._running = False
+                self._last = (mine, error)
+                self._changed.notify_all()
+
+
 def fenced_append_stripe(
     state: DirState,
     dirs: DirFds,
@@ -173,12 +218,14 @@ def fenced_append_stripe(
     file_mode: int = FILE_MODE,
     files: AppendFiles | None = None,
     lock_files: LockFiles | None = None,
+    refresh: SharedRefresh | None = None,
 ) -> list[AppendOutcome | OSError]:
     """:func:`fenced_append` for every rollout of one stripe in a batch, under one hold of the stripe and
     one read of the fence journal: the stripe's lock is taken once, the journal refreshed once after it
     (a fence made before we hold the stripe is seen; one made after waits for us) (contract L4), then each
     rollout is fenced and appended in turn. Each rollout's outcome, or the ``OSError`` that failed it (the
     others go on); when the stripe or the journal cannot be had, every rollout fails with that error.
+    ``refresh``: the batch's :class:`SharedRefresh` when its stripes are held at once.
     """
     try:
         lock_fd = state.locks.acquire(dirs, stripe, lock_files)
@@ -187,7 +234,10 @@ def fenced_append_stripe(
     results: list[AppendOutcome | OSError] = []
     try:
         try:
-            state.journal.refresh(dirs.state_fd())
+            if refresh is None:
+                state.journal.refresh(dirs.state_fd())
+            else:
+                refresh()  # one lstat shared with the stripes held meanwhile (still after we hold ours)
         except OSError as exc:
             for job in jobs:
                 state.calls.end(job.rollout_id, [mcid for mcid, _, _ in job.calls])

@@ -9,7 +9,8 @@ stripe. Each rollout is still written by one thread, under its stripe and its da
 lines in the order they were queued (contract D7, D8, L4); a stripe whose lock or a file whose lock is
 stuck holds only that stripe's worker. On a network filesystem a worker also ``fsync``\\ s its stripe's
 files once it let the stripe go (each file's only sync) (contract D4); nothing is acknowledged before every
-worker of the batch is done (contract D3). On a local disk the work is CPU and one ``syncfs`` covers the
+worker of the batch is done (contract D3). The journal's ``lstat`` after each stripe is taken is shared by
+the stripes held at once (:class:`.append.SharedRefresh`): one round trip a wave, not one a stripe. On a local disk the work is CPU and one ``syncfs`` covers the
 batch: threads would only add switches, so it stays on the writer thread.
 """
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 from dataclasses import dataclass
 
-from .append import AppendJob, AppendOutcome, fenced_append_stripe
+from .append import AppendJob, AppendOutcome, SharedRefresh, fenced_append_stripe
 from .dirstate import DirState
 from .fs import AppendFiles, DirFds
 from .locks import LockFiles
@@ -79,8 +80,9 @@ class BatchIO:
                 )
                 for stripe, jobs in stripes.items()
             ]
+        refresh = SharedRefresh(state, dirs)  # the journal's lstat, shared by the stripes held at once
         futures = [
-            self._pool.submit(self._stripe, state, dirs, stripe, jobs, file_mode, files, lock_files)
+            self._pool.submit(self._stripe, state, dirs, stripe, jobs, file_mode, files, lock_files, refresh)
             for stripe, jobs in stripes.items()
         ]
         concurrent.futures.wait(futures)
@@ -95,9 +97,17 @@ class BatchIO:
         file_mode: int,
         files: AppendFiles,
         lock_files: LockFiles,
+        refresh: SharedRefresh,
     ) -> StripeResult:
         results = fenced_append_stripe(
-            state, dirs, stripe, jobs, file_mode=file_mode, files=files, lock_files=lock_files
+            state,
+            dirs,
+            stripe,
+            jobs,
+            file_mode=file_mode,
+            files=files,
+            lock_files=lock_files,
+            refresh=refresh,
         )
         done = StripeResult(jobs, results, synced=True)
         for result in results:  # the stripe is free again: its files are synced outside it
