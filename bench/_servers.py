@@ -1,6 +1,7 @@
 """The servers the HTTP benchmarks load, each run in its own process:
 
-    python -m bench._servers VARIANT [--app asgi|starlette] [--events N] [--capture-dir DIR] [--upstream URL]
+    python -m bench._servers VARIANT [--app asgi|starlette] [--events N] [--answer-after MS] [--capture-dir DIR]
+        [--upstream URL]
 
 prints ``listening on <url>`` as its first line, then serves on 127.0.0.1 (a free port) with uvicorn, one
 worker, uvicorn's defaults (``http`` and ``loop`` on ``auto``) for every variant. ``GET /_bench/stats``
@@ -45,6 +46,7 @@ itself is worth.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import signal
@@ -174,6 +176,24 @@ async def upstream_app(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": RESPONSE_BODY})
 
 
+def slow_upstream_app(seconds: float) -> Any:
+    """``upstream_app`` answering ``seconds`` after the request has been read, as a model server's call
+    lasts (every call then outlasts the capture's in-flight marker delay, as an RL run's calls do)."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            message = await receive()
+            while message["type"] == "http.request" and message.get("more_body", False):
+                message = await receive()
+            await asyncio.sleep(seconds)
+            await send({"type": "http.response.start", "status": 200, "headers": _RESPONSE_HEADERS})
+            await send({"type": "http.response.body", "body": RESPONSE_BODY})
+            return
+        await upstream_app(scope, receive, send)
+
+    return app
+
+
 def streaming_upstream_app(events: int) -> Any:
     """A model server that streams ``events`` chunks at once, one SSE event per ASGI message."""
     bodies = chat_events(events)
@@ -272,7 +292,9 @@ def _global_sink() -> Any:
     return None
 
 
-def _in_process_app(variant: str, capture_dir: str | None, app_kind: str = "asgi", events: int = 0) -> Any:
+def _in_process_app(
+    variant: str, capture_dir: str | None, app_kind: str = "asgi", events: int = 0, answer_after_ms: float = 0
+) -> Any:
     if app_kind == "starlette":
         if variant in ("floor", "floor-onloop"):
             return floor_app(starlette_model_app(events), capture_dir, on_loop=variant == "floor-onloop")
@@ -306,6 +328,8 @@ def _in_process_app(variant: str, capture_dir: str | None, app_kind: str = "asgi
             f"lean-server-span or gym, not {variant!r}"
         )
     model = streaming_upstream_app(events) if events else upstream_app
+    if answer_after_ms:
+        model = slow_upstream_app(answer_after_ms / 1000)
     if variant in ("floor", "floor-onloop"):
         return floor_app(model, capture_dir, on_loop=variant == "floor-onloop")
     if variant == "bare":
@@ -455,6 +479,13 @@ def main() -> int:
     parser.add_argument(
         "--events", type=int, default=0, help="stream this many chunks (default: a JSON answer)"
     )
+    parser.add_argument(
+        "--answer-after",
+        type=float,
+        default=0,
+        metavar="MS",
+        help="the asgi app answers its JSON this many ms after the request (default: at once)",
+    )
     args = parser.parse_args()
     if os.environ.get("BENCH_SEES_SPANS"):
         # a processor that does nothing but sees the spans, on the provider opentelemetry-instrument set: the
@@ -479,7 +510,7 @@ def main() -> int:
 
         app = StatsRoute(FloorForwarder(args.upstream), _writer_stats)
     else:
-        app = _in_process_app(args.variant, args.capture_dir, args.app, args.events)
+        app = _in_process_app(args.variant, args.capture_dir, args.app, args.events, args.answer_after)
     _serve(app)
     return 0
 

@@ -1,6 +1,6 @@
 """The capture proxy on a real GlusterFS mount against the same proxy on the local disk, in one run.
 
-    python -m bench.bench_gluster [--seconds S] [--quick] [--against SRC ...]
+    python -m bench.bench_gluster [--seconds S] [--quick] [--against SRC ...] [--answer-after MS]
 
 Needs root, ``/dev/fuse`` and Debian's ``glusterfs-server`` / ``glusterfs-client`` (``.ci/run`` installs
 them) and ``wrk``. The volume is the one ``tests/gluster/`` runs on (``tests/gluster_cluster.py``: one
@@ -18,6 +18,11 @@ proxy``) in front of one upstream that answers at once:
   the one node.
 
 Every run checks that wrk saw no error and the proxies counted no failed record.
+
+``--answer-after MS`` makes the upstream answer each call MS milliseconds after its request, as a model
+server does: every call then outlasts the writer's in-flight marker delay (20 ms, D19) and gets its ``+``
+and ``-`` markers, as every call of an RL run does (throughput is then about concurrency / MS, so read the
+CPU per call and the brick's operations per record).
 
 ``--against SRC`` (repeatable) measures, in the same run, another pair of node proxies whose
 ``otel_capture`` is imported from another source tree (``git archive main | tar -x -C SRC``), in its own
@@ -270,6 +275,13 @@ def main() -> int:
     )
     parser.add_argument("--one-node", action="store_true", help="leave out the two-node table")
     parser.add_argument(
+        "--answer-after",
+        type=float,
+        default=0,
+        metavar="MS",
+        help="the upstream answers MS ms after each request, as a model server does (default: at once)",
+    )
+    parser.add_argument(
         "--no-profile", action="store_true", help="no brick profile (gluster volume profile) in the windows"
     )
     args = parser.parse_args()
@@ -287,7 +299,15 @@ def main() -> int:
         with running_gluster(work / "gluster") as cluster:
             gauges = _gauges(cluster, profile=not args.no_profile)
             options = [dict(pair.split("=", 1) for pair in option.split(",")) for option in args.option]
-            plan = Plan(seconds, args.cases, not args.one_node, gauges, cluster, options)
+            plan = Plan(
+                seconds,
+                args.cases,
+                not args.one_node,
+                gauges,
+                cluster,
+                options,
+                answer_after_ms=args.answer_after,
+            )
             return _run(cluster.mounts, work, plan, args.against)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -346,6 +366,7 @@ class Plan:
     gauges: Gauges
     cluster: Gluster
     options: list[dict[str, str]] = field(default_factory=list)  # --option, each its own variant
+    answer_after_ms: float = 0.0  # --answer-after: the upstream's answer this long after the request
     windows: list[tuple[str, list[Run]]] = field(default_factory=list)  # every measured window, in order
 
 
@@ -356,7 +377,8 @@ def _run(mounts: tuple[Path, Path], work: Path, plan: Plan, against: list[Path])
     print(H.machine_line(local.parent), flush=True)
     print(f"GlusterFS: {H.filesystem_of(mounts[0])} at {mounts[0]} and {mounts[1]}", flush=True)
     print(f"load: {H.loadgen_name()}, {plan.seconds} s per measurement", flush=True)
-    with H.ServerProcess(H.server_argv("bare"), name="upstream") as upstream:
+    slow = ("--answer-after", f"{plan.answer_after_ms:g}") if plan.answer_after_ms else ()
+    with H.ServerProcess(H.server_argv("bare", *slow), name="upstream") as upstream:
 
         def proxy(directory: Path, name: str, src: Path | None = None) -> H.ServerProcess:
             argv = _proxy_argv(src, "--upstream", upstream.url, "--capture-dir", str(directory))
