@@ -179,23 +179,21 @@ class SharedRefresh:
     def __init__(self, state: DirState, dirs: DirFds) -> None:
         self._state, self._dirs = state, dirs
         self._changed = threading.Condition()
-        self._begun = 0  # refreshes begun, one at a time
-        self._running = False
+        self._begun = 0  # refreshes begun, one at a time: one runs while the latest finished is older
         self._last: tuple[int, BaseException | None] = (0, None)  # the latest finished and its error
 
     def __call__(self) -> None:
         with self._changed:
             wanted = self._begun + 1  # the first refresh to begin from now on
-            while self._running and self._last[0] < wanted:
+            # while one runs (the latest finished is older than the latest begun) and has not served us
+            while self._last[0] < min(self._begun, wanted):
                 self._changed.wait()
             if self._last[0] >= wanted:
                 error = self._last[1]
                 if error is not None:
                     raise error
                 return
-            self._running = True
-            self._begun += 1
-            mine = self._begun
+            self._begun = mine = wanted
         error = None
         try:
             self._state.journal.refresh(self._dirs.state_fd())
@@ -204,7 +202,6 @@ class SharedRefresh:
             raise
         finally:
             with self._changed:
-                self._running = False
                 self._last = (mine, error)
                 self._changed.notify_all()
 
