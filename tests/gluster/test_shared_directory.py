@@ -116,13 +116,45 @@ def test_both_nodes_write_the_same_rollouts_at_once(
         assert {gym_style_read(d / f"{rollout}.capture.jsonl") for d in dirs} == {len(seen[0][rollout])}
 
 
+def _where(tags: set[str], dirs: tuple[Path, Path], acked_by: dict[str, str], logs: list[Path]) -> str:
+    """Why acknowledged calls are missing, for the failure's message: which node acknowledged each, whether
+    its tag is in any file's bytes through either mount (now and a moment later: a stale read), what
+    ``otel-capture check`` says, and what the proxies logged."""
+    time.sleep(2)
+    seen_later = {tag for tags in _tags(dirs[0]).values() for tag in tags}
+    lines = [f"still missing 2 s later through node 1: {len(tags - seen_later)}"]
+    for tag in sorted(tags):
+        places = [
+            f"{path.relative_to(d.parent.parent)}"
+            for d in dirs
+            for path in sorted(d.rglob("*"))
+            if path.is_file() and tag.encode() in path.read_bytes()
+        ]
+        lines.append(f"{tag}: acknowledged by the {acked_by[tag]}; bytes found in {places or 'no file'}")
+    check = subprocess.run(
+        [sys.executable, "-m", "otel_capture._cli.main", "check", str(dirs[0])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    lines.append(f"otel-capture check (exit {check.returncode}):\n{check.stdout}{check.stderr}")
+    for log in logs:
+        lines.append(f"{log.name}:\n{log.read_text(errors='replace')[-4000:]}")
+    return "\n".join(lines)
+
+
 def test_sigkill_of_one_node_loses_no_acknowledged_call(
-    gluster: Gluster, upstream: str, dirs: tuple[Path, Path]
+    gluster: Gluster, upstream: str, dirs: tuple[Path, Path], tmp_path: Path
 ) -> None:
     rollouts = [f"kill-{i}" for i in range(4)]
-    survivor, survivor_url = start_cli_proxy(upstream, "--capture-dir", str(dirs[0]))
-    victim, victim_url = start_cli_proxy(upstream, "--capture-dir", str(dirs[1]))
+    logs = [tmp_path / "survivor.log", tmp_path / "victim.log"]
+    with logs[0].open("ab") as out:
+        survivor, survivor_url = start_cli_proxy(upstream, "--capture-dir", str(dirs[0]), stderr=out.fileno())
+    with logs[1].open("ab") as out:
+        victim, victim_url = start_cli_proxy(upstream, "--capture-dir", str(dirs[1]), stderr=out.fileno())
     acked: set[str] = set()
+    acked_by: dict[str, str] = {}
     lock = threading.Lock()
     enough = threading.Event()
     stop = threading.Event()
@@ -140,6 +172,7 @@ def test_sigkill_of_one_node_loses_no_acknowledged_call(
                 if ok:
                     with lock:
                         acked.add(tag)
+                        acked_by[tag] = "victim" if url == victim_url else "survivor"
                         if len(acked) >= 40:
                             enough.set()
 
@@ -159,7 +192,9 @@ def test_sigkill_of_one_node_loses_no_acknowledged_call(
     # read at once through the other node's mount: what the killed node acknowledged is on the server
     on_server = {tag for tags in _tags(dirs[0]).values() for tag in tags}
     missing = acked_before_kill - on_server
-    assert not missing, f"{len(missing)} acknowledged call(s) are not on the server"
+    assert not missing, f"{len(missing)} acknowledged call(s) are not on the server\n" + _where(
+        missing, dirs, acked_by, logs
+    )
 
 
 def _call_quietly(url: str, rollout: str, tag: str) -> int:
