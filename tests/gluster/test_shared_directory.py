@@ -123,6 +123,11 @@ def _where(tags: set[str], dirs: tuple[Path, Path], acked_by: dict[str, str], lo
     time.sleep(2)
     seen_later = {tag for tags in _tags(dirs[0]).values() for tag in tags}
     lines = [f"still missing 2 s later through node 1: {len(tags - seen_later)}"]
+    store = CaptureStore(dirs[0])
+    for rollout_id in store.rollout_ids():
+        for record in read_available_model_call_records(store, rollout_id).records:
+            if not record.request or "user" not in record.request:  # a record without the request sent
+                lines.append(f"{rollout_id}: record {record.call_index} lacks its request: {record!r:.400}")
     for tag in sorted(tags):
         places = [
             f"{path.relative_to(d.parent.parent)}"
