@@ -24,7 +24,7 @@ from .._dialects.mismatch import token_mismatch
 from .._dialects.missing import tokens_missing
 from .._dialects.stream import close_cut_json, loads_nonstandard
 from .._dialects.tokens import extract_tokens
-from .._records import SCHEMA_VERSION, call_failed, encode_record_line
+from .._records import SCHEMA_VERSION, call_failed, encode_record_line, tokens_line
 from .._records.schema import REFUSED_OVER_CAPACITY
 from .._settings import CaptureSettings
 from .._telemetry import content_attributes, request_attributes, response_attributes
@@ -92,33 +92,33 @@ class _Body:
 
 def parse_object(raw: bytes) -> dict[str, Any] | None:
     """A JSON object, or None for anything else (malformed, a list, a scalar, empty). A body with
-    ``NaN`` or ``±Infinity`` (Python's JSON, e.g. a NaN log-prob) is read too (:func:`nonstandard`)."""
+    ``NaN`` or ``±Infinity`` (Python's JSON, e.g. a NaN log-prob) is read too (:func:`parse_body`)."""
+    return parse_body(raw)[0]
+
+
+def parse_body(raw: bytes) -> tuple[dict[str, Any] | None, bool]:
+    """The JSON object in ``raw`` (:func:`parse_object`) and whether it is non-standard: read only with
+    ``NaN`` or ``±Infinity``, which strict JSON refuses. Such a body cannot be embedded as sent (the line
+    would not be JSON): it is written re-encoded, those values as ``null``, and a response's bytes as sent
+    are kept in ``response_raw``. One parse says both: strict JSON read it, or it refused it and
+    :func:`loads_nonstandard` (which reads nothing without those words) read it; no scan of the body for
+    the words (about a microsecond a kilobyte each)."""
     if not raw:
-        return None
+        return None, False
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
         value = loads_nonstandard(raw)
-    return value if isinstance(value, dict) else None
+        if isinstance(value, dict):
+            return value, True
+        return None, False
+    return (value, False) if isinstance(value, dict) else (None, False)
 
 
-def nonstandard(raw: bytes, parsed: dict[str, Any] | None) -> bool:
-    """Whether ``parsed`` came from a body strict JSON refuses (``NaN``, ``±Infinity``): it cannot be
-    embedded as sent (the line would not be JSON); it is written re-encoded, those values as ``null``, and
-    the bytes as sent are kept in ``response_raw``. Only looked at for a body that has those words."""
-    if parsed is None or (b"NaN" not in raw and b"Infinity" not in raw):
-        return False
-    try:
-        orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return True
-    return False
-
-
-def _as_fragment(raw: bytes, parsed: dict[str, Any]) -> Any:
+def _as_fragment(raw: bytes, parsed: dict[str, Any], is_nonstandard: bool) -> Any:
     """Embed the exact body bytes in the line (no re-serialisation, no int/float drift) when they are one
-    line of strict JSON; else the parsed object."""
-    if b"\n" in raw or b"\r" in raw or nonstandard(raw, parsed):
+    line of strict JSON; else the parsed object. ``is_nonstandard``: :func:`parse_body`'s word on it."""
+    if is_nonstandard or b"\n" in raw or b"\r" in raw:
         return parsed
     return orjson.Fragment(raw)
 
@@ -184,18 +184,21 @@ _NO_TOKENS: dict[str, Any] = {"prompt_token_ids": None, "generations": []}  # ex
 
 def _token_checks(
     request: dict[str, Any] | None, response: dict[str, Any] | None, dialect: str
-) -> tuple[str | None, str | None]:
-    """``(tokens_missing, token_mismatch)`` of an answer (``docs/tokens.md``), its tokens read once."""
+) -> tuple[str | None, str | None, bool]:
+    """``(tokens_missing, token_mismatch, no tokens)`` of an answer (``docs/tokens.md``), its tokens read
+    once; ``no tokens``: the answer carries none, so it has no tokens line either."""
     try:
         found = extract_tokens(response)
         if found is None:  # no tokens at all (most answers): nothing to mismatch, and not read twice more
-            return tokens_missing(request, response, dialect, _NO_TOKENS), None
-        return tokens_missing(request, response, dialect, found), token_mismatch(
-            request, response, dialect, found
+            return tokens_missing(request, response, dialect, _NO_TOKENS), None, True
+        return (
+            tokens_missing(request, response, dialect, found),
+            token_mismatch(request, response, dialect, found),
+            False,
         )
     except Exception:  # capture never fails a call; a body this cannot read is a bug, logged
         _logger.debug("could not check the answer's tokens", exc_info=True)
-        return None, None
+        return None, None, False
 
 
 class InFlightCall:
@@ -231,6 +234,7 @@ class InFlightCall:
         self.end_time_ns: int | None = None
         self.request = _Body(settings.max_body_bytes)
         self.request_obj: dict[str, Any] | None = None
+        self._request_nonstandard = False  # a body with NaN/Infinity: re-encoded in the line
         self.request_model: str | None = None  # the request's "model", once set_request has parsed it
         self.response = _Body(settings.max_body_bytes)
         self.status_code: int | None = None
@@ -247,6 +251,9 @@ class InFlightCall:
         self.tokens_missing: str | None = None  # why the tokens asked for are not all there (docs/tokens.md)
         self.token_mismatch: str | None = None  # which token invariant the answer breaks (docs/tokens.md)
         self._response_nonstandard = False  # a body with NaN/Infinity: re-encoded, its bytes kept raw
+        self.engine_version: str | None = None  # the weight version the answer reports: set at finish
+        # the answer carries no token data (extract_tokens read it at finish): it has no tokens line
+        self._no_tokens = False
 
     # -- request ------------------------------------------------------------------------------------
 
@@ -254,7 +261,7 @@ class InFlightCall:
         """The whole request body (the middleware reads it before the app does). Parsed in full even
         past the cap, for the span's request attributes; the record keeps at most the cap."""
         self.request.add(raw)
-        self.request_obj = parse_object(raw)
+        self.request_obj, self._request_nonstandard = parse_body(raw)
         model = self.request_obj.get("model") if self.request_obj else None
         self.request_model = model if isinstance(model, str) else None
 
@@ -325,9 +332,7 @@ class InFlightCall:
             if accumulator.error is not None:
                 self.failure = {"error": accumulator.error}
         elif not self.response.truncated:
-            raw = self.response.bytes()
-            self.response_obj = parse_object(raw)
-            self._response_nonstandard = nonstandard(raw, self.response_obj)
+            self.response_obj, self._response_nonstandard = parse_body(self.response.bytes())
         elif self.response.size:  # over the cap: what it kept, its JSON closed at the cut (flagged truncated)
             self.response_obj = parse_object(close_cut_json(self.response.bytes()) or b"")
         if exception is not None:
@@ -346,9 +351,10 @@ class InFlightCall:
             category = "capture_parse_error"
         self.error_category = category
         if category in (None, "incomplete"):  # an answer: are the tokens it was asked for there?
-            self.tokens_missing, self.token_mismatch = _token_checks(
+            self.tokens_missing, self.token_mismatch, self._no_tokens = _token_checks(
                 self.request_obj, self.response_obj, self.dialect
             )
+        self.engine_version = engine_weight_version(self.response_obj)
 
     def release_bodies(self) -> None:
         """Once the line is built: a call waiting until its record is durable holds only its line, not
@@ -424,26 +430,37 @@ class InFlightCall:
         upstream_request_id = scope.get(SCOPE_UPSTREAM_REQUEST_ID)
         if upstream_request_id is not None:
             record["upstream_request_id"] = upstream_request_id
-        engine_version = engine_weight_version(self.response_obj)
-        if engine_version is not None:
-            record["engine_weight_version"] = engine_version
+        if self.engine_version is not None:
+            record["engine_weight_version"] = self.engine_version
         if self.weight_fields:
             record.update(self.weight_fields)
         if self.weight_version is not None:
             record["weight_version"] = self.weight_version
         return encode_record_line(record)
 
+    def tokens_line(self) -> bytes | None:
+        """The call's ``<id>.tokens.jsonl`` line (:func:`otel_capture._records.tokens_line`), or ``None``
+        without token data; after :meth:`finish`, which has already read whether the answer has any."""
+        if self._no_tokens:  # extract_tokens found none at finish; the request alone adds none
+            return None
+        return tokens_line(
+            self.response_obj,
+            rollout_id=self.rollout_id,
+            model_call_id=self.model_call_id,
+            request=self.request_obj,
+        )
+
     def _request_value(self) -> Any:
         if self.request_obj is None or self.request.truncated:
             return None
-        return _as_fragment(self.request.bytes(), self.request_obj)
+        return _as_fragment(self.request.bytes(), self.request_obj, self._request_nonstandard)
 
     def _response_value(self) -> Any:
         if self.response_obj is None:
             return None
         if self.stream or self.response.truncated or self._response_nonstandard:
             return self.response_obj
-        return _as_fragment(self.response.bytes(), self.response_obj)
+        return _as_fragment(self.response.bytes(), self.response_obj, False)  # nonstandard: returned above
 
     # -- span ----------------------------------------------------------------------------------------
 
@@ -487,9 +504,8 @@ class InFlightCall:
             attributes[A.MODEL_CALL_TOKENS_MISSING] = self.tokens_missing
         if self.token_mismatch is not None:
             attributes[A.MODEL_CALL_TOKEN_MISMATCH] = self.token_mismatch
-        engine_version = engine_weight_version(self.response_obj)
-        if engine_version is not None:
-            attributes[A.ENGINE_WEIGHT_VERSION] = engine_version
+        if self.engine_version is not None:
+            attributes[A.ENGINE_WEIGHT_VERSION] = self.engine_version
         return attributes
 
     def content_attributes(self, max_length: int) -> dict[str, str]:

@@ -56,7 +56,6 @@ from .._correlation import (
 )
 from .._dialects import DIALECTS, Dialect
 from .._notices import RateLimitedNotice, notify
-from .._records import tokens_line
 from .._settings import (
     ENV_API_KEY_ROLLOUT_PATTERN,
     ENV_SESSION_ID_AS_ROLLOUT,
@@ -74,7 +73,6 @@ from .weight import (
     WEIGHT_VERSION_HEADER,
     caller_weight_version,
     engine_span_attributes,
-    engine_weight_version,
     record_weight_fields,
     span_weight_attributes,
     without_weight_version_header,
@@ -299,7 +297,7 @@ class ModelCallCaptureMiddleware:
         finished: FinishedCall | None = None
         try:
             call.finish(exception=exception, cancelled=cancelled)
-            engine = self.engine.fields(admission, engine_weight_version(call.response_obj))
+            engine = self.engine.fields(admission, call.engine_version)
             call.weight_fields = record_weight_fields(engine, call.weight_version)
             if call.tokens_missing is not None:
                 self._metrics.count_tokens_missing(call.dialect)
@@ -334,12 +332,7 @@ class ModelCallCaptureMiddleware:
                     call.rollout_id,
                     call.model_call_id,
                     call.line(context.trace_id, context.span_id),
-                    tokens_line(
-                        call.response_obj,
-                        rollout_id=call.rollout_id,
-                        model_call_id=call.model_call_id,
-                        request=call.request_obj,
-                    ),
+                    call.tokens_line(),
                     LoopWaiter(loop, loop.create_future()),
                     (call.weight_version, call.started_at, call.completed_at),
                 )

@@ -91,3 +91,33 @@ def test_the_metrics_and_the_records_agree_on_a_failed_call(status: int, body: b
     call = _finished(status, body)
     record = build_model_call_record(orjson.loads(call.line(1, 2)), call_index=0)
     assert call.failed is record.failed is failed
+
+
+def _line_of(request: bytes, response: bytes) -> bytes:
+    call = InFlightCall("chat", "r", CaptureSettings.from_environ({}))
+    call.set_request(request)
+    call.on_response_start(200, "application/json")
+    call.on_body(response)
+    call.finish()
+    return call.line(1, 2)
+
+
+def test_strict_json_bodies_go_into_the_line_as_sent_even_when_their_text_says_nan() -> None:
+    request = b'{"model":"m","messages":[{"role":"user","content":"NaN, or -Infinity?"}],"seed":10000000000000000001}'
+    response = b'{"id":"c","choices":[{"index":0,"message":{"role":"assistant","content":"NaN"},"finish_reason":"stop"}]}'
+    line = _line_of(request, response)
+    assert b'"request":' + request + b"," in line and b'"response":' + response + b"," in line
+    record = orjson.loads(line)
+    assert "request_raw" not in record and "response_raw" not in record
+
+
+def test_bodies_with_nan_are_written_as_null_and_the_answer_as_sent_is_kept() -> None:
+    request = b'{"model":"m","temperature":NaN,"messages":[]}'
+    response = (
+        b'{"id":"c","x":-Infinity,"choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}]}'
+    )
+    record = orjson.loads(_line_of(request, response))  # strict JSON: a NaN would make it unreadable
+    assert record["request"] == {"model": "m", "temperature": None, "messages": []}
+    assert "request_raw" not in record  # the request's meaning is all in `request`
+    assert record["response"]["x"] is None and record["response_raw"] == response.decode()
+    assert record["error_category"] is None
