@@ -320,17 +320,23 @@ def _write_admitted(
 ) -> None:
     # The marker is opened first: a damaged one fails the batch before any line is written. One that a
     # full filesystem cannot create does not: the lines matter more than another process's view of them.
+    # The writer's batches (``files``) keep it, and its descriptor, while the rollout is active (D19).
+    keep = files is not None
     marker = None
     unlink_marker = False  # its last calls end here, known without reading it (contract D19)
     if begun or ended:
         try:
-            unlink_marker = not begun and state.markers.ends_all(dirs, rollout_id, ended)
-            if not unlink_marker:
-                marker = state.markers.open(dirs, rollout_id, create=bool(begun))
+            if keep:
+                marker = state.markers.take(dirs, rollout_id, create=bool(begun))
+            else:
+                unlink_marker = not begun and state.markers.ends_all(dirs, rollout_id, ended)
+                if not unlink_marker:
+                    marker = state.markers.open(dirs, rollout_id, create=bool(begun))
         except OSError as exc:
             if isinstance(exc, DamagedEntryError) or exc.errno not in _NO_ROOM:
                 raise
             outcome.unmarked, outcome.marker_error = list(begun), exc
+    written = False
     try:
         if kept:
             lines = b"".join(line for _, line, _ in kept)
@@ -340,7 +346,8 @@ def _write_admitted(
                 name = rollout_id + TOKENS_SUFFIX
                 _append_file(dirs, name, token_data, file_mode, outcome, lock_timeout, files)
         if marker is not None:
-            state.markers.write_to(dirs, marker, rollout_id, begun, ended)
+            state.markers.write_to(dirs, marker, rollout_id, begun, ended, keep=keep)
+            written = True
         elif unlink_marker:
             state.markers.remove(dirs, rollout_id)
     except BaseException:
@@ -353,7 +360,42 @@ def _write_admitted(
         raise
     finally:
         if marker is not None:
-            os.close(marker)
+            if keep and written:
+                state.markers.keep(rollout_id, marker)
+            else:
+                os.close(marker)
+
+
+def close_markers(
+    state: DirState, dirs: DirFds, lock_files: LockFiles | None = None, *, leave: int = 0
+) -> None:
+    """The writer closes the rollouts whose markers it keeps, the least recently used first, until at most
+    ``leave`` are kept (0: its idle close and its stop): each under its stripe, a marker with no call in
+    flight is removed and its descriptor closed (contract D19). A stripe that cannot be had (the directory
+    gone, a lock held past the timeout) only closes its descriptors: the files stay, empty or with calls
+    still in flight, for a later retire or delete."""
+    rollouts = state.markers.kept()
+    if len(rollouts) <= leave:
+        return
+    by_stripe: dict[int, list[str]] = {}
+    for rollout_id in rollouts[: len(rollouts) - leave]:
+        by_stripe.setdefault(state.locks.stripe(rollout_id), []).append(rollout_id)
+    for stripe, rollout_ids in sorted(by_stripe.items()):
+        try:
+            lock_fd = state.locks.acquire(dirs, stripe, lock_files)
+        except OSError as exc:
+            _logger.warning("could not close %d in-flight marker(s): %s", len(rollout_ids), exc)
+            for rollout_id in rollout_ids:
+                state.markers.close_kept(None, rollout_id)
+            continue
+        try:
+            for rollout_id in rollout_ids:
+                try:
+                    state.markers.close_kept(dirs, rollout_id)
+                except OSError as exc:  # left as it is: empty, or with calls that stay in flight
+                    _logger.warning("could not close the in-flight marker of rollout %s: %s", rollout_id, exc)
+        finally:
+            state.locks.release(stripe, lock_fd, lock_files)
 
 
 def fenced_mark_incomplete(

@@ -3,8 +3,11 @@
 * :class:`InflightCalls`: this process's calls, in memory, with the epoch each was admitted at.
 * :class:`InflightMarkers`: every process's calls, in ``.otel-capture/inflight/<id>.calls``: ``+<call>``
   when a call begins, ``-<call>`` when it is recorded or marked incomplete, written under the rollout's
-  stripe without ``fsync`` (a marker matters while its process lives). A file whose calls have all ended
-  is removed: one file per rollout with a call in flight, not one per rollout ever seen.
+  stripe without ``fsync`` (a marker matters while its process lives). An empty file, or one whose every
+  ``+`` has its ``-``, has no call in flight. The writer keeps a rollout's file (and its descriptor) while
+  the rollout is active, emptied when its calls have all ended, and removes it when it closes the rollout
+  (idle, or beyond its limit); a retire or delete removes it too. Elsewhere a file whose calls have all
+  ended is removed at once.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._errors import DamagedEntryError
 from .._records.codec import split_lines
 from .._rollout_id import is_valid_rollout_id
-from .fs import DirFds, open_file, read_all, write_all
+from .fs import DirFds, _default_limit, open_file, problem, read_all, still_named, write_all
 from .names import INFLIGHT_DIR, INFLIGHT_SUFFIX, STATE_DIR, state_label
 
 INFLIGHT_REASON = "in flight when frozen: the call began and was never recorded"
@@ -122,14 +126,23 @@ class InflightMarkers:
     :data:`REMEMBERED` rollouts): a marker whose ``lstat`` finds it exactly as we left it (same inode,
     size, modification and change time: nobody wrote since, and every writer holds the stripe we hold)
     holds the calls we know, so a call's ``-`` that ends its last call removes it without opening or
-    reading it back (:meth:`ends_all`). Anything else is read whole, as before."""
+    reading it back (:meth:`ends_all`). Anything else is read whole, as before.
+
+    The writer thread keeps each active rollout's marker and its descriptor between batches (:meth:`take`,
+    :meth:`keep`; at most :attr:`limit`): a kept marker is used again only if its name still leads to it
+    (one ``lstat``, under the stripe), and a marker whose calls have all ended is emptied, not removed, so
+    that a rollout making one call at a time pays one append per ``+`` and per ``-`` instead of a create
+    and an unlink per call. The writer removes it when it closes the rollout (:meth:`close_kept`)."""
 
     REMEMBERED = 4096
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         self._left: dict[str, _Left] = {}
         self._opened: dict[int, os.stat_result] = {}  # fd -> its fstat at open, until written through
-        self._evicting = threading.Lock()
+        self._evicting = threading.Lock()  # guards _left and _kept; never held across I/O
+        self._kept: dict[str, tuple[int, int, int]] = {}  # rollout -> (fd, st_dev, st_ino), oldest use first
+        self.limit = _default_limit() if limit is None else limit
+        """How many markers the writer keeps (each with a descriptor) between its idle closes."""
 
     def open(self, dirs: DirFds, rollout_id: str, *, create: bool) -> int | None:
         """The rollout's marker, opened to append (``None`` when absent and not ``create``). A marker that
@@ -167,30 +180,112 @@ class InflightMarkers:
         with contextlib.suppress(FileNotFoundError):  # removed meanwhile (a retire): what we wanted
             os.unlink(rollout_id + INFLIGHT_SUFFIX, dir_fd=dirs.state_fd(INFLIGHT_DIR))
 
-    def write_to(self, dirs: DirFds, fd: int, rollout_id: str, begun: list[str], ended: list[str]) -> None:
+    def write_to(
+        self,
+        dirs: DirFds,
+        fd: int,
+        rollout_id: str,
+        begun: list[str],
+        ended: list[str],
+        *,
+        keep: bool = False,
+    ) -> None:
         """Append ``+`` lines for ``begun`` and ``-`` lines for ``ended``; when that would leave no call in
-        flight the file is removed instead (under the stripe, nobody else has it open)."""
+        flight the file is removed instead (under the stripe, nobody else has it open), or, when ``keep``
+        (the writer's kept marker), emptied: one ``ftruncate`` in place of the ``-`` lines, so that a
+        marker kept for a long rollout never outgrows the calls in flight when it was last balanced."""
         st = self._opened.pop(fd, None) or os.fstat(fd)
         left = self._left.get(rollout_id)
         calls = set(left.calls) if left is not None and left.same(st) else _apply(read_all_from(fd), set())
         calls = (calls | set(begun)) - set(ended)
-        if ended and not calls:
+        if ended and not calls and not keep:
             self.remove(dirs, rollout_id)
             return
-        # "@<call> <time>" says when the "+" was written (readers that know only "+" and "-" skip it)
-        now = b" %.3f\n" % time.time() if begun else b""
-        data = b"".join(b"+" + m.encode() + b"\n@" + m.encode() + now for m in begun) + b"".join(
-            b"-" + m.encode() + b"\n" for m in ended
-        )
-        if data:
-            self._left.pop(rollout_id, None)  # unknown until written
-            write_all(fd, data)
+        if ended and not calls:
+            self._left.pop(rollout_id, None)  # unknown until emptied
+            os.ftruncate(fd, 0)  # no call in flight: nothing left to say (contract D19)
+        else:
+            # "@<call> <time>" says when the "+" was written (readers that know only "+" and "-" skip it)
+            now = b" %.3f\n" % time.time() if begun else b""
+            data = b"".join(b"+" + m.encode() + b"\n@" + m.encode() + now for m in begun) + b"".join(
+                b"-" + m.encode() + b"\n" for m in ended
+            )
+            if data:
+                self._left.pop(rollout_id, None)  # unknown until written
+                write_all(fd, data)
         after = os.fstat(fd)
         left = _Left(after.st_dev, after.st_ino, after.st_size, after.st_mtime_ns, after.st_ctime_ns, calls)
         with self._evicting:  # the writer's pool writes several rollouts' markers at once
             if len(self._left) >= self.REMEMBERED:
                 self._left.pop(next(iter(self._left)), None)
             self._left[rollout_id] = left
+
+    def take(self, dirs: DirFds, rollout_id: str, *, create: bool) -> int | None:
+        """The writer's marker for ``rollout_id`` (its stripe held): the descriptor kept from an earlier
+        batch when the name still leads to that file (one ``lstat``: a retire, a delete or another process
+        that emptied and removed it sends us to open it afresh), else :meth:`open`. Give it back with
+        :meth:`keep` after writing through it, or close it."""
+        with self._evicting:
+            kept = self._kept.pop(rollout_id, None)
+        if kept is not None:
+            fd, dev, ino = kept
+            try:
+                st = still_named(dirs.state_fd(INFLIGHT_DIR), rollout_id + INFLIGHT_SUFFIX, dev, ino)
+            except BaseException:
+                os.close(fd)
+                raise
+            if st is not None and problem(st, single_link=True) is None:
+                self._opened[fd] = st  # as good as an fstat: the same file, under the stripe
+                return fd
+            self._opened.pop(fd, None)
+            os.close(fd)
+        return self.open(dirs, rollout_id, create=create)
+
+    def keep(self, rollout_id: str, fd: int) -> None:
+        """Keep a marker's descriptor, written through by :meth:`write_to`, for the rollout's next batch."""
+        left = self._left.get(rollout_id)
+        if left is None:  # what the write left is unknown: nothing to check a kept descriptor against
+            os.close(fd)
+            return
+        with self._evicting:
+            old = self._kept.pop(rollout_id, None)
+            self._kept[rollout_id] = (fd, left.dev, left.ino)  # most recently used last
+        if old is not None and old[0] != fd:
+            os.close(old[0])
+
+    def kept_count(self) -> int:
+        return len(self._kept)
+
+    def kept(self) -> list[str]:
+        """The rollouts whose marker the writer keeps, least recently used first."""
+        with self._evicting:
+            return list(self._kept)
+
+    def close_kept(self, dirs: DirFds | None, rollout_id: str) -> None:
+        """Close a kept marker (its stripe held): removed when it is still the file we keep and has no call
+        in flight; a marker with calls in flight stays for their ``-``. Without ``dirs`` (the directory
+        cannot be had) the descriptor is only closed."""
+        with self._evicting:
+            kept = self._kept.pop(rollout_id, None)
+        if kept is None:
+            return
+        fd, dev, ino = kept
+        self._opened.pop(fd, None)
+        try:
+            if dirs is None:
+                return
+            st = still_named(dirs.state_fd(INFLIGHT_DIR), rollout_id + INFLIGHT_SUFFIX, dev, ino)
+            if st is None or problem(st, single_link=True) is not None:
+                return  # not ours any more (removed, or replaced by another process's): left alone
+            left = self._left.get(rollout_id)
+            if left is not None and left.same(st):
+                calls = left.calls
+            else:
+                calls = _apply(read_all_from(fd), set()) if st.st_size else set()
+            if not calls:
+                self.remove(dirs, rollout_id)
+        finally:
+            os.close(fd)
 
     def write(self, dirs: DirFds, rollout_id: str, begun: list[str], ended: list[str]) -> None:
         if not begun and not ended:
@@ -241,16 +336,38 @@ class InflightMarkers:
 
     @staticmethod
     def rollouts(dirs: DirFds) -> list[str]:
-        """Rollouts with a marker file (``dirs`` made with ``create=False``)."""
+        """Rollouts whose marker file has a call in flight (``dirs`` made with ``create=False``): an empty
+        marker, or one whose every ``+`` has its ``-`` (a writer keeps it while the rollout is active, or
+        died keeping it), lists nothing. A damaged marker is listed: what it says is unknown, and the
+        caller that reads it reports why (contract D19)."""
         try:
-            names = os.listdir(dirs.state_fd(INFLIGHT_DIR))
+            inflight = dirs.state_fd(INFLIGHT_DIR)
+            names = os.listdir(inflight)
         except FileNotFoundError:
             return []
         found = [name[: -len(INFLIGHT_SUFFIX)] for name in names if name.endswith(INFLIGHT_SUFFIX)]
         bad = [rid for rid in found if not is_valid_rollout_id(rid)]
         if bad:  # never a rollout: no file is opened for it (contract D41)
             _logger.debug("in-flight markers naming invalid rollout ids are skipped: %s", bad[:8])
-        return [rid for rid in found if is_valid_rollout_id(rid)]
+        return [rid for rid in found if is_valid_rollout_id(rid) and _has_calls(inflight, rid)]
+
+
+def _has_calls(inflight: int, rollout_id: str) -> bool:
+    """Whether the rollout's marker has a call in flight (an empty one costs one ``lstat``, not an open)."""
+    name = rollout_id + INFLIGHT_SUFFIX
+    try:
+        st = os.stat(name, dir_fd=inflight, follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode) and st.st_size == 0:
+            return False
+        fd, _ = open_file(inflight, name, os.O_RDONLY, marker_label(rollout_id), single_link=False)
+    except FileNotFoundError:
+        return False  # removed meanwhile: nothing in flight
+    except DamagedEntryError:
+        return True
+    try:
+        return bool(_apply(read_all(fd), set()))
+    finally:
+        os.close(fd)
 
 
 def read_all_from(fd: int) -> bytes:

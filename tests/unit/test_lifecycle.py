@@ -715,25 +715,112 @@ def test_a_freeze_and_drop_workload_keeps_the_fence_journal_compacted(
     assert fresh.fence("r7") == dir_state(store.root).journal.fence("r7")
 
 
-def test_in_flight_markers_go_once_their_calls_are_recorded(tmp_path: Path) -> None:
-    """One marker file per rollout with a call in flight, not one per rollout ever seen until retire."""
+def _no_call_in_flight_seen(root: Path, rollouts: list[str]) -> None:
+    """What a reader in another process sees: no marker lists a call in flight, nor a rollout with one."""
+    other = InflightMarkers()
+    with dir_state(root).dirs(create=False) as dirs:
+        assert InflightMarkers.rollouts(dirs) == []
+    for rid in rollouts:
+        assert other.pending(root, rid) == set()
+        assert other.since(root, rid) == {}
+
+
+def test_in_flight_markers_go_when_the_writer_closes_their_rollouts(tmp_path: Path) -> None:
+    """One marker file per rollout the writer has open, each listing no call once its calls are recorded,
+    not one per rollout ever seen until retire: the writer removes them when it closes (contract D19)."""
     store = CaptureStore(tmp_path / "calls")
     inflight = store.root / STATE_DIR / "inflight"
+    rollouts = [f"r{i}" for i in range(20)]
     writer = JsonlWriter(store.root)
     try:
-        for i in range(20):
-            writer.begin(f"r{i}", "c1")
+        for rid in rollouts:
+            writer.begin(rid, "c1")
         assert writer.flush(60)
         assert len(os.listdir(inflight)) == 20  # what a freeze in another process reads meanwhile
-        for i in range(20):
-            submit(writer, f"r{i}", b'{"model_call_id":"c1"}\n', "c1")
+        with dir_state(store.root).dirs(create=False) as dirs:
+            assert sorted(InflightMarkers.rollouts(dirs)) == sorted(rollouts)
+        for rid in rollouts:
+            submit(writer, rid, b'{"model_call_id":"c1"}\n', "c1")
         assert writer.flush(60)
+        _no_call_in_flight_seen(store.root, rollouts)  # the files are kept, empty, while the writer runs
+        assert all(store.calls_in_flight(rid) == {} for rid in rollouts)
     finally:
         writer.close()
     store.begin_call("s", "c1")
     store.mark_incomplete("s", "c1", "the upstream died")
     assert os.listdir(inflight) == []
     assert store.list_rollouts() == {**{f"r{i}": "live" for i in range(20)}, "s": "live"}
+
+
+def test_a_kept_in_flight_marker_goes_at_the_writers_idle_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("otel_capture._store.writer.IDLE_CLOSE", 0.05)
+    root = tmp_path / "calls"
+    inflight = root / STATE_DIR / "inflight"
+    writer = JsonlWriter(root, marker_delay=60)
+    try:
+        writer.begin("r", "c1")
+        assert writer.flush(60)
+        assert InflightMarkers.pending(root, "r") == {"c1"}
+        submit(writer, "r", b'{"model_call_id":"c1"}\n', "c1")
+        assert writer.flush(60)
+        _no_call_in_flight_seen(root, ["r"])
+        deadline = time.monotonic() + 60  # only to prove "does not hang"
+        while os.listdir(inflight) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert os.listdir(inflight) == []
+        # the rollout's next call makes its marker afresh
+        writer.begin("r", "c2")
+        assert writer.flush(60)
+        assert InflightMarkers.pending(root, "r") == {"c2"}
+    finally:
+        writer.close()
+    assert InflightMarkers.pending(root, "r") == {"c2"}  # still in flight: never removed with it
+
+
+@pytest.mark.parametrize("removal", ["retire_now", "delete_now"])
+def test_a_kept_in_flight_marker_goes_with_a_retire_or_delete(tmp_path: Path, removal: str) -> None:
+    """A retire or delete removes the marker the writer keeps; a delete's reused id gets a new one."""
+    store = CaptureStore(tmp_path / "calls")
+    inflight = store.root / STATE_DIR / "inflight"
+    writer = JsonlWriter(store.root, marker_delay=60)
+    try:
+        writer.begin("r", "c1")
+        assert writer.flush(60)
+        submit(writer, "r", b'{"model_call_id":"c1"}\n', "c1")
+        assert writer.flush(60)
+        assert os.listdir(inflight) == ["r.calls"]  # kept by the writer, empty
+        getattr(store, removal)(["r"])
+        assert os.listdir(inflight) == []
+        if removal == "delete_now":
+            writer.begin("r", "c2")
+            assert writer.flush(60)
+            assert InflightMarkers.pending(store.root, "r") == {"c2"}
+            assert store.calls_in_flight("r") == {"c2": pytest.approx(time.time(), abs=60)}
+    finally:
+        writer.close()
+
+
+def test_a_kept_marker_whose_calls_all_ended_lists_nothing_in_flight(tmp_path: Path) -> None:
+    """Markers as a writer SIGKILLed while keeping them leaves them (contract D19): an empty one and one
+    whose every ``+`` has its ``-`` say no call is in flight, to every reader; one with a ``+`` alone does."""
+    store = CaptureStore(tmp_path / "calls")
+    store.begin_call("open", "c9")  # makes the directories, and one marker with a call in flight
+    inflight = store.root / STATE_DIR / "inflight"
+    (inflight / "empty.calls").write_bytes(b"")
+    (inflight / "balanced.calls").write_bytes(b"+c1\n@c1 1700000000.000\n+c2\n@c2 1700000000.001\n-c2\n-c1\n")
+    with dir_state(store.root).dirs(create=False) as dirs:
+        assert InflightMarkers.rollouts(dirs) == ["open"]
+    fresh = CaptureStore(store.root)  # another process's view: nothing of this one's memory
+    assert fresh.list_rollouts() == {"open": "live"}
+    assert fresh.calls_in_flight("empty") == {} and fresh.calls_in_flight("balanced") == {}
+    assert list(fresh.calls_in_flight("open")) == ["c9"]
+    for rid in ("empty", "balanced"):
+        snap = fresh.freeze_now(rid)
+        assert not snap.incomplete and snap.incomplete_calls == ()
+    snap = fresh.freeze_now("open")
+    assert [c.model_call_id for c in snap.incomplete_calls] == ["c9"]
 
 
 def _count_marker_opens(root: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -785,9 +872,10 @@ def test_a_call_in_flight_longer_than_the_marker_delay_gets_its_marker_without_a
         submit(writer, "r", b'{"model_call_id":"slow"}\n', "slow")
         assert writer.flush(60)
         assert other.pending(store.root, "r") == set()
-        assert os.listdir(store.root / STATE_DIR / "inflight") == []
+        _no_call_in_flight_seen(store.root, ["r"])  # kept (empty) while the writer runs
     finally:
         writer.close()
+    assert os.listdir(store.root / STATE_DIR / "inflight") == []
 
 
 def test_an_abandoned_call_within_the_marker_delay_leaves_no_marker(tmp_path: Path) -> None:

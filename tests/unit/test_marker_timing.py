@@ -1,6 +1,7 @@
 """The writer's in-flight markers (contract D19) as a model server makes them: ``begin`` on the event loop,
 where a timer wakes the writer thread only for a call still in flight when its marker falls due, and a
-marker whose last call ends removed without being read back when it is as this process left it."""
+marker whose last call ends emptied without being read back when it is as this process left it, kept
+(with its descriptor) for the rollout's next call."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from otel_capture._store import JsonlWriter, LoopWaiter
 from otel_capture._store.dirstate import STATE_DIR, dir_state
+from otel_capture._store.fs import DirFds
 from otel_capture._store.inflight import InflightMarkers
 
 BOUND = 60.0  # seconds: only to prove "does not hang"
@@ -103,3 +107,49 @@ def test_a_marker_another_process_wrote_to_is_read_back_not_removed(tmp_path: Pa
     finally:
         writer.close(BOUND)
     assert stranger.pending(root, "r") == {"theirs"}
+
+
+def test_a_rollout_making_one_call_at_a_time_keeps_one_marker_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Calls that each outlast the marker delay, one after another, as an RL rollout makes them: each
+    call's ``+`` and ``-`` go to the one marker file, opened once and never removed in between (no create
+    and unlink per call); a reader in another process sees exactly the call in flight, then none."""
+    root = tmp_path / "calls"
+    writer = JsonlWriter(root, marker_delay=0.01)
+    markers = dir_state(root).markers
+    opened: list[str] = []
+    real_open = markers.open
+
+    def counting_open(dirs: DirFds, rollout_id: str, *, create: bool) -> int | None:
+        opened.append(rollout_id)
+        return real_open(dirs, rollout_id, create=create)
+
+    monkeypatch.setattr(markers, "open", counting_open)
+    other = InflightMarkers()
+    marker = root / STATE_DIR / "inflight" / "r.calls"
+    inodes: set[int] = set()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for i in range(5):
+            writer.begin("r", f"c{i}")
+            deadline = time.monotonic() + BOUND
+            while not other.pending(root, "r"):
+                assert time.monotonic() < deadline, "the marker never came"
+                await asyncio.sleep(0.005)
+            assert other.pending(root, "r") == {f"c{i}"}
+            inodes.add(marker.stat().st_ino)
+            future = loop.create_future()
+            line = b'{"model_call_id":"c%d"}\n' % i
+            writer.submit("r", line, f"c{i}", None, LoopWaiter(loop, future))
+            await asyncio.wait_for(future, BOUND)
+            assert other.pending(root, "r") == set()
+            inodes.add(marker.stat().st_ino)
+
+    try:
+        asyncio.run(main())
+        assert opened == ["r"] and len(inodes) == 1
+    finally:
+        writer.close(BOUND)
+    assert not marker.exists()  # the writer's close closed the rollout

@@ -1,0 +1,43 @@
+"""A writer SIGKILLed while it keeps in-flight markers (contract D19): a kept marker whose calls have all
+ended says nothing is in flight, to every reader; one whose call never ended says that call is."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from otel_capture import CaptureStore
+from otel_capture._store.dirstate import STATE_DIR, dir_state
+from otel_capture._store.inflight import InflightMarkers
+
+CHILD = Path(__file__).with_name("_marker_child.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_markers_a_killed_writer_kept_say_exactly_which_calls_are_in_flight(tmp_path: Path) -> None:
+    root = tmp_path / "calls"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.run(
+        [sys.executable, str(CHILD), str(root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )  # run() waits: the child is reaped
+    assert child.returncode == -signal.SIGKILL, f"the child was not killed: {child.returncode} {child.stderr}"
+    inflight = root / STATE_DIR / "inflight"
+    assert sorted(os.listdir(inflight)) == ["ended.calls", "open.calls"]  # both kept when it died
+    with dir_state(root).dirs(create=False) as dirs:
+        assert InflightMarkers.rollouts(dirs) == ["open"]
+    store = CaptureStore(root)
+    assert store.calls_in_flight("ended") == {}
+    assert list(store.calls_in_flight("open")) == ["c1"]
+    assert store.list_rollouts() == {"ended": "live", "open": "live"}
+    ended = store.freeze_now("ended")
+    assert [r.model_call_id for r in ended.records] == ["c1"] and not ended.incomplete
+    still = store.freeze_now("open")
+    assert still.records == () and [c.model_call_id for c in still.incomplete_calls] == ["c1"]
