@@ -22,7 +22,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._errors import DamagedEntryError
 from .._records.codec import split_lines
 from .._rollout_id import is_valid_rollout_id
 from .fs import DirFds, _default_limit, open_file, problem, read_all, still_named, write_all
@@ -336,38 +335,18 @@ class InflightMarkers:
 
     @staticmethod
     def rollouts(dirs: DirFds) -> list[str]:
-        """Rollouts whose marker file has a call in flight (``dirs`` made with ``create=False``): an empty
-        marker, or one whose every ``+`` has its ``-`` (a writer keeps it while the rollout is active, or
-        died keeping it), lists nothing. A damaged marker is listed: what it says is unknown, and the
-        caller that reads it reports why (contract D19)."""
+        """Rollouts with a marker file (``dirs`` made with ``create=False``). A file may name no call in
+        flight (empty, or every ``+`` with its ``-``: a writer keeps it while the rollout is active, or died
+        keeping it): the caller asks :meth:`pending` of each, as ``list_rollouts`` does (contract D19)."""
         try:
-            inflight = dirs.state_fd(INFLIGHT_DIR)
-            names = os.listdir(inflight)
+            names = os.listdir(dirs.state_fd(INFLIGHT_DIR))
         except FileNotFoundError:
             return []
         found = [name[: -len(INFLIGHT_SUFFIX)] for name in names if name.endswith(INFLIGHT_SUFFIX)]
         bad = [rid for rid in found if not is_valid_rollout_id(rid)]
         if bad:  # never a rollout: no file is opened for it (contract D41)
             _logger.debug("in-flight markers naming invalid rollout ids are skipped: %s", bad[:8])
-        return [rid for rid in found if is_valid_rollout_id(rid) and _has_calls(inflight, rid)]
-
-
-def _has_calls(inflight: int, rollout_id: str) -> bool:
-    """Whether the rollout's marker has a call in flight (an empty one costs one ``lstat``, not an open)."""
-    name = rollout_id + INFLIGHT_SUFFIX
-    try:
-        st = os.stat(name, dir_fd=inflight, follow_symlinks=False)
-        if stat.S_ISREG(st.st_mode) and st.st_size == 0:
-            return False
-        fd, _ = open_file(inflight, name, os.O_RDONLY, marker_label(rollout_id), single_link=False)
-    except FileNotFoundError:
-        return False  # removed meanwhile: nothing in flight
-    except DamagedEntryError:
-        return True
-    try:
-        return bool(_apply(read_all(fd), set()))
-    finally:
-        os.close(fd)
+        return [rid for rid in found if is_valid_rollout_id(rid)]
 
 
 def read_all_from(fd: int) -> bytes:

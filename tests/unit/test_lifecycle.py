@@ -718,11 +718,11 @@ def test_a_freeze_and_drop_workload_keeps_the_fence_journal_compacted(
 def _no_call_in_flight_seen(root: Path, rollouts: list[str]) -> None:
     """What a reader in another process sees: no marker lists a call in flight, nor a rollout with one."""
     other = InflightMarkers()
-    with dir_state(root).dirs(create=False) as dirs:
-        assert InflightMarkers.rollouts(dirs) == []
+    fresh = CaptureStore(root)  # nothing of the writer's memory
     for rid in rollouts:
         assert other.pending(root, rid) == set()
         assert other.since(root, rid) == {}
+        assert fresh.calls_in_flight(rid) == {}
 
 
 def test_in_flight_markers_go_when_the_writer_closes_their_rollouts(tmp_path: Path) -> None:
@@ -737,8 +737,8 @@ def test_in_flight_markers_go_when_the_writer_closes_their_rollouts(tmp_path: Pa
             writer.begin(rid, "c1")
         assert writer.flush(60)
         assert len(os.listdir(inflight)) == 20  # what a freeze in another process reads meanwhile
-        with dir_state(store.root).dirs(create=False) as dirs:
-            assert sorted(InflightMarkers.rollouts(dirs)) == sorted(rollouts)
+        # another process lists them by their markers alone: no record yet, each with a call in flight
+        assert CaptureStore(store.root).list_rollouts() == dict.fromkeys(rollouts, "live")
         for rid in rollouts:
             submit(writer, rid, b'{"model_call_id":"c1"}\n', "c1")
         assert writer.flush(60)
@@ -810,10 +810,8 @@ def test_a_kept_marker_whose_calls_all_ended_lists_nothing_in_flight(tmp_path: P
     inflight = store.root / STATE_DIR / "inflight"
     (inflight / "empty.calls").write_bytes(b"")
     (inflight / "balanced.calls").write_bytes(b"+c1\n@c1 1700000000.000\n+c2\n@c2 1700000000.001\n-c2\n-c1\n")
-    with dir_state(store.root).dirs(create=False) as dirs:
-        assert InflightMarkers.rollouts(dirs) == ["open"]
     fresh = CaptureStore(store.root)  # another process's view: nothing of this one's memory
-    assert fresh.list_rollouts() == {"open": "live"}
+    assert fresh.list_rollouts() == {"open": "live"}  # three marker files, one rollout with a call in flight
     assert fresh.calls_in_flight("empty") == {} and fresh.calls_in_flight("balanced") == {}
     assert list(fresh.calls_in_flight("open")) == ["c9"]
     for rid in ("empty", "balanced"):
