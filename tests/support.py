@@ -373,6 +373,15 @@ class Telemetry:
     store: CaptureStore
 
 
+def run_child(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python SCRIPT ARGS...`` with this checkout importable, waited for (60 s at most, so reaped): how a
+    crash test runs a child that SIGKILLs itself at a chosen point; the caller checks its return code."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=60, env=env, check=False
+    )
+
+
 def start_cli_proxy(
     upstream: str,
     *args: str,

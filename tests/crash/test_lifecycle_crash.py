@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support import run_child
 
 from otel_capture import CaptureStore
 from otel_capture._store.dirstate import STATE_DIR
 from otel_capture._store.names import RECORD_SUFFIXES
 
 CHILD = Path(__file__).with_name("_lifecycle_child.py")
-REPO = Path(__file__).resolve().parents[2]
 IDS = [f"r{i}" for i in range(8)]
 
 RETIRE_POINTS = [
@@ -43,15 +41,7 @@ def _prepare(root: Path) -> CaptureStore:
 
 
 def _run_child(root: Path, operation: str, point: str) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    child = subprocess.run(
-        [sys.executable, str(CHILD), str(root), operation, point, *IDS],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=False,
-    )  # run() waits: the child is reaped
+    child = run_child(CHILD, str(root), operation, point, *IDS)
     assert child.returncode == -signal.SIGKILL, (
         f"the child never reached {point}: {child.returncode} {child.stderr}"
     )

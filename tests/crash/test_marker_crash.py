@@ -5,28 +5,19 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
+
+from support import run_child
 
 from otel_capture import CaptureStore
 from otel_capture._store.dirstate import STATE_DIR
 
 CHILD = Path(__file__).with_name("_marker_child.py")
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_markers_a_killed_writer_kept_say_exactly_which_calls_are_in_flight(tmp_path: Path) -> None:
     root = tmp_path / "calls"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    child = subprocess.run(
-        [sys.executable, str(CHILD), str(root)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=False,
-    )  # run() waits: the child is reaped
+    child = run_child(CHILD, str(root))
     assert child.returncode == -signal.SIGKILL, f"the child was not killed: {child.returncode} {child.stderr}"
     inflight = root / STATE_DIR / "inflight"
     assert sorted(os.listdir(inflight)) == ["ended.calls", "open.calls"]  # both kept when it died
