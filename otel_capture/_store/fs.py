@@ -156,9 +156,11 @@ def still_named(dir_fd: int, name: str, dev: int, ino: int) -> os.stat_result | 
     return st if st.st_ino == ino and st.st_dev == dev else None
 
 
-def _default_limit() -> int:
-    """How many data files the writer keeps open: a quarter of the process's descriptor limit, between 64
-    and 2,048 (1,024 rollouts with a tokens file each; a node's other descriptors keep three quarters)."""
+def kept_limit() -> int:
+    """How many descriptors each table the writer keeps open holds (its data files, :class:`AppendFiles`;
+    its in-flight markers, ``InflightMarkers``): a quarter of the process's descriptor limit, between 64
+    and 2,048 (1,024 rollouts with a tokens file each). The two together hold at most half; a node's other
+    descriptors keep the other half."""
     try:
         import resource
 
@@ -191,7 +193,7 @@ class AppendFiles:
     """
 
     def __init__(self, limit: int | None = None) -> None:
-        self._limit = _default_limit() if limit is None else limit
+        self._limit = kept_limit() if limit is None else limit
         self._files: dict[str, tuple[int, int, int]] = {}  # name -> (fd, st_dev, st_ino), oldest use first
         self._ends: dict[int, int] = {}  # fd -> size after our last append (its last byte is our "\n")
         self._lock = threading.Lock()

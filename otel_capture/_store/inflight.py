@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .._records.codec import split_lines
 from .._rollout_id import is_valid_rollout_id
-from .fs import DirFds, _default_limit, open_file, problem, read_all, still_named, write_all
+from .fs import DirFds, kept_limit, open_file, problem, read_all, still_named, write_all
 from .names import INFLIGHT_DIR, INFLIGHT_SUFFIX, STATE_DIR, state_label
 
 INFLIGHT_REASON = "in flight when frozen: the call began and was never recorded"
@@ -140,7 +140,7 @@ class InflightMarkers:
         self._opened: dict[int, os.stat_result] = {}  # fd -> its fstat at open, until written through
         self._evicting = threading.Lock()  # guards _left and _kept; never held across I/O
         self._kept: dict[str, tuple[int, int, int]] = {}  # rollout -> (fd, st_dev, st_ino), oldest use first
-        self.limit = _default_limit() if limit is None else limit
+        self.limit = kept_limit() if limit is None else limit
         """How many markers the writer keeps (each with a descriptor) between its idle closes."""
 
     def open(self, dirs: DirFds, rollout_id: str, *, create: bool) -> int | None:
