@@ -162,7 +162,7 @@ class Caller:
         return client
 
     def calls(self, mode: str, shape: str, round_: int) -> None:
-        """``concurrency`` calls of one shape at once, each under a rollout of its own when captured."""
+        """``concurrency`` calls of one shape at once, each slot under its rollout of the round when captured."""
         tokens, stream = SHAPES[shape]
         targets = [
             _target(self.base, mode, f"c{self.concurrency}-r{round_}-s{i}") for i in range(self.concurrency)
