@@ -47,15 +47,13 @@ import concurrent.futures
 import contextlib
 import importlib
 import json
-import math
-import random
 import statistics
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -64,19 +62,16 @@ import httpx
 from bench import _harness as H
 from bench import _pyspy
 from bench._servers import bind_socket
+from bench._vllm_figures import SHAPES, Group, report
 from otel_capture._store.writer import WRITER_THREAD_KERNEL_NAME
 
 MODEL_NAME = "gemma-3-270m"  # checked against the tests' build in main()
 
-SHAPES = {"chat16": (16, False), "stream8": (8, True), "stream72": (72, True)}
-PER_TOKEN = 64  # stream72 - stream8
 START_TIMEOUT = 1200.0  # a busy two-core machine takes minutes to start vLLM
 IDLE_S = 3.0
 PROFILE_STREAMS = 8  # of each mode
 SETTLE_S = 0.1  # inside each group's window, after its last call: the writer's trailing work is counted
 STOP_RESERVE_S = 60.0  # the budget kept for stopping vLLM and printing
-RESAMPLES = 4000
-GOAL = 1.05  # captured at most +5 % of vLLM's own API-server CPU, per call and per streamed token
 ABBA = ("captured", "passed", "passed", "captured")
 
 
@@ -121,26 +116,6 @@ def _target(base: str, mode: str, rollout: str) -> tuple[str, dict[str, str]]:
         return f"{base}/ng-rollout/bench-{rollout}/v1/chat/completions", {}
     headers = {"x-otel-capture": "captured"} if mode == "passed" else {}
     return f"{base}/v1/chat/completions", headers
-
-
-@dataclass(frozen=True)
-class Group:
-    """What one group of calls cost the API server: CPU ms in all (process, event loop, writer thread)."""
-
-    start: str
-    concurrency: int
-    round: int
-    mode: str
-    shape: str
-    calls: int
-    cpu_ms: float
-    main_ms: float
-    writer_ms: float
-    wall_s: float  # the calls' wall time, without the settling pause
-
-    @property
-    def per_call(self) -> float:
-        return self.cpu_ms / self.calls
 
 
 class Caller:
@@ -276,197 +251,6 @@ def _alone(pid: int, base: str, start: str, concurrency: int, rounds: int) -> li
         caller.close()
 
 
-# --- the figures ------------------------------------------------------------------------------------
-
-Unit = tuple[float, float]  # a paired sample: (captured, passed)
-
-
-def _pick(groups: list[Group], **match: Any) -> list[Group]:
-    return [g for g in groups if all(getattr(g, k) == v for k, v in match.items())]
-
-
-def _mean(groups: list[Group], attr: str = "cpu_ms") -> float:
-    return statistics.mean(getattr(g, attr) / g.calls for g in groups)
-
-
-def _paired_calls(groups: list[Group], concurrency: int, shape: str) -> list[Unit]:
-    """Per round (one ABBA quad): the captured and the passed groups' mean CPU ms per call."""
-    units = []
-    paired = _pick(groups, start="zero-code", concurrency=concurrency, shape=shape)
-    for round_ in sorted({g.round for g in paired}):
-        quad = _pick(paired, round=round_)
-        units.append((_mean(_pick(quad, mode="captured")), _mean(_pick(quad, mode="passed"))))
-    return units
-
-
-def _paired_tokens(groups: list[Group], concurrency: int) -> list[Unit]:
-    """Per round: the captured and the passed CPU µs per streamed token (72- minus 8-token stream)."""
-    long, short = (
-        _paired_calls(groups, concurrency, "stream72"),
-        _paired_calls(groups, concurrency, "stream8"),
-    )
-    return [
-        ((lc - sc) * 1000 / PER_TOKEN, (lp - sp) * 1000 / PER_TOKEN)
-        for (lc, lp), (sc, sp) in zip(long, short, strict=True)
-    ]
-
-
-def _ratio(units: Sequence[Unit]) -> float:
-    passed = statistics.mean(p for _, p in units)
-    return statistics.mean(c for c, _ in units) / passed if passed else math.nan
-
-
-def _interval(units: Sequence[Unit], stat: Callable[[Sequence[Unit]], float]) -> tuple[float, float]:
-    """A 95 % percentile-bootstrap interval of ``stat`` (the units resampled with replacement; seeded, so
-    a run's figures can be recomputed from its JSON)."""
-    rng = random.Random(34)
-    values = sorted(stat(rng.choices(units, k=len(units))) for _ in range(RESAMPLES))
-    return values[int(0.025 * RESAMPLES)], values[int(0.975 * RESAMPLES) - 1]
-
-
-def _diff(units: Sequence[Unit]) -> float:
-    return statistics.mean(c for c, _ in units) - statistics.mean(p for _, p in units)
-
-
-def _verdict(low: float, high: float) -> str:
-    if high <= GOAL:
-        return "met"
-    return "missed" if low > GOAL else "not decided"
-
-
-def _interval_apart(a: list[float], b: list[float]) -> tuple[float, float]:
-    """A 95 % bootstrap interval of mean(a) / mean(b) for samples of two starts, each resampled alone."""
-    rng = random.Random(34)
-    values = sorted(
-        statistics.mean(rng.choices(a, k=len(a))) / statistics.mean(rng.choices(b, k=len(b)))
-        for _ in range(RESAMPLES)
-    )
-    return values[int(0.025 * RESAMPLES)], values[int(0.975 * RESAMPLES) - 1]
-
-
-def _per_token(groups: list[Group]) -> float | None:
-    long, short = _pick(groups, shape="stream72"), _pick(groups, shape="stream8")
-    return (_mean(long) - _mean(short)) * 1000 / PER_TOKEN if long and short else None
-
-
-def _report_absolute(groups: list[Group], idle: dict[str, float]) -> None:
-    rows = []
-    for start, concurrency, mode in sorted({(g.start, g.concurrency, g.mode) for g in groups}):
-        found = _pick(groups, start=start, concurrency=concurrency, mode=mode)
-        by_shape = [_mean(_pick(found, shape=s)) for s in SHAPES]
-        wall = sum(g.wall_s for g in found)
-        long = _pick(found, shape="stream72")
-        rows.append(
-            [start, mode, concurrency, len(long), *by_shape, _per_token(found),
-             sum(g.calls for g in found) / wall, statistics.mean(g.wall_s for g in long)]
-        )  # fmt: skip
-    H.print_table(
-        "API-server CPU per call, ms, means over groups (a group: `concurrency` calls of one shape at once; "
-        "EngineCore not counted)",
-        ["start", "mode", "conc", "groups/shape", "chat 16 tok", "stream 8", "stream 72", "per token us",
-         "calls/s", "72-tok group s"],
-        rows,
-        ["idle CPU, ms per s: " + ", ".join(f"{k} {v:.2f}" for k, v in idle.items())],
-    )  # fmt: skip
-
-
-def _report_paired(groups: list[Group], concurrencies: list[int]) -> list[str]:
-    rows, verdicts = [], []
-    for concurrency in concurrencies:
-        for label, unit, units in (
-            ("chat call", "ms", _paired_calls(groups, concurrency, "chat16")),
-            ("stream of 8 tokens", "ms", _paired_calls(groups, concurrency, "stream8")),
-            ("stream of 72 tokens", "ms", _paired_calls(groups, concurrency, "stream72")),
-            ("streamed token", "us", _paired_tokens(groups, concurrency)),
-        ):
-            if not units:
-                continue
-            ratio, (low, high) = _ratio(units), _interval(units, _ratio)
-            passed, (below, above) = statistics.mean(p for _, p in units), _interval(units, _diff)
-            rows.append(
-                [concurrency, label, len(units), f"{passed:.3f} {unit}", f"{_diff(units):+.3f} {unit}",
-                 f"[{below:+.3f}, {above:+.3f}]", f"{ratio:.4f}x", f"{low:.4f}-{high:.4f}",
-                 f"±{(high - low) / 2 * 100:.1f} %"]
-            )  # fmt: skip
-            if label in ("chat call", "streamed token"):
-                verdicts.append(f"c={concurrency} {label} {_verdict(low, high)} ({(ratio - 1) * 100:+.1f} %)")
-    H.print_table(
-        "the capture's cost, paired: captured against passed groups (ABBA) in the zero-code start",
-        [
-            "conc",
-            "",
-            "quads",
-            "passed",
-            "captured - passed",
-            "95 % interval",
-            "captured/passed",
-            "95 % interval",
-            "±",
-        ],
-        rows,
-        [
-            "quads: paired samples (one per round: 2 captured and 2 passed groups of each shape, ABBA/BAAB);",
-            "ratio: mean captured / mean passed over the quads; interval: percentile bootstrap, quads resampled",
-            f"({RESAMPLES} times; per token: rounds resampled, 72- minus 8-token stream over {PER_TOKEN} tokens);"
-            " ±: half its width; with fewer than about 10 quads the interval is only a rough one",
-            f"goal captured/passed <= {GOAL:.2f} (met: the interval's top under it): " + ", ".join(verdicts),
-        ],
-    )
-    return verdicts
-
-
-def _report_threads(groups: list[Group], concurrencies: list[int]) -> None:
-    rows = []
-    for concurrency in concurrencies:
-        found = _pick(groups, start="zero-code", concurrency=concurrency)
-        captured, passed = _pick(found, mode="captured"), _pick(found, mode="passed")
-        for shape in SHAPES:
-            c, p = _pick(captured, shape=shape), _pick(passed, shape=shape)
-            if c and p:
-                rows.append(
-                    [concurrency, shape, _mean(c), _mean(c, "main_ms") - _mean(p, "main_ms"),
-                     _mean(c, "writer_ms"), _mean(c) - _mean(p)]
-                )  # fmt: skip
-    H.print_table(
-        "where the capture's CPU goes, zero-code, ms per call (captured minus passed, means over groups)",
-        ["conc", "shape", "captured, process", "event-loop thread +", "writer thread", "process +"],
-        rows,
-        ["writer thread: otel-capture-wr, the durable write (marker, line, fsync); it idles when passed"],
-    )
-
-
-def _report_presence(groups: list[Group], concurrency: int) -> None:
-    rows = []
-    for shape in SHAPES:
-        alone = [g.per_call for g in _pick(groups, start="alone-1", shape=shape, concurrency=concurrency)]
-        passed = [
-            g.per_call
-            for g in _pick(groups, start="zero-code", mode="passed", shape=shape, concurrency=concurrency)
-        ]
-        captured = _pick(groups, start="zero-code", mode="captured", shape=shape, concurrency=concurrency)
-        if not alone or not passed:
-            continue
-        low, high = _interval_apart(passed, alone)
-        a = statistics.mean(alone)
-        rows.append(
-            [shape, a, statistics.mean(passed), f"{statistics.mean(passed) / a:.3f}x", f"{low:.3f}-{high:.3f}",
-             f"{_mean(captured) / a:.3f}x"]
-        )  # fmt: skip
-    drift = [
-        _mean(_pick(groups, start=s, shape="chat16"))
-        for s in ("alone-1", "alone-2")
-        if _pick(groups, start=s)
-    ]
-    H.print_table(
-        f"the instrumentation's presence, concurrency {concurrency}: zero-code passed against vLLM alone "
-        "(two starts), ms per call",
-        ["shape", "alone", "passed", "passed/alone", "95 % interval", "captured/alone"],
-        rows,
-        ["interval: bootstrap of each start's groups; it does not hold the drift between two starts",
-         "alone starts' chat means (drift between starts): " + ", ".join(f"{d:.2f} ms" for d in drift)],
-    )  # fmt: skip
-
-
 # --- where the time goes ----------------------------------------------------------------------------
 
 
@@ -579,11 +363,7 @@ def main() -> int:
         if args.drift:
             alone("alone-2")
     print(f"records written by the captured calls: {records} (captured calls made: {expected})")
-    concurrencies = sorted({g.concurrency for g in groups if g.start == "zero-code"}, reverse=True)
-    _report_absolute(groups, idle)
-    _report_paired(groups, concurrencies)
-    _report_threads(groups, concurrencies)
-    _report_presence(groups, args.concurrency)
+    report(groups, idle, args.concurrency)
     if shares:
         _pyspy.report_shares(shares, "72-token streams")
     print(json.dumps({"groups": [asdict(g) for g in groups], "idle": idle}), file=sys.stderr)

@@ -161,3 +161,28 @@ def test_the_floors_table_prints_a_floor_row_beside_each_goal_s_server(
                 for line in out.splitlines()
                 if line.strip()
             ), (goal, name, out)
+
+
+def test_a_kept_vllm_run_is_read_again_from_its_json(tmp_path: Path) -> None:
+    """``python -m bench._vllm_figures RUN`` prints ``bench_vllm``'s tables from the JSON a run left, without
+    vLLM: groups whose captured calls cost exactly 1.25x the passed ones come out at 1.25x, missed."""
+    import orjson
+
+    groups = []
+    for round_ in range(4):
+        for shape, ms in (("chat16", 2.0), ("stream8", 3.0), ("stream72", 10.0)):
+            for mode, factor in (("captured", 1.25), ("passed", 1.0), ("passed", 1.0), ("captured", 1.25)):
+                cpu = ms * factor * 8
+                groups.append(
+                    {"start": "zero-code", "concurrency": 8, "round": round_, "mode": mode, "shape": shape,
+                     "calls": 8, "cpu_ms": cpu, "main_ms": cpu * 0.9, "writer_ms": 0.0, "wall_s": 1.0}
+                )  # fmt: skip
+    run = tmp_path / "run.txt"
+    run.write_bytes(
+        b"some other output\n" + orjson.dumps({"groups": groups, "idle": {"zero-code": 2.0}}) + b"\n"
+    )
+    result = run_module("_vllm_figures", str(run))
+    assert result.returncode == 0, result.stderr
+    chat = next(line for line in result.stdout.splitlines() if "chat call" in line)
+    assert "1.2500x" in chat and "+0.500 ms" in chat, result.stdout
+    assert "c=8 chat call missed (+25.0 %)" in result.stdout, result.stdout
