@@ -1,6 +1,7 @@
 """Side-by-side measurement for the goals: servers started from specs, measured under the same load in
 rotated rounds (each keeps its best), one call at a time for the time to first event, and the table of
-runs with their baselines. ``bench_goals.py`` is the goals themselves."""
+runs with their baselines. ``bench_goals.py`` is the goals themselves (goal 4 in ``_goal_streaming.py``, the floors'
+table in ``_goal_floors.py``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,18 @@ from bench._servers import REQUEST_BODY
 
 CONCURRENCY = 64
 ROLLOUTS = 32
+INSTRUMENT = str(Path(H.PYTHON).with_name("opentelemetry-instrument"))
+
+
+def zero_code_env(directory: Path | None) -> dict[str, str]:
+    """A zero-code server's ``OTEL_*`` set-up: records into ``directory``, or no exporter when it is None."""
+    env = {"OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"}
+    if directory is None:
+        env["OTEL_TRACES_EXPORTER"] = "none"
+    else:
+        env["OTEL_TRACES_EXPORTER"] = "model_call_jsonl"
+        env["OTEL_EXPORTER_MODEL_CALL_JSONL_DIR"] = str(directory)
+    return env
 
 
 # --- servers ----------------------------------------------------------------------------------------

@@ -53,30 +53,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
-import orjson
-
+from bench import _goal_floors as F
+from bench import _goal_streaming as S
 from bench import _harness as H
 from bench import _rounds as R
-from bench._servers import REQUEST_BODY, chat_events
-
-STREAM_EVENTS = 512
-STREAM_EVENTS_SHORT = 32  # the second length: per-event cost is the slope between the two
-STREAM_REQUEST_BODY = orjson.dumps(
-    {**orjson.loads(REQUEST_BODY), "stream": True, "stream_options": {"include_usage": True}}
-)
-INSTRUMENT = str(Path(H.PYTHON).with_name("opentelemetry-instrument"))
-
-
-def _zero_code_env(directory: Path | None) -> dict[str, str]:
-    env = {"OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"}
-    if directory is None:
-        env["OTEL_TRACES_EXPORTER"] = "none"
-    else:
-        env["OTEL_TRACES_EXPORTER"] = "model_call_jsonl"
-        env["OTEL_EXPORTER_MODEL_CALL_JSONL_DIR"] = str(directory)
-    return env
+from bench._servers import REQUEST_BODY
 
 
 def _proxy_workers_argv(upstream_url: str, capture_dir: Path, workers: int) -> list[str]:
@@ -96,129 +78,6 @@ def _proxy_workers_argv(upstream_url: str, capture_dir: Path, workers: int) -> l
     ]
 
 
-# --- floors: the least an implementation costs on this stack (``_floors.py``) -------------------------
-
-
-class Floors(NamedTuple):
-    """A goal's server, its baseline and target, and the servers of its floors (run names; a proxy floor's
-    name is also its ``_servers`` variant)."""
-
-    server: str
-    baseline: str
-    target: float
-    names: tuple[str, str]
-
-
-FLOORS = {
-    "1a": Floors("zero-code", "starlette", 0.4, ("floor-zc", "floor-zc-onloop")),
-    "2": Floors("library", "bare", 0.5, ("floor-lib", "floor-lib-onloop")),
-    "3a": Floors("proxy", "upstream", 0.5, ("floor-forward", "floor-raw")),
-}
-FLOOR_LABELS = {
-    "floor-zc": "FLOOR: the app in the barest durable capture (thread, group commit)",
-    "floor-zc-onloop": "FLOOR: the same, line written on the loop (no thread, no fsync)",
-    "floor-lib": "FLOOR: the app in the barest durable capture (thread, group commit)",
-    "floor-lib-onloop": "FLOOR: the same, line written on the loop (no thread, no fsync)",
-    "floor-forward": "FLOOR: barest forwarding ASGI app (proxy's stack and pool)",
-    "floor-raw": "FLOOR: raw forwarder, uvloop + httptools (no ASGI, no uvicorn)",
-}
-
-
-def _capture_floor_specs(data: Path, key: str, *extra: str) -> list[R.Spec]:
-    """The model app in the barest durable capture, and with its line written on the loop."""
-    return [
-        R.Spec(
-            f"floor-{key}{suffix}",
-            H.server_argv(variant, *extra, "--capture-dir", str(data / f"floor-{key}{suffix}")),
-            capture_dir=data / f"floor-{key}{suffix}",
-        )
-        for variant, suffix in (("floor", ""), ("floor-onloop", "-onloop"))
-    ]
-
-
-def _floor_rows(goal: str, runs: dict[str, R.Run], base: R.Run) -> list[tuple[str, R.Run, R.Run | None]]:
-    return [(FLOOR_LABELS[name], runs[name], base) for name in FLOORS[goal].names]
-
-
-def _added_cpu(goal: str, run: R.Run, base: R.Run) -> float:
-    """CPU per call a server adds to the call's path: above the app's own (1a, 2); the proxy's or
-    forwarder's own process, all of it (3a: the upstream's CPU is its own process's)."""
-    return (run.cpu_us or 0) - (0 if goal == "3a" else base.cpu_us or 0)
-
-
-def _floor_notes(goal: str, runs: dict[str, R.Run], this: R.Run, base: R.Run) -> list[str]:
-    """What the goal's server adds beside what each floor adds, and whether each floor reaches the target."""
-    target = FLOORS[goal].target
-    parts = []
-    for name in FLOORS[goal].names:
-        ratio = runs[name].rps / base.rps
-        parts.append(
-            f"{FLOOR_LABELS[name].removeprefix('FLOOR: ')} {ratio:.2f}x, {_added_cpu(goal, runs[name], base):+.0f} "
-            f"us/call ({'reaches' if ratio >= target else 'below'} {target}x)"
-        )
-    first = runs[FLOORS[goal].names[0]]
-    return [
-        f"{goal}: floors in the same run: {'; '.join(parts)}. The goal's server adds "
-        f"{_added_cpu(goal, this, base):+.0f} us/call, {(this.cpu_us or 0) - (first.cpu_us or 0):+.0f} us beside "
-        "the first floor"
-    ]
-
-
-def _sync_note(servers: R.Servers, name: str) -> str:
-    """The durable floor's disk latency: its writer's mean syncfs/fsync wall time since it started, and the
-    throughput no group commit passes at 64 calls in flight (each call waits for one sync at least)."""
-    stats = servers.running[name].stats()
-    if not stats.get("batches"):
-        return f"{name}: no batch written"
-    sync_ms = stats["sync_ns"] / stats["batches"] / 1e6
-    return (
-        f"{name}: its writer's sync (syncfs, or fsync for one file) took {sync_ms:.2f} ms of wall time on average "
-        f"({stats['batches']:,} batches, {stats['records'] / stats['batches']:.1f} records each): with "
-        f"{R.CONCURRENCY} calls in flight, each waiting for one sync at least, no durable capture passes "
-        f"{R.CONCURRENCY / sync_ms * 1e3:,.0f} calls/s on this disk now, whatever its CPU"
-    )
-
-
-def floors_table(runs: dict[str, R.Run]) -> None:
-    """Each goal's server beside its floors and its baseline, from the runs already measured."""
-    rows = []
-    for goal, (this, base_name, target, floors) in FLOORS.items():
-        if base_name not in runs or any(name not in runs for name in (this, *floors)):
-            continue
-        base = runs[base_name]
-        rows.append([goal, f"baseline: {base_name}", base.rps, None, None, base.cpu_us, None, base.user_us])
-        for name in (this, *floors):
-            run = runs[name]
-            ratio = run.rps / base.rps
-            label = FLOOR_LABELS.get(name, f"the goal's server: {name}")
-            rows.append(
-                [
-                    goal,
-                    label,
-                    run.rps,
-                    f"{ratio:.2f}x",
-                    f"{target}x",
-                    run.cpu_us,
-                    _added_cpu(goal, run, base),
-                    run.user_us,
-                ]
-            )
-    if not rows:
-        return
-    H.print_table(
-        "FLOORS: each goal's server beside the least any implementation costs on this stack (same run, same load)",
-        ["goal", "server", "req/s", "ratio", "target", "CPU us/call", "added us/call", "user us/call"],
-        rows,
-        [
-            "added us/call: CPU per call above the app's own (1a, 2); for 3a the forwarding process's own CPU "
-            "(the upstream's is in its own process)",
-            "a floor's ratio is a ceiling on this stack: the durable floor's for any capture that holds the last "
-            "chunk until its line is synced (1a, 2), the one on the loop for any capture at all; the ASGI "
-            "forwarder's for any proxy served by uvicorn, the raw forwarder's for any Python proxy (3a)",
-        ],
-    )
-
-
 # --- the goals --------------------------------------------------------------------------------------
 
 
@@ -229,8 +88,8 @@ def goal_zero_code(
         R.Spec("starlette", H.server_argv("bare", "--app", "starlette"), prefixed=False),
         R.Spec(
             "zero-code",
-            [INSTRUMENT, *H.server_argv("bare", "--app", "starlette")],
-            env=_zero_code_env(data / "zero-code"),
+            [R.INSTRUMENT, *H.server_argv("bare", "--app", "starlette")],
+            env=R.zero_code_env(data / "zero-code"),
             capture_dir=data / "zero-code",
         ),
         R.Spec(
@@ -243,31 +102,31 @@ def goal_zero_code(
         specs += [
             R.Spec(
                 "server-span",
-                [INSTRUMENT, *H.server_argv("server-span", "--app", "starlette")],
-                env={**_zero_code_env(None), "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "otel_capture"},
+                [R.INSTRUMENT, *H.server_argv("server-span", "--app", "starlette")],
+                env={**R.zero_code_env(None), "OTEL_PYTHON_DISABLED_R.INSTRUMENTATIONS": "otel_capture"},
                 prefixed=False,
             ),
             R.Spec(
                 "lean-server-span",
-                [INSTRUMENT, *H.server_argv("lean-server-span", "--app", "starlette")],
-                env={**_zero_code_env(None), "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "otel_capture"},
+                [R.INSTRUMENT, *H.server_argv("lean-server-span", "--app", "starlette")],
+                env={**R.zero_code_env(None), "OTEL_PYTHON_DISABLED_R.INSTRUMENTATIONS": "otel_capture"},
                 prefixed=False,
             ),
             R.Spec(
                 "zero-code-spans",
-                [INSTRUMENT, *H.server_argv("bare", "--app", "starlette")],
-                env=_zero_code_env(None),
+                [R.INSTRUMENT, *H.server_argv("bare", "--app", "starlette")],
+                env=R.zero_code_env(None),
             ),
         ]
     if floors:
-        specs += _capture_floor_specs(data, "zc", "--app", "starlette")
+        specs += F.capture_floor_specs(data, "zc", "--app", "starlette")
     with R.Servers() as servers:
         for spec in specs:
             servers.start(spec)
         runs = R.rounds_of(servers, [s.name for s in specs], rounds, seconds, fp)
-        disk = R.disk_check(servers, ["zero-code", "gym-fsync", *(FLOORS["1a"].names if floors else ())])
+        disk = R.disk_check(servers, ["zero-code", "gym-fsync", *(F.FLOORS["1a"].names if floors else ())])
         if floors:
-            disk.append(_sync_note(servers, FLOORS["1a"].names[0]))
+            disk.append(F.sync_note(servers, F.FLOORS["1a"].names[0]))
     base, zc, gym = runs["starlette"], runs["zero-code"], runs["gym-fsync"]
     rows = [
         ("starlette app, uninstrumented", base, None),
@@ -275,7 +134,7 @@ def goal_zero_code(
         ("gym-fsync (NeMo Gym 0.7.0 design)", gym, base),
     ]
     if floors:
-        rows += _floor_rows("1a", runs, base)
+        rows += F.floor_rows("1a", runs, base)
     if diagnostics:
         rows += [
             ("diag: contrib HTTP server span alone (no capture)", runs["server-span"], base),
@@ -301,13 +160,13 @@ def goal_zero_code(
             "1a",
             "zero-code capture / uninstrumented",
             zc.rps / base.rps,
-            FLOORS["1a"].target,
+            F.FLOORS["1a"].target,
             True,
             "x",
             zc,
             base,
             "uninstrumented",
-            _floor_notes("1a", runs, zc, base) if floors else [],
+            F.floor_notes("1a", runs, zc, base) if floors else [],
         ),
         R.Goal(
             "1b",
@@ -355,18 +214,18 @@ def goal_library(
             ),
         ]
     if floors:
-        specs += _capture_floor_specs(data, "lib")
+        specs += F.capture_floor_specs(data, "lib")
     with R.Servers() as servers:
         for spec in specs:
             servers.start(spec)
         runs = R.rounds_of(servers, [s.name for s in specs], rounds, seconds, fp)
-        disk = R.disk_check(servers, ["library", *(FLOORS["2"].names if floors else ())])
+        disk = R.disk_check(servers, ["library", *(F.FLOORS["2"].names if floors else ())])
         if floors:
-            disk.append(_sync_note(servers, FLOORS["2"].names[0]))
+            disk.append(F.sync_note(servers, F.FLOORS["2"].names[0]))
     base, lib = runs["bare"], runs["library"]
     rows = [("raw ASGI app alone", base, None), ("library mode, durable capture", lib, base)]
     if floors:
-        rows += _floor_rows("2", runs, base)
+        rows += F.floor_rows("2", runs, base)
     if diagnostics:
         rows += [
             ("diag: library mode, no exporter (no span built, no record)", runs["library-spans"], base),
@@ -390,13 +249,13 @@ def goal_library(
             )
         )
     R.run_table("goal 2: library mode (middleware + exporter in code, no HTTP server span)", rows, disk)
-    notes = _floor_notes("2", runs, lib, base) if floors else []
+    notes = F.floor_notes("2", runs, lib, base) if floors else []
     return [
         R.Goal(
             "2",
             "library capture / bare",
             lib.rps / base.rps,
-            FLOORS["2"].target,
+            F.FLOORS["2"].target,
             True,
             "x",
             lib,
@@ -433,7 +292,7 @@ def goal_proxy(
     if floors:
         specs += [
             R.Spec(name, H.server_argv(name, "--upstream", "{upstream}"), upstream="upstream")
-            for name in FLOORS["3a"].names
+            for name in F.FLOORS["3a"].names
         ]
     names = [s.name for s in specs]
     with R.Servers() as servers:
@@ -453,7 +312,7 @@ def goal_proxy(
     if diagnostics:
         rows.append(("diag: proxy without --capture-dir (no span built)", runs["proxy-off"], base))
     if floors:
-        rows += _floor_rows("3a", runs, base)
+        rows += F.floor_rows("3a", runs, base)
     R.run_table(
         "goal 3: otel-capture proxy in front of an upstream that answers at once",
         rows,
@@ -468,13 +327,13 @@ def goal_proxy(
             "3a",
             "proxy capture / upstream direct",
             proxy.rps / base.rps,
-            FLOORS["3a"].target,  # issue 34's goal (0.3x before)
+            F.FLOORS["3a"].target,  # issue 34's goal (0.3x before)
             True,
             "x",
             proxy,
             base,
             "upstream direct",
-            _floor_notes("3a", runs, proxy, base) if floors else [],
+            F.floor_notes("3a", runs, proxy, base) if floors else [],
         ),
         R.Goal(
             "3b",
@@ -505,122 +364,6 @@ def goal_proxy(
         ),
     ]
     return goals, runs
-
-
-def goal_streaming(
-    data: Path, rounds: int, seconds: int, fp: bool, ttft_calls: int
-) -> tuple[list[R.Goal], dict[str, R.Run]]:
-    goals: list[R.Goal] = []
-    runs_out: dict[str, R.Run] = {}
-    pairs = [
-        (
-            "library",
-            lambda n: R.Spec(f"off-{n}", H.server_argv("bare", "--events", str(n)), prefixed=False),
-            lambda n: R.Spec(
-                f"on-{n}",
-                H.server_argv("capture", "--events", str(n), "--capture-dir", str(data / f"lib-{n}")),
-                capture_dir=data / f"lib-{n}",
-            ),
-        ),
-        (
-            "zero-code",
-            lambda n: R.Spec(
-                f"off-{n}", H.server_argv("bare", "--app", "starlette", "--events", str(n)), prefixed=False
-            ),
-            lambda n: R.Spec(
-                f"on-{n}",
-                [INSTRUMENT, *H.server_argv("bare", "--app", "starlette", "--events", str(n))],
-                env=_zero_code_env(data / f"zc-{n}"),
-                capture_dir=data / f"zc-{n}",
-            ),
-        ),
-    ]
-    expected = {n: sum(len(e) for e in chat_events(n)) for n in (STREAM_EVENTS, STREAM_EVENTS_SHORT)}
-    for mode, off_spec, on_spec in pairs:
-        with R.Servers() as servers:
-            specs = [make(n) for n in (STREAM_EVENTS, STREAM_EVENTS_SHORT) for make in (off_spec, on_spec)]
-            for spec in specs:
-                servers.start(spec)
-            runs = R.rounds_of(
-                servers, [s.name for s in specs], rounds, seconds, fp, body=STREAM_REQUEST_BODY
-            )
-            ttft = R.ttft_rounds(
-                {
-                    name: (servers.running[name].url, servers.specs[name].prefixed)
-                    for name in (f"off-{STREAM_EVENTS}", f"on-{STREAM_EVENTS}")
-                },
-                STREAM_REQUEST_BODY,
-                ttft_calls,
-                warmup=max(5, ttft_calls // 10),
-            )
-            disk = R.disk_check(servers, [f"on-{STREAM_EVENTS}", f"on-{STREAM_EVENTS_SHORT}"])
-        off, on = runs[f"off-{STREAM_EVENTS}"], runs[f"on-{STREAM_EVENTS}"]
-        off_s, on_s = runs[f"off-{STREAM_EVENTS_SHORT}"], runs[f"on-{STREAM_EVENTS_SHORT}"]
-        added = (on.cpu_us or 0) - (off.cpu_us or 0)
-        added_short = (on_s.cpu_us or 0) - (off_s.cpu_us or 0)
-        per_event_marginal = (added - added_short) / (STREAM_EVENTS - STREAM_EVENTS_SHORT)
-        per_event_average = added / STREAM_EVENTS
-        added_user = ((on.user_us or 0) - (off.user_us or 0)) - ((on_s.user_us or 0) - (off_s.user_us or 0))
-        per_event_user = added_user / (STREAM_EVENTS - STREAM_EVENTS_SHORT)
-        t_off, t_on = statistics.median(ttft[off.name]), statistics.median(ttft[on.name])
-        R.run_table(
-            f"goal 4: streaming, {mode}: {STREAM_EVENTS}- and {STREAM_EVENTS_SHORT}-event streams "
-            f"({expected[STREAM_EVENTS]:,} and {expected[STREAM_EVENTS_SHORT]:,} bytes), capture off vs on",
-            [
-                (f"capture off, {STREAM_EVENTS} events", off, None),
-                (f"capture on, {STREAM_EVENTS} events", on, off),
-                (f"capture off, {STREAM_EVENTS_SHORT} events", off_s, None),
-                (f"capture on, {STREAM_EVENTS_SHORT} events", on_s, off_s),
-            ],
-            [
-                *disk,
-                f"added CPU per call: {added:.0f} us at {STREAM_EVENTS} events, {added_short:.0f} us at "
-                f"{STREAM_EVENTS_SHORT}: per event {per_event_marginal:.2f} us at the margin (the slope), "
-                f"{per_event_average:.2f} us on average (all added CPU / {STREAM_EVENTS}); of the slope, "
-                f"{per_event_user:.2f} us is user CPU (Python) and {per_event_marginal - per_event_user:.2f} us "
-                "system CPU (the kernel's side of the socket writes: a slower server wakes its client once per "
-                "event where a fast one is read in bursts)",
-                f"time to first event, one call at a time ({len(ttft[off.name])} calls each, servers rotated): "
-                f"median off {t_off * 1e3:.3f} ms, on {t_on * 1e3:.3f} ms; p90 off "
-                f"{H.percentile(ttft[off.name], 0.9) * 1e3:.3f} ms, on {H.percentile(ttft[on.name], 0.9) * 1e3:.3f} ms",
-            ],
-        )
-        key = "4L" if mode == "library" else "4Z"
-        goals.append(
-            R.Goal(
-                f"{key}a",
-                f"streaming {mode}: added CPU per event (slope)",
-                per_event_marginal,
-                3.0,
-                False,
-                "us",
-                on,
-                off,
-                "capture off",
-                [
-                    f"{key}a: the average over the stream (all added CPU / {STREAM_EVENTS}) is "
-                    f"{per_event_average:.2f} us per event; the uncaptured server itself spends "
-                    f"{(off.cpu_us or 0) / STREAM_EVENTS:.2f} us per event, so capture adds "
-                    f"{per_event_marginal / max((off.cpu_us or 0) / STREAM_EVENTS, 1e-9):.1f}x the "
-                    "server's own per-event cost"
-                ],
-            )
-        )
-        goals.append(
-            R.Goal(
-                f"{key}b",
-                f"streaming {mode}: TTFT median on - off",
-                (t_on - t_off) * 1e3,
-                0.3,
-                False,
-                "ms",
-                on,
-                off,
-                "capture off",
-            )
-        )
-        runs_out.update({f"{mode}-{k}": v for k, v in runs.items()})
-    return goals, runs_out
 
 
 def fsync_goal(runs: dict[str, R.Run]) -> R.Goal:
@@ -694,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load generator: {H.loadgen_name(fp)}, {R.CONCURRENCY} connections")
     print(
         f"{rounds} round(s) x {seconds} s per server, rotated, best round kept; 1 s warm-up; "
-        f"request {len(REQUEST_BODY)} B (streamed: {len(STREAM_REQUEST_BODY)} B), {R.ROLLOUTS} rollouts"
+        f"request {len(REQUEST_BODY)} B (streamed: {len(S.STREAM_REQUEST_BODY)} B), {R.ROLLOUTS} rollouts"
     )
     t0 = time.monotonic()
     goals: list[R.Goal] = []
@@ -703,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         ("1", lambda: goal_zero_code(data, rounds, seconds, fp, diagnostics, floors)),
         ("2", lambda: goal_library(data, rounds, seconds, fp, diagnostics, floors)),
         ("3", lambda: goal_proxy(data, rounds, seconds, fp, diagnostics, floors)),
-        ("4", lambda: goal_streaming(data, rounds, seconds, fp, ttft_calls)),
+        ("4", lambda: S.goal_streaming(data, rounds, seconds, fp, ttft_calls)),
     ]
     try:
         for number, step in steps:
@@ -716,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(n in wanted for n in "123"):
         goals.append(fsync_goal(all_runs))
     R.goals_table(goals)
-    floors_table(all_runs)
+    F.floors_table(all_runs)
     others = [r.others_cores for r in all_runs.values()]
     try:
         load_end = f"load avg {os.getloadavg()[0]:.2f} at the end; "

@@ -144,8 +144,8 @@ def test_the_floor_servers_answer_and_the_durable_ones_write_a_line_per_call(tmp
 def test_the_floors_table_prints_a_floor_row_beside_each_goal_s_server(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    from bench import _goal_floors as G
     from bench import _rounds as R
-    from bench import bench_goals as G
 
     names = [name for floors in G.FLOORS.values() for name in (floors.server, floors.baseline, *floors.names)]
     runs = {
