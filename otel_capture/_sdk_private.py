@@ -22,6 +22,9 @@ does. What is read, and who needs it:
   ``encode_spans`` (``export``; older releases: ``_serialize_spans``), over gRPC, its ``_translate_data``
   and the ``encode_spans`` and ``ExportTraceServiceRequest`` its module imported: where
   :mod:`._telemetry.otlp` puts its own encoder (the SDK's stays for what that encoder does not write);
+- ``ParentBased._root`` and its four ``_*_parent_*`` delegates: whether the provider's sampler is the SDK's
+  default (``parentbased_always_on``), whose decision for a span nobody sees is the parent's flag, read
+  without the sampler's per-call result object (:mod:`._telemetry.spans`);
 - ``CompositePropagator._propagators``: the propagators behind the global one, so the capture writes the
   W3C trace headers itself when they are the SDK's default (:mod:`._capture.propagation`);
 - ``app._is_instrumented_by_opentelemetry``: the mark contrib's FastAPI/Starlette instrumentation leaves on
@@ -47,7 +50,7 @@ from opentelemetry.metrics import _internal as metrics_api
 from opentelemetry.sdk import _configuration as sdk_configuration
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.sampling import Sampler
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler
 
 __all__ = [
     "composite_propagators",
@@ -57,6 +60,7 @@ __all__ = [
     "has_metric_readers",
     "http_encoding_methods",
     "instrumented_by_contrib",
+    "is_default_parent_based",
     "is_meter_provider_stand_in",
     "measurement_consumer",
     "meter_provider_pending",
@@ -199,6 +203,32 @@ def meter_provider_pending(stand_in: object) -> bool:
     if real == 0:
         _report_missing("_ProxyMeterProvider._real_meter_provider", _METRICS_ASSUMED)
     return real is None
+
+
+_PARENT_BASED_DEFAULTS = (
+    ("_root", ALWAYS_ON),
+    ("_remote_parent_sampled", ALWAYS_ON),
+    ("_remote_parent_not_sampled", ALWAYS_OFF),
+    ("_local_parent_sampled", ALWAYS_ON),
+    ("_local_parent_not_sampled", ALWAYS_OFF),
+)
+
+
+def is_default_parent_based(sampler: object) -> bool:
+    """Whether ``sampler`` is the SDK's default, ``ParentBased(ALWAYS_ON)`` with the default delegates (the
+    SDK's own singletons, by identity): a span is sampled when it has no parent, else when its parent is.
+    ``False`` for anything else, or when a delegate is not found where it is read."""
+    if type(sampler) is not ParentBased:
+        return False
+    missing = object()
+    for name, default in _PARENT_BASED_DEFAULTS:
+        delegate = getattr(sampler, name, missing)
+        if delegate is missing:
+            _report_missing(f"ParentBased.{name}", "the sampler is asked for every span context")
+            return False
+        if delegate is not default:
+            return False
+    return True
 
 
 def composite_propagators(composite: object) -> tuple[Any, ...] | None:

@@ -170,6 +170,8 @@ class EngineWeights:
         changed while it ran ``engine_weight_version_at_end`` and ``engine_weight_versions`` (every version
         it saw, oldest first); ``engine_pauses`` (the pauses it waited through); the sources of both
         versions in ``weight_version_sources``."""
+        if admission.version is None and answered is None and self._pause_count == admission.pauses:
+            return {}  # the usual call: no version known, no pause waited through
         found: dict[str, Any] = {}
         sources: dict[str, str] = {}
         if admission.version is not None:

@@ -463,7 +463,9 @@ class _CapturedExchange:
             self._own = time.perf_counter() - self._started
         self._body_messages, self.cancelled = await _read_request(self._receive)  # waits for the client
         mark = time.perf_counter() if timed else 0.0
-        call.set_request(b"".join(m.get("body", b"") for m in self._body_messages))
+        messages = self._body_messages
+        body = messages[0].get("body", b"") if len(messages) == 1 else None
+        call.set_request(body if type(body) is bytes else b"".join(m.get("body", b"") for m in messages))
         if middleware.engine.unready:  # the first call (the read at start), or the info route is asked
             if timed:
                 self._own += time.perf_counter() - mark

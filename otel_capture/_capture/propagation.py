@@ -90,21 +90,23 @@ def with_trace_headers(
     caller's ``baggage`` goes on as it was sent, as the proxy passes it. ``by_name`` is the caller's
     headers by lower-case name (a caller that sent no trace header has none to drop); ``span`` is the
     valid context of the span current in ``context``."""
-    fields: dict[str, str] = {}
-    if _GLOBAL.w3c():  # what TraceContextTextMapPropagator.inject writes
-        fields[_TRACEPARENT] = f"00-{span.trace_id:032x}-{span.span_id:016x}-{span.trace_flags:02x}"
-        if span.trace_state:
-            fields[_TRACESTATE] = span.trace_state.to_header()
-        if _TRACEPARENT not in by_name and (_TRACESTATE not in by_name or _TRACESTATE not in fields):
+    if _GLOBAL.w3c():  # what TraceContextTextMapPropagator.inject writes, written here as bytes
+        traceparent = b"00-%032x-%016x-%02x" % (span.trace_id, span.span_id, span.trace_flags)
+        state = span.trace_state.to_header() if span.trace_state else ""
+        if _TRACEPARENT not in by_name and (_TRACESTATE not in by_name or not state):
             kept = list(headers)  # none of the caller's to replace
         else:
-            names = {_TRACEPARENT_NAME, _TRACESTATE_NAME} if _TRACESTATE in fields else {_TRACEPARENT_NAME}
+            names = {_TRACEPARENT_NAME, _TRACESTATE_NAME} if state else {_TRACEPARENT_NAME}
             kept = [(k, v) for k, v in headers if k.lower() not in names]
-    else:
-        propagate.inject(fields, context)
-        fields.pop(_BAGGAGE, None)
-        names = {name.encode("latin-1") for name in fields}
-        kept = [(k, v) for k, v in headers if k.lower() not in names]
+        kept.append((_TRACEPARENT_NAME, traceparent))
+        if state and "\r" not in state and "\n" not in state:
+            kept.append((_TRACESTATE_NAME, state.encode("latin-1")))
+        return kept
+    fields: dict[str, str] = {}
+    propagate.inject(fields, context)
+    fields.pop(_BAGGAGE, None)
+    names = {name.encode("latin-1") for name in fields}
+    kept = [(k, v) for k, v in headers if k.lower() not in names]
     kept += [
         (k.encode("latin-1"), v.encode("latin-1"))
         for k, v in fields.items()

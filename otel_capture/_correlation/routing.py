@@ -324,7 +324,12 @@ def name_server_span(scope: Scope, dialect: Dialect | None) -> None:
 def headers_by_name(scope: Scope) -> dict[str, list[bytes]]:
     headers: dict[str, list[bytes]] = {}
     for key, value in scope.get("headers", ()):
-        headers.setdefault(key.decode("latin-1").lower(), []).append(value)
+        name = key.decode("latin-1").lower()
+        values = headers.get(name)
+        if values is None:
+            headers[name] = [value]
+        else:
+            values.append(value)
     return headers
 
 

@@ -111,12 +111,15 @@ class LeanServerSpanMiddleware:
         span_kind = SpanKind.INTERNAL
         if not trace.get_current_span().get_span_context().is_valid:
             span_kind = SpanKind.SERVER
-            if any(field in headers for field in self._propagation.fields):
+            if not self._propagation.fields.isdisjoint(headers):
                 parent = propagate.extract(headers)
         if self._nobody_would_see():
             # the app runs in the caller's context (its traceparent and baggage, when it sent them), with no
             # span of ours between
-            await self._in_context(parent, scope, receive, send)
+            if parent is None:
+                await self.app(scope, receive, send)
+            else:
+                await self._in_context(parent, scope, receive, send)
             return
         name, extra = self._details(scope)
         attributes = _request_attributes(scope, headers)
@@ -143,11 +146,8 @@ class LeanServerSpanMiddleware:
         return get_global_response_propagator() is None  # type: ignore[no-untyped-call]  # contrib's, untyped
 
     async def _in_context(
-        self, parent: otel_context.Context | None, scope: Scope, receive: Receive, send: Send
+        self, parent: otel_context.Context, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        if parent is None:
-            await self.app(scope, receive, send)
-            return
         token = otel_context.attach(parent)
         try:
             await self.app(scope, receive, send)

@@ -28,7 +28,12 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
-from .._sdk_private import processor_exporter, provider_disabled, span_processors
+from .._sdk_private import (
+    is_default_parent_based,
+    processor_exporter,
+    provider_disabled,
+    span_processors,
+)
 from .otlp import use_own_encoder
 from .provider import SinkOnlyProcessor
 
@@ -39,12 +44,14 @@ class SpanGate:
     """Whether a tracer provider's spans are seen by anyone, and the span context to use when they are
     not. ``tracer_provider`` ``None`` means the global one, read per call (it may be set later)."""
 
-    __slots__ = ("_processors", "_provider", "_unseen")
+    __slots__ = ("_default_sampler", "_processors", "_provider", "_sampler", "_unseen")
 
     def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
         self._provider = tracer_provider
         self._processors: object = None
         self._unseen = False
+        self._sampler: object = None  # the provider's sampler looked at last
+        self._default_sampler = False  # and whether it is the SDK's default (is_default_parent_based)
 
     def _sdk_provider(self) -> Any:
         return self._provider if self._provider is not None else trace.get_tracer_provider()
@@ -78,9 +85,18 @@ class SpanGate:
             random_id = getattr(parent.trace_flags, "random_trace_id", False)
         else:
             trace_id = ids.generate_trace_id()
-            random_id = getattr(ids, "is_trace_id_random", lambda: False)()
-        result = provider.sampler.should_sample(context, trace_id, name, kind, None, ())
-        flags = TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT
+            is_random = getattr(ids, "is_trace_id_random", None)  # newer SDKs' generators say
+            random_id = is_random is not None and is_random()
+        sampler = provider.sampler
+        if sampler is not self._sampler:
+            self._sampler, self._default_sampler = sampler, is_default_parent_based(sampler)
+        if self._default_sampler:  # what it decides, without its result object: the parent's flag
+            sampled = parent.trace_flags.sampled if parent.is_valid else True
+            trace_state = parent.trace_state if parent.is_valid else None
+        else:
+            result = sampler.should_sample(context, trace_id, name, kind, None, ())
+            sampled, trace_state = result.decision.is_sampled(), result.trace_state
+        flags = TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT
         if random_id:
             flags |= getattr(TraceFlags, "RANDOM_TRACE_ID", 0)
         return NonRecordingSpan(
@@ -89,7 +105,7 @@ class SpanGate:
                 ids.generate_span_id(),
                 is_remote=False,
                 trace_flags=TraceFlags(flags),
-                trace_state=result.trace_state,
+                trace_state=trace_state,
             )
         )
 

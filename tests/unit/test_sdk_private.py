@@ -171,3 +171,15 @@ def test_the_composite_propagator_keeps_its_propagators_where_they_are_read() ->
     composite = CompositePropagator(inner)
     assert list(composite._propagators) == inner  # read as is: an AttributeError here is the rename
     assert sdk.composite_propagators(composite) == tuple(inner)
+
+
+def test_the_default_parent_based_sampler_keeps_its_delegates_where_they_are_read() -> None:
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
+
+    sampler = TracerProvider().sampler
+    assert type(sampler) is ParentBased  # the SDK's default, without OTEL_TRACES_SAMPLER
+    assert sampler._root is ALWAYS_ON  # read as is: an AttributeError here is the rename
+    assert sampler._remote_parent_sampled is ALWAYS_ON and sampler._local_parent_sampled is ALWAYS_ON
+    assert sampler._remote_parent_not_sampled is ALWAYS_OFF
+    assert sampler._local_parent_not_sampled is ALWAYS_OFF
+    assert sdk.is_default_parent_based(sampler)
