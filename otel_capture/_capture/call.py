@@ -290,7 +290,12 @@ class InFlightCall:
             # the client got the bytes as sent; the record keeps them decoded
             chunk = self._decoding.decode(chunk)
             self.response.truncated = self.response.truncated or self._decoding.failed
-        self.response.add(chunk)
+        response = self.response
+        if response.size + len(chunk) <= response.cap:  # _Body.add when the chunk fits, inlined
+            response.chunks.append(chunk)
+            response.size += len(chunk)
+        else:
+            response.add(chunk)
         if reassembly is None:
             if self.ttft_ms is None:
                 self.ttft_ms = now_ms

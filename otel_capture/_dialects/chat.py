@@ -21,6 +21,36 @@ _CHAT_TEXT_FIELDS = frozenset({"content", "refusal", "reasoning_content", "reaso
 _ERROR = frozenset({"error"})
 
 
+# How many usual chunks one add_data call reads for a template at most (:func:`_template`): a stream whose
+# chunks differ in more than their content (log-probs, usage in each) is not looked at again and again
+_TEMPLATE_ATTEMPTS = 8
+# What a template's content is replaced by to check it: no quote, backslash or control character
+_PROBE = "otel-capture:template-probe"
+
+
+def _template(data: str, content: str) -> tuple[str, str] | None:
+    """``(prefix, suffix)`` such that ``data`` is ``prefix + content + suffix`` and the JSON text
+    ``prefix + c + suffix`` is ``data``'s with its one choice's delta content ``c`` instead, for every
+    printable ``c`` without a quote or a backslash; ``None`` when ``data`` is not written so.
+
+    The content is looked for as a quoted string with nothing to escape, and checked by parsing the text
+    with a probe in its place: the parse must be ``data``'s but for that content. Any other such ``c``
+    then lexes the same around it (nothing in it ends or escapes a string), so it is that content too."""
+    if '"' in content or "\\" in content or not content.isprintable():
+        return None
+    at = data.rfind(f'"{content}"')
+    if at < 0:
+        return None
+    prefix, suffix = data[: at + 1], data[at + 1 + len(content) :]
+    try:
+        probed = orjson.loads(prefix + _PROBE + suffix)
+        expected = orjson.loads(data)
+        expected["choices"][0]["delta"]["content"] = _PROBE
+    except (ValueError, TypeError, KeyError, IndexError):
+        return None
+    return (prefix, suffix) if probed == expected else None
+
+
 class _ChatChoice:
     __slots__ = (
         "extra",
@@ -57,7 +87,12 @@ class ChatCompletionsAccumulator(_ChoicesAccumulator[_ChatChoice]):
         its top-level keys already settled and no ``error``, one choice already begun whose delta is only a
         ``content`` string, no finish reason or stop reason; its ``token_ids`` (a list, or null) and
         ``logprobs`` (an object, or null) are taken as :meth:`add` takes them. Any other event goes through
-        :meth:`add`."""
+        :meth:`add`.
+
+        Such a chunk with neither log-probs nor token ids is the text of the usual chunk before it with only
+        its content changed (:func:`_template`); the next ones that are that text around another plain
+        content are not parsed at all: their content is appended, and everything else they say was just
+        taken from the one before (what nothing in between could have changed)."""
         event = SSEEvent(None, "")
         add = self.add
         loads = orjson.loads
@@ -76,7 +111,20 @@ class ChatCompletionsAccumulator(_ChoicesAccumulator[_ChatChoice]):
         content: Any
         choice: Any
         delta: Any
+        # the text of the last usual chunk around its content (_template), while nothing else came after it
+        prefix = suffix = ""
+        around = 0  # len(prefix) + len(suffix); 0: no template
+        attempts = _TEMPLATE_ATTEMPTS
         for data in datas:
+            if around and len(data) >= around and data.startswith(prefix) and data.endswith(suffix):
+                content = data[len(prefix) : len(data) - len(suffix)]
+                if '"' not in content and "\\" not in content and content.isprintable():
+                    tail.append(content)
+                    if len(tail) >= group:
+                        groups.append("".join(tail))
+                        tail.clear()
+                    continue
+            around = 0
             try:
                 try:
                     payload = loads(data)
@@ -131,9 +179,16 @@ class ChatCompletionsAccumulator(_ChoicesAccumulator[_ChatChoice]):
                             state.token_ids = []
                         state.token_ids.extend(token_ids)
                     state.extra.setdefault("token_ids", None)
+                elif logprobs is None and attempts:
+                    attempts -= 1
+                    found = _template(data, content)
+                    if found is not None:
+                        prefix, suffix = found
+                        around = len(prefix) + len(suffix)
             except Exception:  # telemetry never breaks the host app; the tests assert this stays at 0
                 self.internal_errors += 1
                 last = None
+                around = 0
                 _logger.debug("skipped a stream event that could not be reassembled", exc_info=True)
 
     def _add_choice(self, choice: JsonDict) -> bool:

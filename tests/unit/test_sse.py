@@ -221,3 +221,25 @@ def test_close_cut_json_keeps_the_unfinished_string() -> None:
     )
     assert close_cut_json(b'{"a": 1, "b": [true, "x') == b'{"a":1,"b":[true,"x"]}'
     assert close_cut_json("not json") is None
+
+
+@pytest.mark.parametrize(
+    ("batch", "fast"),
+    [
+        (b'data: {"a":1}\n\ndata: {"b":"\xc3\xa9"}\n\ndata: [DONE]\n\n', True),
+        (b"data: \xff\xfe\n\ndata: b\n\n", True),  # not UTF-8: replaced, as line by line
+        (b"data: a\n\nevent: x\ndata: b\n\n", False),  # a named event
+        (b"data: a\n\ndata: b\ndata: c\n\n", False),  # an event of two data lines
+        (b"data: a\n\n: comment\n\ndata: b\n\n", False),
+        (b"data: a\n\ndata: b\n\n\ndata: c\n\n", False),  # a third line feed between two events
+    ],
+)
+def test_a_batch_of_whole_events_reads_as_its_events_one_by_one(batch: bytes, fast: bool) -> None:
+    """The fast path for a batch (whole_data) gives each event's data as the line-by-line rules do, and
+    declines (None: the batch is then fed line by line) any other shape."""
+    decoder = SSEDecoder()
+    decoder.feed(b"data: x\n\n")  # a stream's first line is looked at for a byte-order mark: never whole
+    whole = decoder.whole_data(batch)
+    assert (whole is not None) == fast
+    if whole is not None:
+        assert [SSEEvent(None, data) for data in whole] == decode(b"data: x\n\n" + batch)[1:]
