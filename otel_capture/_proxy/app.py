@@ -28,9 +28,12 @@ import aiohttp
 import httptools
 import uvicorn
 import uvloop
-from opentelemetry import propagate
+from opentelemetry import propagate, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.http import remove_url_credentials
 from yarl import URL
 
@@ -45,6 +48,7 @@ from .._capture import (
 from .._correlation import server_span_details, unprefixed_raw_path
 from .._notices import RateLimitedNotice, notify
 from .._records.schema import REFUSED_OVER_CAPACITY
+from .._sdk_private import composite_propagators
 from .._settings import CaptureSettings, ProxySettings, WriterSettings, upstream_from_environ, upstream_url
 from .._telemetry import LeanServerSpanMiddleware, build_tracer_provider
 from .guards import CallLimit, RequestSizeLimit, limit_client_buffers
@@ -174,9 +178,7 @@ class UpstreamProxy:
         query: bytes = scope.get("query_string", b"")
         if query:
             target += b"?" + query
-        trace_headers: dict[str, str] = {}
-        propagate.inject(trace_headers)  # this proxy's span is the upstream's parent (baggage passes as sent)
-        trace_headers.pop("baggage", None)
+        trace_headers = _TRACE_FIELDS.of_current()  # this proxy's span is the upstream's parent
         drop = self._drop_for(trace_headers) if trace_headers else _REQUEST_DROP
         lines: list[bytes] = []
         auth = self._auth
@@ -196,10 +198,11 @@ class UpstreamProxy:
         headers = b"".join(lines)
         # The client may leave at any time, also while the upstream has not answered yet: one watcher per
         # call cancels this task then (no per-chunk wait on two futures) (contract D28).
-        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)  # (given the loop: no second look-up, a system call on 3.11)
         assert task is not None
         watch = _ClientWatch(task)
-        watcher = asyncio.get_running_loop().create_task(watch.run(receive))
+        watcher = loop.create_task(watch.run(receive))
         try:
             await self._exchange(scope, method, target, headers, body, send)
         except asyncio.CancelledError:
@@ -295,11 +298,57 @@ class UpstreamProxy:
                 raise ReadTimeout(f"no byte from the upstream for {self.timeout} s") from exc
             if not chunk:
                 break
+            if content.at_eof():  # the body's last bytes end the response in one message, as a server's
+                await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                return
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
             if may_stop and scope.get(SCOPE_RESPONSE_COMPLETE):
                 # the capture saw the stream's last event: the call is over, whatever the upstream does
                 break  # (contract D29)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class _TraceFields:
+    """The trace headers this proxy sends the upstream for the current span, as the global propagator
+    writes them, without its ``baggage`` (the client's passes as sent). When the propagator is the W3C one
+    the SDK sets by default (``tracecontext``, then at most ``baggage``) they are written here as
+    ``TraceContextTextMapPropagator.inject`` writes them, without the propagator API's per-call context
+    look-ups and baggage walk; any other propagator is called as it is. Which one is set is looked at
+    again only when another is set."""
+
+    __slots__ = ("_textmap", "_w3c")
+
+    def __init__(self) -> None:
+        self._textmap: object = None
+        self._w3c = False
+
+    def of_current(self) -> dict[str, str]:
+        textmap = propagate.get_global_textmap()
+        if textmap is not self._textmap:
+            self._textmap, self._w3c = textmap, _is_w3c(textmap)
+        if not self._w3c:
+            fields: dict[str, str] = {}
+            propagate.inject(fields)
+            fields.pop("baggage", None)
+            return fields
+        span = trace.get_current_span().get_span_context()
+        if not span.is_valid:
+            return {}
+        traceparent = f"00-{span.trace_id:032x}-{span.span_id:016x}-{span.trace_flags:02x}"
+        if span.trace_state:
+            return {"traceparent": traceparent, "tracestate": span.trace_state.to_header()}
+        return {"traceparent": traceparent}
+
+
+def _is_w3c(textmap: object) -> bool:
+    """W3C trace context first, then at most W3C baggage (those exact classes)."""
+    propagators = composite_propagators(textmap) if type(textmap) is CompositePropagator else (textmap,)
+    if not propagators or type(propagators[0]) is not TraceContextTextMapPropagator:
+        return False
+    return len(propagators) <= 2 and all(type(p) is W3CBaggagePropagator for p in propagators[1:])
+
+
+_TRACE_FIELDS = _TraceFields()
 
 
 class ReadTimeout(TimeoutError):

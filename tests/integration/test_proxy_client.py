@@ -9,6 +9,10 @@ from typing import Any
 
 import httpx
 import pytest
+from opentelemetry import propagate
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from support import read_body, serve
 
 from otel_capture import start_proxy
@@ -101,3 +105,58 @@ def test_calls_one_after_another_reuse_one_upstream_connection(echo: tuple[_Echo
         for _ in range(5):
             assert client.post(f"{proxy.url}/v1/embeddings", content=b"{}").status_code == 200
     assert len({r["port"] for r in app.seen}) == 1
+
+
+_TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+_CALLER = f"00-{_TRACE_ID}-b7ad6b7169203331-01"
+
+
+@pytest.fixture(params=["w3c", "other"])
+def propagator(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The SDK's default propagator (trace context, then baggage), or the same two in the other order
+    (which the proxy hands to the propagator API as it is)."""
+    saved = propagate.get_global_textmap()
+    if request.param == "other":
+        propagate.set_global_textmap(
+            CompositePropagator([W3CBaggagePropagator(), TraceContextTextMapPropagator()])
+        )
+    try:
+        yield
+    finally:
+        propagate.set_global_textmap(saved)
+
+
+def test_the_upstream_continues_the_callers_trace_with_its_state_and_baggage_as_sent(
+    echo: tuple[_Echo, str], propagator: None
+) -> None:
+    app, url = echo
+    caller = {"traceparent": _CALLER, "tracestate": "vendor=abc", "baggage": "team=rl"}
+    with start_proxy(url) as proxy, httpx.Client(timeout=10) as client:
+        assert client.get(f"{proxy.url}/v1/models", headers=caller).status_code == 200
+        answer = client.post(
+            f"{proxy.url}/ng-rollout/r-1/v1/chat/completions",
+            json={"model": "m", "messages": []},
+            headers=caller,
+        )
+        assert answer.status_code == 200
+    not_captured, captured = app.seen
+    for request in (not_captured, captured):
+        names = _names(request["headers"])
+        assert names.count("traceparent") == names.count("tracestate") == names.count("baggage") == 1
+        headers = dict(request["headers"])
+        assert headers["tracestate"] == "vendor=abc" and headers["baggage"] == "team=rl"
+    # not a model call: no span of the proxy's between, the caller's own context goes on
+    assert dict(not_captured["headers"])["traceparent"] == _CALLER
+    # a model call: its span (a child in the caller's trace) is the upstream's parent
+    version, trace_id, span_id, flags = dict(captured["headers"])["traceparent"].split("-")
+    assert (version, trace_id, flags) == ("00", _TRACE_ID, "01") and span_id != "b7ad6b7169203331"
+
+
+def test_without_a_caller_trace_the_upstream_gets_the_calls_new_trace(echo: tuple[_Echo, str]) -> None:
+    app, url = echo
+    with start_proxy(url) as proxy, httpx.Client(timeout=10) as client:
+        assert client.get(f"{proxy.url}/v1/models").status_code == 200
+        client.post(f"{proxy.url}/ng-rollout/r-1/v1/chat/completions", json={"model": "m", "messages": []})
+    not_captured, captured = (dict(r["headers"]) for r in app.seen)
+    assert "traceparent" not in not_captured  # nothing to continue
+    assert len(captured["traceparent"].split("-")[1]) == 32
