@@ -29,11 +29,8 @@ import httptools
 import uvicorn
 import uvloop
 from opentelemetry import propagate, trace
-from opentelemetry.baggage.propagation import W3CBaggagePropagator
-from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.http import remove_url_credentials
 from yarl import URL
 
@@ -44,11 +41,11 @@ from .._capture import (
     SCOPE_UPSTREAM,
     SCOPE_UPSTREAM_REQUEST_ID,
     ModelCallCaptureMiddleware,
+    is_w3c,
 )
 from .._correlation import server_span_details, unprefixed_raw_path
 from .._notices import RateLimitedNotice, notify
 from .._records.schema import REFUSED_OVER_CAPACITY
-from .._sdk_private import composite_propagators
 from .._settings import CaptureSettings, ProxySettings, WriterSettings, upstream_from_environ, upstream_url
 from .._telemetry import LeanServerSpanMiddleware, build_tracer_provider
 from .guards import CallLimit, RequestSizeLimit, limit_client_buffers
@@ -325,7 +322,7 @@ class _TraceFields:
     def of_current(self) -> dict[str, str]:
         textmap = propagate.get_global_textmap()
         if textmap is not self._textmap:
-            self._textmap, self._w3c = textmap, _is_w3c(textmap)
+            self._textmap, self._w3c = textmap, is_w3c(textmap)
         if not self._w3c:
             fields: dict[str, str] = {}
             propagate.inject(fields)
@@ -338,14 +335,6 @@ class _TraceFields:
         if span.trace_state:
             return {"traceparent": traceparent, "tracestate": span.trace_state.to_header()}
         return {"traceparent": traceparent}
-
-
-def _is_w3c(textmap: object) -> bool:
-    """W3C trace context first, then at most W3C baggage (those exact classes)."""
-    propagators = composite_propagators(textmap) if type(textmap) is CompositePropagator else (textmap,)
-    if not propagators or type(propagators[0]) is not TraceContextTextMapPropagator:
-        return False
-    return len(propagators) <= 2 and all(type(p) is W3CBaggagePropagator for p in propagators[1:])
 
 
 _TRACE_FIELDS = _TraceFields()
