@@ -156,6 +156,33 @@ def still_named(dir_fd: int, name: str, dev: int, ino: int) -> os.stat_result | 
     return st if st.st_ino == ino and st.st_dev == dev else None
 
 
+SEEN_NAMES = 8192
+"""Names of data files the writer closed that it remembers as existing (:class:`AppendFiles`)."""
+
+
+def _create_locked(
+    dir_fd: int, name: str, label: str, timeout: float, mode: int
+) -> tuple[int, os.stat_result] | None:
+    """Create a data file that should not exist yet (a rollout's first append), then ``flock(LOCK_EX)`` it
+    and ``fstat`` it once: its checks (contract D25) and the size the append starts at, after the lock (a
+    process that opened the new name meanwhile may have appended). ``None`` when the name exists (a link
+    too: ``O_EXCL`` never follows one): the caller opens it as usual (contract D24)."""
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | _NOFOLLOW, mode, dir_fd=dir_fd)
+    except FileExistsError:
+        return None
+    try:
+        flock_within(fd, fcntl.LOCK_EX, timeout, label)
+        st = os.fstat(fd)
+        what = problem(st, single_link=True)
+        if what is not None:
+            raise damaged(label, what)  # a hard link made to it this instant
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
 def kept_limit() -> int:
     """How many descriptors each table the writer keeps open holds (its data files, :class:`AppendFiles`;
     its in-flight markers, ``InflightMarkers``): a quarter of the process's descriptor limit, between 64
@@ -196,6 +223,8 @@ class AppendFiles:
         self._limit = kept_limit() if limit is None else limit
         self._files: dict[str, tuple[int, int, int]] = {}  # name -> (fd, st_dev, st_ino), oldest use first
         self._ends: dict[int, int] = {}  # fd -> size after our last append (its last byte is our "\n")
+        # names whose file existed when last opened here (most recent last): opened, not created, first
+        self._seen: dict[str, None] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -237,15 +266,22 @@ class AppendFiles:
             with contextlib.suppress(OSError):
                 fcntl.flock(fd, fcntl.LOCK_UN)
             self._close(fd)
-        fd, created = open_append(dir_fd, name, label, mode)
-        try:
-            flock_within(fd, fcntl.LOCK_EX, timeout, label)
-            st = os.fstat(fd)
-        except BaseException:
-            os.close(fd)
-            raise
+        # A name this table never had is most likely a new rollout's (single-turn RL: every call's):
+        # created first, one open instead of two; a name it closed before is opened first.
+        made = None if name in self._seen else _create_locked(dir_fd, name, label, timeout, mode)
+        if made is not None:
+            (fd, st), created = made, True
+        else:
+            fd, created = open_append(dir_fd, name, label, mode)
+            try:
+                flock_within(fd, fcntl.LOCK_EX, timeout, label)
+                st = os.fstat(fd)
+            except BaseException:
+                os.close(fd)
+                raise
         with self._lock:
             self._files[name] = (fd, st.st_dev, st.st_ino)
+            self._seen.pop(name, None)
         return fd, created, st.st_size
 
     def clean_end(self, fd: int) -> int:
@@ -262,20 +298,31 @@ class AppendFiles:
             if found is None:
                 return
             del self._files[found]
+            self._saw(found)
         self._close(fd)
 
     def trim(self) -> None:
         """Close the least recently used files beyond the limit (after a batch's sync)."""
         while len(self._files) > self._limit:
             with self._lock:
-                fd = self._files.pop(next(iter(self._files)))[0]
+                name = next(iter(self._files))
+                fd = self._files.pop(name)[0]
+                self._saw(name)
             self._close(fd)
 
     def close_all(self) -> None:
         with self._lock:
             files, self._files = self._files, {}
+            for name in files:
+                self._saw(name)
         for fd, _, _ in files.values():
             self._close(fd)
+
+    def _saw(self, name: str) -> None:
+        """Remember a closed file's name (the table's lock held): its next open tries the name first."""
+        self._seen[name] = None
+        if len(self._seen) > SEEN_NAMES:
+            del self._seen[next(iter(self._seen))]
 
     def _close(self, fd: int) -> None:
         self._ends.pop(fd, None)

@@ -195,7 +195,12 @@ class InflightMarkers:
         marker kept for a long rollout never outgrows the calls in flight when it was last balanced."""
         st = self._opened.pop(fd, None) or os.fstat(fd)
         left = self._left.get(rollout_id)
-        calls = set(left.calls) if left is not None and left.same(st) else _apply(read_all_from(fd), set())
+        if left is not None and left.same(st):
+            calls = set(left.calls)
+        elif st.st_size == 0:  # seen under the stripe every marker writer holds: nothing to read back
+            calls = set()
+        else:
+            calls = _apply(read_all_from(fd), set())
         calls = (calls | set(begun)) - set(ended)
         if ended and not calls and not keep:
             self.remove(dirs, rollout_id)
