@@ -161,7 +161,12 @@ SEEN_NAMES = 8192
 
 
 def _create_locked(
-    dir_fd: int, name: str, label: str, timeout: float, mode: int
+    dir_fd: int,
+    name: str,
+    label: str,
+    timeout: float,
+    mode: int,
+    before_wait: Callable[[], None] | None = None,
 ) -> tuple[int, os.stat_result] | None:
     """Create a data file that should not exist yet (a rollout's first append), then ``flock(LOCK_EX)`` it
     and ``fstat`` it once: its checks (contract D25) and the size the append starts at, after the lock (a
@@ -172,7 +177,7 @@ def _create_locked(
     except FileExistsError:
         return None
     try:
-        flock_within(fd, fcntl.LOCK_EX, timeout, label)
+        flock_within(fd, fcntl.LOCK_EX, timeout, label, before_wait)
         st = os.fstat(fd)
         what = problem(st, single_link=True)
         if what is not None:
@@ -231,17 +236,24 @@ class AppendFiles:
         return len(self._files)
 
     def open_locked(
-        self, dir_fd: int, name: str, label: str, timeout: float, mode: int = FILE_MODE
+        self,
+        dir_fd: int,
+        name: str,
+        label: str,
+        timeout: float,
+        mode: int = FILE_MODE,
+        before_wait: Callable[[], None] | None = None,
     ) -> tuple[int, bool, int]:
         """The data file ``name``, open for appending and ``flock(LOCK_EX)``-ed (waited for ``timeout``
         seconds at most) (contract D8, D21): ``(fd, created, size)``. The descriptor stays owned by this
-        object (never close it; :meth:`discard` it after a failure); the caller unlocks it."""
+        object (never close it; :meth:`discard` it after a failure); the caller unlocks it.
+        ``before_wait``: see :func:`flock_within`."""
         with self._lock:
             kept = self._files.pop(name, None)
         if kept is not None:
             fd, dev, ino = kept
             try:
-                flock_within(fd, fcntl.LOCK_EX, timeout, label)
+                flock_within(fd, fcntl.LOCK_EX, timeout, label, before_wait)
             except BaseException:
                 self._close(fd)  # fenced (EBADFD): the next batch opens the file afresh (contract D27)
                 raise
@@ -268,13 +280,13 @@ class AppendFiles:
             self._close(fd)
         # A name this table never had is most likely a new rollout's (single-turn RL: every call's):
         # created first, one open instead of two; a name it closed before is opened first.
-        made = None if name in self._seen else _create_locked(dir_fd, name, label, timeout, mode)
+        made = None if name in self._seen else _create_locked(dir_fd, name, label, timeout, mode, before_wait)
         if made is not None:
             (fd, st), created = made, True
         else:
             fd, created = open_append(dir_fd, name, label, mode)
             try:
-                flock_within(fd, fcntl.LOCK_EX, timeout, label)
+                flock_within(fd, fcntl.LOCK_EX, timeout, label, before_wait)
                 st = os.fstat(fd)
             except BaseException:
                 os.close(fd)
@@ -332,12 +344,14 @@ class AppendFiles:
             _logger.warning("closing a capture file failed: %s", exc)
 
 
-def flock_within(fd: int, operation: int, timeout: float, label: str) -> None:
+def flock_within(
+    fd: int, operation: int, timeout: float, label: str, before_wait: Callable[[], None] | None = None
+) -> None:
     """``flock(fd, operation)``, waiting at most ``timeout`` seconds: tried with ``LOCK_NB``, then again
     after a sleep that doubles from 1 ms to 50 ms. A blocking ``flock`` would wait as long as its holder
     likes, and the holder may be any process of the same user (NeMo Gym's writers lock the data files
     too). Raises :class:`LockTimeoutError` naming ``label`` when the lock is still held at the deadline
-    (contract D21)."""
+    (contract D21). ``before_wait``: called once when the lock is not had at once, before any wait."""
     try:
         fcntl.flock(fd, operation | fcntl.LOCK_NB)
         return
@@ -345,6 +359,8 @@ def flock_within(fd: int, operation: int, timeout: float, label: str) -> None:
         pass
     except OSError as exc:
         raise fenced_error(exc, label) from None
+    if before_wait is not None:
+        before_wait()
     deadline = time.monotonic() + timeout
     pause = 0.001
     while (left := deadline - time.monotonic()) > 0:
