@@ -11,7 +11,9 @@ the GIL, a lock or a sync, and was woken again), from its ``status``. On a share
 wake-up of a thread whose caches went cold costs far more than the system calls around it, so the
 wake-ups say where the CPU goes when the CPU figures move with the machine's load. Side by side in
 rotating rounds: calls of 0 ms, of 30 ms, and of 30 ms with the event loop busy meanwhile (a task that
-runs Python for 2 ms at a time, as a model server's loop serves other requests). A model server's calls
+runs Python for 2 ms at a time, as a model server's loop serves other requests), and calls of 30 ms made
+8 at once, each its own new rollout (as single-turn RL inside vLLM makes them: every call creates its
+rollout's files). A model server's calls
 (vLLM's: 0.1 s and up on CPU) all take the 30 ms path: this is the writer's share of ``bench_vllm``'s
 per-call cost, without vLLM. The busy row shows what a busy loop adds: each system call of the writer
 lets the GIL go, and the loop, which wants it, takes it; the writer then waits for it again (more
