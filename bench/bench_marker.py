@@ -11,7 +11,9 @@ the GIL, a lock or a sync, and was woken again), from its ``status``. On a share
 wake-up of a thread whose caches went cold costs far more than the system calls around it, so the
 wake-ups say where the CPU goes when the CPU figures move with the machine's load. Side by side in
 rotating rounds: calls of 0 ms, of 30 ms, and of 30 ms with the event loop busy meanwhile (a task that
-runs Python for 2 ms at a time, as a model server's loop serves other requests). A model server's calls
+runs Python for 2 ms at a time, as a model server's loop serves other requests), and calls of 30 ms made
+8 at once, each its own new rollout (as single-turn RL inside vLLM makes them: every call creates its
+rollout's files). A model server's calls
 (vLLM's: 0.1 s and up on CPU) all take the 30 ms path: this is the writer's share of ``bench_vllm``'s
 per-call cost, without vLLM. The busy row shows what a busy loop adds: each system call of the writer
 lets the GIL go, and the loop, which wants it, takes it; the writer then waits for it again (more
@@ -81,20 +83,25 @@ async def _busy(stop: asyncio.Event) -> None:
 
 
 async def _round(
-    writer: JsonlWriter, duration_s: float, calls: int, n: int, busy: bool = False
+    writer: JsonlWriter, duration_s: float, calls: int, n: int, busy: bool = False, at_once: int = 1
 ) -> tuple[float, float, float, float]:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     busy_task = asyncio.create_task(_busy(stop)) if busy else None
     before, woken = _writer_cpu(), _writer_wakeups()
-    for i in range(calls):
+
+    async def call(i: int) -> None:
         model_call_id = f"{n:08x}{i:024x}"
-        writer.begin("bench", model_call_id)
+        rollout_id = f"r{n}-{i}" if at_once > 1 else "bench"  # vLLM's way: every call its own rollout
+        writer.begin(rollout_id, model_call_id)
         if duration_s:
             await asyncio.sleep(duration_s)
         future = loop.create_future()
-        writer.submit("bench", LINE, model_call_id, None, LoopWaiter(loop, future))
+        writer.submit(rollout_id, LINE, model_call_id, None, LoopWaiter(loop, future))
         await future
+
+    for first in range(0, calls, at_once):
+        await asyncio.gather(*(call(i) for i in range(first, min(calls, first + at_once))))
     after, woke = _writer_cpu(), _writer_wakeups()
     stop.set()
     if busy_task is not None:
@@ -103,12 +110,18 @@ async def _round(
     return on_cpu, user, system, (woke - woken) / calls
 
 
-ROWS = {"0 ms": (0.0, False), "30 ms": (0.03, False), "30 ms, loop busy": (0.03, True)}
-"""Each row's call duration and whether the event loop is busy meanwhile."""
+ROWS = {
+    "0 ms": (0.0, False, 1),
+    "30 ms": (0.03, False, 1),
+    "30 ms, loop busy": (0.03, True, 1),
+    "30 ms, 8 at once, new rollouts": (0.03, False, 8),
+}
+"""Each row's call duration, whether the event loop is busy meanwhile, and how many calls run at once (more
+than one: each call its own new rollout, as in single-turn RL inside vLLM: every call creates its files)."""
 
 
 async def _main(
-    calls: int, rounds: int, rows: dict[str, tuple[float, bool]]
+    calls: int, rounds: int, rows: dict[str, tuple[float, bool, int]]
 ) -> tuple[dict[str, list[tuple[float, float, float, float]]], bool]:
     """The rounds' figures, and whether the lines on disk are exactly the calls made."""
     found: dict[str, list[tuple[float, float, float, float]]] = {label: [] for label in rows}
@@ -120,8 +133,8 @@ async def _main(
             labels = list(rows)
             for n in range(rounds):
                 for label in labels[n % len(labels) :] + labels[: n % len(labels)]:  # rotated each round
-                    duration_s, busy = rows[label]
-                    found[label].append(await _round(writer, duration_s, calls, n, busy))
+                    duration_s, busy, at_once = rows[label]
+                    found[label].append(await _round(writer, duration_s, calls, n, busy, at_once))
         finally:
             writer.close()
         lines = H.count_lines(Path(tmp) / "calls")
@@ -183,7 +196,7 @@ def main() -> int:
     args = parser.parse_args()
     found_rows = dict(ROWS)
     for ms in filter(None, args.long.split(",")):
-        found_rows[f"{float(ms):g} ms"] = (float(ms) / 1000, False)
+        found_rows[f"{float(ms):g} ms"] = (float(ms) / 1000, False, 1)
     print(H.machine_line(), flush=True)
     found, complete = asyncio.run(_main(args.calls, args.rounds, found_rows))
     rows = []
@@ -201,7 +214,7 @@ def main() -> int:
             f"lines on disk equal the calls: {complete}",
         ],
     )
-    sleeps_s = [0.0, *sorted({duration_s for duration_s, _ in found_rows.values() if duration_s})]
+    sleeps_s = [0.0, *sorted({duration_s for duration_s, _, _ in found_rows.values() if duration_s})]
     H.print_table(
         f"the machine: CPU of fixed work back to back and after a sleep, us (medians of {MACHINE_REPEATS})",
         ["work", *(f"after {s * 1000:g} ms" for s in sleeps_s)],

@@ -101,6 +101,7 @@ def _append_file(
     outcome: AppendOutcome,
     lock_timeout: float,
     files: AppendFiles | None,
+    before_wait: Callable[[], None] | None = None,
 ) -> None:
     if files is None:
         fd, created = open_append(dirs.root_fd(), name, name, mode)
@@ -109,7 +110,7 @@ def _append_file(
         _append_locked(fd, data, name, lock_timeout)
         return
     # A kept file is locked first, then checked (its lstat gives the size the append starts at).
-    fd, created, start = files.open_locked(dirs.root_fd(), name, name, lock_timeout, mode)
+    fd, created, start = files.open_locked(dirs.root_fd(), name, name, lock_timeout, mode, before_wait)
     try:
         outcome.fds.append(fd)
         outcome.created |= created
@@ -249,10 +250,90 @@ def fenced_append_stripe(
     return results
 
 
+def fenced_append_wave(
+    state: DirState,
+    dirs: DirFds,
+    stripes: dict[int, list[AppendJob]],
+    *,
+    file_mode: int,
+    files: AppendFiles,
+    lock_files: LockFiles,
+) -> list[tuple[list[AppendJob], list[AppendOutcome | OSError]]]:
+    """:func:`fenced_append_stripe` for a whole batch on one thread (a local disk), the fence journal read
+    once for every stripe that could be had at once instead of once per stripe: those stripes are taken
+    in ascending order without waiting, the journal refreshed once after the last (a fence is appended
+    while its maker holds the stripe, so one made before we held ours is seen, one made after waits for
+    us) (contract L4), then each stripe's rollouts are appended and the stripe let go. Whatever would
+    wait leaves that wave: a stripe held elsewhere, and, when a data file's lock is not had at once, the
+    stripes not yet written (let go before the wait, so no stripe is held longer than today while another
+    lock is waited for); each is then done alone by :func:`fenced_append_stripe`. Each stripe's jobs with
+    their outcomes or errors, every stripe of ``stripes`` once."""
+    done: list[tuple[list[AppendJob], list[AppendOutcome | OSError]]] = []
+    held: dict[int, int] = {}  # stripe -> lock descriptor, ascending
+    later: list[int] = []
+    for stripe in sorted(stripes):
+        try:
+            fd = state.locks.try_acquire(dirs, stripe, lock_files)
+        except OSError as exc:
+            done.append((stripes[stripe], [exc for _ in stripes[stripe]]))
+            continue
+        if fd is None:
+            later.append(stripe)
+        else:
+            held[stripe] = fd
+    try:
+        if held:
+            try:
+                state.journal.refresh(dirs.state_fd())  # after every stripe of the wave is held
+            except OSError as exc:
+                for stripe in list(held):
+                    _let_go(state, held, stripe, lock_files)
+                    for job in stripes[stripe]:
+                        state.calls.end(job.rollout_id, [mcid for mcid, _, _ in job.calls])
+                    done.append((stripes[stripe], [exc for _ in stripes[stripe]]))
+
+        def leave_wave() -> None:  # before a wait: only the stripe being written stays held
+            for stripe in list(held)[1:]:
+                _let_go(state, held, stripe, lock_files)
+                later.append(stripe)
+
+        while held:
+            stripe = next(iter(held))
+            results: list[AppendOutcome | OSError] = []
+            try:
+                for job in stripes[stripe]:
+                    try:
+                        results.append(_append_held_stripe(state, dirs, job, file_mode, files, leave_wave))
+                    except OSError as exc:
+                        results.append(exc)
+            finally:
+                _let_go(state, held, stripe, lock_files)
+            done.append((stripes[stripe], results))
+    finally:
+        for stripe in list(held):  # a bug above: nothing stays held
+            _let_go(state, held, stripe, lock_files)
+    for stripe in sorted(later):
+        results = fenced_append_stripe(
+            state, dirs, stripe, stripes[stripe], file_mode=file_mode, files=files, lock_files=lock_files
+        )
+        done.append((stripes[stripe], results))
+    return done
+
+
+def _let_go(state: DirState, held: dict[int, int], stripe: int, lock_files: LockFiles) -> None:
+    state.locks.release(stripe, held.pop(stripe), lock_files)
+
+
 def _append_held_stripe(
-    state: DirState, dirs: DirFds, job: AppendJob, file_mode: int, files: AppendFiles | None
+    state: DirState,
+    dirs: DirFds,
+    job: AppendJob,
+    file_mode: int,
+    files: AppendFiles | None,
+    before_wait: Callable[[], None] | None = None,
 ) -> AppendOutcome:
-    """One rollout's fence check and append, its stripe held and the journal fresh."""
+    """One rollout's fence check and append, its stripe held and the journal fresh. ``before_wait``:
+    called before a data file's lock is waited for (:func:`fenced_append_wave`)."""
     outcome = AppendOutcome()
     rollout_id, calls, begins = job.rollout_id, job.calls, job.begins
     mcids = [mcid for mcid, _, _ in calls]
@@ -269,7 +350,9 @@ def _append_held_stripe(
         in_batch = set(mcids)
         begun = [m for m in begins if m not in in_batch]
         timeout = dirs.lock_timeout if job.data_lock_timeout is None else job.data_lock_timeout
-        _write_admitted(state, dirs, rollout_id, kept, begun, ended, outcome, file_mode, timeout, files)
+        _write_admitted(
+            state, dirs, rollout_id, kept, begun, ended, outcome, file_mode, timeout, files, before_wait
+        )
     finally:
         state.calls.end(rollout_id, mcids)
     return outcome
@@ -317,6 +400,7 @@ def _write_admitted(
     file_mode: int,
     lock_timeout: float,
     files: AppendFiles | None,
+    before_wait: Callable[[], None] | None = None,
 ) -> None:
     # The marker is opened first: a damaged one fails the batch before any line is written. One that a
     # full filesystem cannot create does not: the lines matter more than another process's view of them.
@@ -340,11 +424,12 @@ def _write_admitted(
     try:
         if kept:
             lines = b"".join(line for _, line, _ in kept)
-            _append_file(dirs, rollout_id + CAPTURE_SUFFIX, lines, file_mode, outcome, lock_timeout, files)
+            name = rollout_id + CAPTURE_SUFFIX
+            _append_file(dirs, name, lines, file_mode, outcome, lock_timeout, files, before_wait)
             token_data = b"".join(tokens for _, _, tokens in kept if tokens)
             if token_data:
                 name = rollout_id + TOKENS_SUFFIX
-                _append_file(dirs, name, token_data, file_mode, outcome, lock_timeout, files)
+                _append_file(dirs, name, token_data, file_mode, outcome, lock_timeout, files, before_wait)
         if marker is not None:
             state.markers.write_to(dirs, marker, rollout_id, begun, ended, keep=keep)
             written = True

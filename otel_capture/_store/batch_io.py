@@ -11,7 +11,8 @@ stuck holds only that stripe's worker. On a network filesystem a worker also ``f
 files once it let the stripe go (each file's only sync) (contract D4); nothing is acknowledged before every
 worker of the batch is done (contract D3). The journal's ``lstat`` after each stripe is taken is shared by
 the stripes held at once (:class:`.append.SharedRefresh`): one round trip a wave, not one a stripe. On a local disk the work is CPU and one ``syncfs`` covers the
-batch: threads would only add switches, so it stays on the writer thread.
+batch: threads would only add switches, so it stays on the writer thread, and the journal's ``lstat`` is
+shared there too, by the stripes it can take at once (:func:`.append.fenced_append_wave`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import concurrent.futures
 from dataclasses import dataclass
 
-from .append import AppendJob, AppendOutcome, SharedRefresh, fenced_append_stripe
+from .append import AppendJob, AppendOutcome, SharedRefresh, fenced_append_stripe, fenced_append_wave
 from .dirstate import DirState
 from .fs import AppendFiles, DirFds
 from .locks import LockFiles
@@ -71,15 +72,10 @@ class BatchIO:
         """Every stripe's jobs, in the order given. Waits for every worker before returning or raising (a
         worker's bug is raised here, after the others are done: none outlives the batch)."""
         if self._pool is None or len(stripes) < 2:
-            return [
-                StripeResult(
-                    jobs,
-                    fenced_append_stripe(
-                        state, dirs, stripe, jobs, file_mode=file_mode, files=files, lock_files=lock_files
-                    ),
-                )
-                for stripe, jobs in stripes.items()
-            ]
+            waves = fenced_append_wave(
+                state, dirs, stripes, file_mode=file_mode, files=files, lock_files=lock_files
+            )
+            return [StripeResult(jobs, results) for jobs, results in waves]
         refresh = SharedRefresh(state, dirs)  # the journal's lstat, shared by the stripes held at once
         futures = [
             self._pool.submit(self._stripe, state, dirs, stripe, jobs, file_mode, files, lock_files, refresh)

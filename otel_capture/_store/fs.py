@@ -156,6 +156,38 @@ def still_named(dir_fd: int, name: str, dev: int, ino: int) -> os.stat_result | 
     return st if st.st_ino == ino and st.st_dev == dev else None
 
 
+SEEN_NAMES = 8192
+"""Names of data files the writer closed that it remembers as existing (:class:`AppendFiles`)."""
+
+
+def _create_locked(
+    dir_fd: int,
+    name: str,
+    label: str,
+    timeout: float,
+    mode: int,
+    before_wait: Callable[[], None] | None = None,
+) -> tuple[int, os.stat_result] | None:
+    """Create a data file that should not exist yet (a rollout's first append), then ``flock(LOCK_EX)`` it
+    and ``fstat`` it once: its checks (contract D25) and the size the append starts at, after the lock (a
+    process that opened the new name meanwhile may have appended). ``None`` when the name exists (a link
+    too: ``O_EXCL`` never follows one): the caller opens it as usual (contract D24)."""
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | _NOFOLLOW, mode, dir_fd=dir_fd)
+    except FileExistsError:
+        return None
+    try:
+        flock_within(fd, fcntl.LOCK_EX, timeout, label, before_wait)
+        st = os.fstat(fd)
+        what = problem(st, single_link=True)
+        if what is not None:
+            raise damaged(label, what)  # a hard link made to it this instant
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
 def kept_limit() -> int:
     """How many descriptors each table the writer keeps open holds (its data files, :class:`AppendFiles`;
     its in-flight markers, ``InflightMarkers``): a quarter of the process's descriptor limit, between 64
@@ -196,23 +228,32 @@ class AppendFiles:
         self._limit = kept_limit() if limit is None else limit
         self._files: dict[str, tuple[int, int, int]] = {}  # name -> (fd, st_dev, st_ino), oldest use first
         self._ends: dict[int, int] = {}  # fd -> size after our last append (its last byte is our "\n")
+        # names whose file existed when last opened here (most recent last): opened, not created, first
+        self._seen: dict[str, None] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._files)
 
     def open_locked(
-        self, dir_fd: int, name: str, label: str, timeout: float, mode: int = FILE_MODE
+        self,
+        dir_fd: int,
+        name: str,
+        label: str,
+        timeout: float,
+        mode: int = FILE_MODE,
+        before_wait: Callable[[], None] | None = None,
     ) -> tuple[int, bool, int]:
         """The data file ``name``, open for appending and ``flock(LOCK_EX)``-ed (waited for ``timeout``
         seconds at most) (contract D8, D21): ``(fd, created, size)``. The descriptor stays owned by this
-        object (never close it; :meth:`discard` it after a failure); the caller unlocks it."""
+        object (never close it; :meth:`discard` it after a failure); the caller unlocks it.
+        ``before_wait``: see :func:`flock_within`."""
         with self._lock:
             kept = self._files.pop(name, None)
         if kept is not None:
             fd, dev, ino = kept
             try:
-                flock_within(fd, fcntl.LOCK_EX, timeout, label)
+                flock_within(fd, fcntl.LOCK_EX, timeout, label, before_wait)
             except BaseException:
                 self._close(fd)  # fenced (EBADFD): the next batch opens the file afresh (contract D27)
                 raise
@@ -237,15 +278,22 @@ class AppendFiles:
             with contextlib.suppress(OSError):
                 fcntl.flock(fd, fcntl.LOCK_UN)
             self._close(fd)
-        fd, created = open_append(dir_fd, name, label, mode)
-        try:
-            flock_within(fd, fcntl.LOCK_EX, timeout, label)
-            st = os.fstat(fd)
-        except BaseException:
-            os.close(fd)
-            raise
+        # A name this table never had is most likely a new rollout's (single-turn RL: every call's):
+        # created first, one open instead of two; a name it closed before is opened first.
+        made = None if name in self._seen else _create_locked(dir_fd, name, label, timeout, mode, before_wait)
+        if made is not None:
+            (fd, st), created = made, True
+        else:
+            fd, created = open_append(dir_fd, name, label, mode)
+            try:
+                flock_within(fd, fcntl.LOCK_EX, timeout, label, before_wait)
+                st = os.fstat(fd)
+            except BaseException:
+                os.close(fd)
+                raise
         with self._lock:
             self._files[name] = (fd, st.st_dev, st.st_ino)
+            self._seen.pop(name, None)
         return fd, created, st.st_size
 
     def clean_end(self, fd: int) -> int:
@@ -262,20 +310,31 @@ class AppendFiles:
             if found is None:
                 return
             del self._files[found]
+            self._saw(found)
         self._close(fd)
 
     def trim(self) -> None:
         """Close the least recently used files beyond the limit (after a batch's sync)."""
         while len(self._files) > self._limit:
             with self._lock:
-                fd = self._files.pop(next(iter(self._files)))[0]
+                name = next(iter(self._files))
+                fd = self._files.pop(name)[0]
+                self._saw(name)
             self._close(fd)
 
     def close_all(self) -> None:
         with self._lock:
             files, self._files = self._files, {}
+            for name in files:
+                self._saw(name)
         for fd, _, _ in files.values():
             self._close(fd)
+
+    def _saw(self, name: str) -> None:
+        """Remember a closed file's name (the table's lock held): its next open tries the name first."""
+        self._seen[name] = None
+        if len(self._seen) > SEEN_NAMES:
+            del self._seen[next(iter(self._seen))]
 
     def _close(self, fd: int) -> None:
         self._ends.pop(fd, None)
@@ -285,12 +344,14 @@ class AppendFiles:
             _logger.warning("closing a capture file failed: %s", exc)
 
 
-def flock_within(fd: int, operation: int, timeout: float, label: str) -> None:
+def flock_within(
+    fd: int, operation: int, timeout: float, label: str, before_wait: Callable[[], None] | None = None
+) -> None:
     """``flock(fd, operation)``, waiting at most ``timeout`` seconds: tried with ``LOCK_NB``, then again
     after a sleep that doubles from 1 ms to 50 ms. A blocking ``flock`` would wait as long as its holder
     likes, and the holder may be any process of the same user (NeMo Gym's writers lock the data files
     too). Raises :class:`LockTimeoutError` naming ``label`` when the lock is still held at the deadline
-    (contract D21)."""
+    (contract D21). ``before_wait``: called once when the lock is not had at once, before any wait."""
     try:
         fcntl.flock(fd, operation | fcntl.LOCK_NB)
         return
@@ -298,6 +359,8 @@ def flock_within(fd: int, operation: int, timeout: float, label: str) -> None:
         pass
     except OSError as exc:
         raise fenced_error(exc, label) from None
+    if before_wait is not None:
+        before_wait()
     deadline = time.monotonic() + timeout
     pause = 0.001
     while (left := deadline - time.monotonic()) > 0:

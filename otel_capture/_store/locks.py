@@ -17,7 +17,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 
 from .._errors import DamagedEntryError, LockTimeoutError
-from .fs import DirFds, flock_within, open_file, still_named
+from .fs import DirFds, fenced_error, flock_within, open_file, still_named
 from .names import LOCKS_DIR, state_label
 
 _logger = logging.getLogger(__name__)
@@ -78,6 +78,21 @@ class LockFiles:
         entry = self._fds.pop(stripe, None)
         if entry is not None:
             _unlock_and_close(entry[0])
+
+
+def _flock(fd: int, label: str, timeout: float | None) -> bool:
+    """``flock(LOCK_EX)`` waited for ``timeout`` seconds (:func:`.fs.flock_within`), or, when ``None``,
+    tried once: False when another process holds it."""
+    if timeout is not None:
+        flock_within(fd, fcntl.LOCK_EX, timeout, label)
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        raise fenced_error(exc, label) from None
+    return True
 
 
 def _unlock_and_close(fd: int) -> None:
@@ -171,10 +186,26 @@ class StripedLocks:
         if not self._threads[stripe].acquire(timeout=dirs.lock_timeout):
             raise LockTimeoutError(_LABELS[stripe], dirs.lock_timeout, "another thread of this process")
         try:
-            return self._locked(dirs, stripe, name, _LABELS[stripe], files)
+            fd = self._locked(dirs, stripe, name, _LABELS[stripe], files)
         except BaseException:
             self._threads[stripe].release()
             raise
+        assert fd is not None  # waited for: locked, or raised
+        return fd
+
+    def try_acquire(self, dirs: DirFds, stripe: int, files: LockFiles) -> int | None:
+        """:meth:`acquire` without waiting (the writer's batch on a local disk takes the stripes it can have
+        at once): ``None`` when another thread or process holds the stripe now. Errors as :meth:`acquire`."""
+        if not self._threads[stripe].acquire(blocking=False):
+            return None
+        try:
+            fd = self._locked(dirs, stripe, _NAMES[stripe], _LABELS[stripe], files, wait=False)
+        except BaseException:
+            self._threads[stripe].release()
+            raise
+        if fd is None:
+            self._threads[stripe].release()
+        return fd
 
     def release(self, stripe: int, fd: int, files: LockFiles | None = None) -> None:
         """Let go of a stripe taken by :meth:`acquire`: a kept descriptor is unlocked, any other closed."""
@@ -191,14 +222,18 @@ class StripedLocks:
             self._threads[stripe].release()
 
     @staticmethod
-    def _locked(dirs: DirFds, stripe: int, name: str, label: str, files: LockFiles | None) -> int:
-        """A descriptor of the stripe's lock file, ``flock``-ed (kept by ``files`` when given)."""
+    def _locked(
+        dirs: DirFds, stripe: int, name: str, label: str, files: LockFiles | None, wait: bool = True
+    ) -> int | None:
+        """A descriptor of the stripe's lock file, ``flock``-ed (kept by ``files`` when given); without
+        ``wait``, ``None`` when another process holds it now (a descriptor opened is kept, unlocked)."""
         locks_fd = dirs.state_fd(LOCKS_DIR)
         if files is not None:
             fd = files.kept(stripe)
             if fd is not None:
                 try:
-                    flock_within(fd, fcntl.LOCK_EX, dirs.lock_timeout, label)
+                    if not _flock(fd, label, dirs.lock_timeout if wait else None):
+                        return None
                     if files.still_named(locks_fd, stripe, name):
                         return fd
                 except BaseException:
@@ -212,13 +247,15 @@ class StripedLocks:
             single_link=False,  # only ever locked, never written: a hard link changes nothing
         )
         try:
-            flock_within(fd, fcntl.LOCK_EX, dirs.lock_timeout, label)
+            locked = _flock(fd, label, dirs.lock_timeout if wait else None)
         except BaseException:
             os.close(fd)
             raise
         if files is not None:
             files.keep(stripe, fd, st)
-        return fd
+        elif not locked:
+            _close(fd)
+        return fd if locked else None
 
     def hold_ids(
         self,

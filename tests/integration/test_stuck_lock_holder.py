@@ -5,11 +5,15 @@ on with the others; a call is answered; freeze, retire and drop raise :class:`Lo
 
 from __future__ import annotations
 
+import fcntl
+import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
-from contextlib import contextmanager
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import openai
@@ -19,6 +23,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from support import ReplayModelServer, serve, submit
 
 from otel_capture import (
+    CaptureFrozenError,
     CaptureSettings,
     CaptureStore,
     LockTimeoutError,
@@ -94,6 +99,60 @@ def test_the_writer_fails_the_locked_rollout_and_goes_on_with_the_others(tmp_pat
         assert after is not None and after.result(BOUND) is None
         assert [r.model_call_id for r in read_model_call_records(store, "stuck")] == ["c0", "c3"]
     finally:
+        writer.close(BOUND)
+
+
+def _stripe_held(store: CaptureStore, rollout_id: str) -> bool:
+    """Whether another open file (the writer's) holds the rollout's stripe lock now."""
+    stripe = zlib.crc32(rollout_id.encode()) % 64
+    fd = os.open(store.root / ".otel-capture" / "locks" / f"{stripe:02d}.lock", os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _wait_until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + BOUND
+    while not condition():
+        assert time.monotonic() < deadline, "never came"
+        time.sleep(0.01)
+
+
+def test_a_writer_waiting_for_a_data_file_s_lock_holds_no_other_rollout_s_stripe(tmp_path: Path) -> None:
+    """A batch whose first rollout's data file another process has locked: while the writer waits for
+    that lock it holds that rollout's stripe only, so a freeze of another rollout of the same batch (on a
+    later stripe) is not held up; the locked rollout is written once the lock is free, and the other's
+    line, now after its freeze, is refused as late."""
+    ids = [f"r{i}" for i in range(200)]
+    stuck = next(rid for rid in ids if zlib.crc32(rid.encode()) % 64 < 30)
+    later = next(rid for rid in ids if zlib.crc32(rid.encode()) % 64 > 40)
+    store = CaptureStore(tmp_path / "calls", lock_timeout_s=TIMEOUT)
+    writer = JsonlWriter(store.root, lock_timeout_s=BOUND)
+    first_holder = ExitStack()
+    try:
+        for rid in ("first", stuck, later):
+            store.append_now(rid, "c0", {"dialect": "chat"})
+        first_holder.enter_context(held_forever(store.data_path("first")))
+        first = submit(writer, "first", LINE % b"c1", "c1")
+        _wait_until(lambda: _stripe_held(store, "first"))  # the writer waits in a batch of its own
+        with held_forever(store.data_path(stuck)):
+            locked = submit(writer, stuck, LINE % b"c1", "c1")  # queued meanwhile: the next batch
+            other = submit(writer, later, LINE % b"c1", "c1")
+            first_holder.close()
+            assert first.result(BOUND) is None
+            _wait_until(lambda: _stripe_held(store, stuck))  # waiting for the stuck rollout's file
+            snap = store.freeze_now(later)  # its stripe waited for 0.5 s at most
+            assert snap.version == 1
+        assert locked.result(BOUND) is None
+        with pytest.raises(CaptureFrozenError):
+            other.result(BOUND)
+        assert len(read_model_call_records(store, stuck)) == 2
+    finally:
+        first_holder.close()
         writer.close(BOUND)
 
 

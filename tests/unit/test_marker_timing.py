@@ -15,7 +15,7 @@ import pytest
 from otel_capture._store import JsonlWriter, LoopWaiter
 from otel_capture._store.dirstate import STATE_DIR, dir_state
 from otel_capture._store.fs import DirFds
-from otel_capture._store.inflight import InflightMarkers
+from otel_capture._store.inflight import EMPTY_AT, InflightMarkers
 
 BOUND = 60.0  # seconds: only to prove "does not hang"
 
@@ -153,3 +153,35 @@ def test_a_rollout_making_one_call_at_a_time_keeps_one_marker_file(
     finally:
         writer.close(BOUND)
     assert not marker.exists()  # the writer's close closed the rollout
+
+
+def test_a_long_rollout_s_kept_marker_stays_small_and_says_no_call_in_flight(tmp_path: Path) -> None:
+    """A rollout making many calls one at a time, each given its ``+`` marker (a flush while it is in
+    flight): between calls its kept marker names no call in flight to another process, and it never grows
+    past the size at which the writer empties it, however many calls the rollout makes."""
+    root = tmp_path / "calls"
+    writer = JsonlWriter(root)
+    other = InflightMarkers()
+    marker = root / STATE_DIR / "inflight" / "r.calls"
+    sizes = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for i in range(300):
+            writer.begin("r", f"call-{i:04d}")
+            assert writer.flush(BOUND)
+            assert other.pending(root, "r") == {f"call-{i:04d}"}
+            future = loop.create_future()
+            line = b'{"model_call_id":"call-%04d"}\n' % i
+            writer.submit("r", line, f"call-{i:04d}", None, LoopWaiter(loop, future))
+            await asyncio.wait_for(future, BOUND)
+            assert other.pending(root, "r") == set()
+            sizes.append(marker.stat().st_size)
+
+    try:
+        asyncio.run(main())
+    finally:
+        writer.close(BOUND)
+    assert max(sizes) < EMPTY_AT
+    assert min(sizes) == 0, "never emptied"
+    assert (root / "r.capture.jsonl").read_bytes().count(b"\n") == 300
