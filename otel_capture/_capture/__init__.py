@@ -5,8 +5,8 @@ outside ``_capture/``, code imports from here, never from its modules.
   ``SCOPE_RESPONSE_COMPLETE``, the scope key that tells a relaying app the captured stream has ended;
 - :mod:`.sink`: :class:`CallSink`, where a finished call goes (the ``model_call_jsonl`` exporter), the
   :class:`FinishedCall` it receives and the :class:`LoopWaiter` that wakes the call when it is durable;
-- :mod:`.propagation`: :func:`is_w3c`, whether a propagator is the SDK's default W3C one (the proxy
-  writes the trace headers itself when it is);
+- :mod:`.propagation`: :func:`current_trace_fields`, the trace headers a relay sends upstream for the
+  current span (the proxy's);
 - :mod:`.call` (one call's bytes in, its record line out), :mod:`.content_encoding` and :mod:`.weight` are
   the middleware's own.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from .call import SCOPE_LOCAL_RESPONSE, SCOPE_UPSTREAM, SCOPE_UPSTREAM_REQUEST_ID
 from .middleware import SCOPE_RESPONSE_COMPLETE, ModelCallCaptureMiddleware
-from .propagation import is_w3c
+from .propagation import current_trace_fields
 from .sink import CallSink, FinishedCall, LoopWaiter
 
 __all__ = [
@@ -30,5 +30,5 @@ __all__ = [
     "FinishedCall",
     "LoopWaiter",
     "ModelCallCaptureMiddleware",
-    "is_w3c",
+    "current_trace_fields",
 ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import propagate
+from opentelemetry import propagate, trace
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.propagators.textmap import Getter, TextMapPropagator
@@ -80,6 +80,25 @@ def caller_context(headers: dict[str, list[bytes]]) -> otel_context.Context:
     if _TRACEPARENT not in headers and _BAGGAGE not in headers and _GLOBAL.w3c():
         return otel_context.Context()
     return propagate.extract(headers, getter=HEADERS_GETTER)
+
+
+def current_trace_fields() -> dict[str, str]:
+    """The trace headers the global propagator writes for the current span, without its ``baggage`` (a
+    relay passes the caller's as sent): with the W3C propagator written here as
+    ``TraceContextTextMapPropagator.inject`` writes them, else by the propagator. The proxy's headers to
+    its upstream, whose parent is the proxy's span."""
+    if not _GLOBAL.w3c():
+        fields: dict[str, str] = {}
+        propagate.inject(fields)
+        fields.pop(_BAGGAGE, None)
+        return fields
+    span = trace.get_current_span().get_span_context()
+    if not span.is_valid:
+        return {}
+    traceparent = f"00-{span.trace_id:032x}-{span.span_id:016x}-{span.trace_flags:02x}"
+    if span.trace_state:
+        return {_TRACEPARENT: traceparent, _TRACESTATE: span.trace_state.to_header()}
+    return {_TRACEPARENT: traceparent}
 
 
 def with_trace_headers(

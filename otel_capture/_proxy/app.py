@@ -28,7 +28,6 @@ import aiohttp
 import httptools
 import uvicorn
 import uvloop
-from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind
 from opentelemetry.util.http import remove_url_credentials
@@ -41,7 +40,7 @@ from .._capture import (
     SCOPE_UPSTREAM,
     SCOPE_UPSTREAM_REQUEST_ID,
     ModelCallCaptureMiddleware,
-    is_w3c,
+    current_trace_fields,
 )
 from .._correlation import server_span_details, unprefixed_raw_path
 from .._notices import RateLimitedNotice, notify
@@ -175,7 +174,7 @@ class UpstreamProxy:
         query: bytes = scope.get("query_string", b"")
         if query:
             target += b"?" + query
-        trace_headers = _TRACE_FIELDS.of_current()  # this proxy's span is the upstream's parent
+        trace_headers = current_trace_fields()  # this proxy's span is the upstream's parent
         drop = self._drop_for(trace_headers) if trace_headers else _REQUEST_DROP
         lines: list[bytes] = []
         auth = self._auth
@@ -303,41 +302,6 @@ class UpstreamProxy:
                 # the capture saw the stream's last event: the call is over, whatever the upstream does
                 break  # (contract D29)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-class _TraceFields:
-    """The trace headers this proxy sends the upstream for the current span, as the global propagator
-    writes them, without its ``baggage`` (the client's passes as sent). When the propagator is the W3C one
-    the SDK sets by default (``tracecontext``, then at most ``baggage``) they are written here as
-    ``TraceContextTextMapPropagator.inject`` writes them, without the propagator API's per-call context
-    look-ups and baggage walk; any other propagator is called as it is. Which one is set is looked at
-    again only when another is set."""
-
-    __slots__ = ("_textmap", "_w3c")
-
-    def __init__(self) -> None:
-        self._textmap: object = None
-        self._w3c = False
-
-    def of_current(self) -> dict[str, str]:
-        textmap = propagate.get_global_textmap()
-        if textmap is not self._textmap:
-            self._textmap, self._w3c = textmap, is_w3c(textmap)
-        if not self._w3c:
-            fields: dict[str, str] = {}
-            propagate.inject(fields)
-            fields.pop("baggage", None)
-            return fields
-        span = trace.get_current_span().get_span_context()
-        if not span.is_valid:
-            return {}
-        traceparent = f"00-{span.trace_id:032x}-{span.span_id:016x}-{span.trace_flags:02x}"
-        if span.trace_state:
-            return {"traceparent": traceparent, "tracestate": span.trace_state.to_header()}
-        return {"traceparent": traceparent}
-
-
-_TRACE_FIELDS = _TraceFields()
 
 
 class ReadTimeout(TimeoutError):

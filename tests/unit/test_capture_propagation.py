@@ -15,8 +15,7 @@ from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from otel_capture._capture import is_w3c
-from otel_capture._capture.propagation import caller_context, with_trace_headers
+from otel_capture._capture.propagation import caller_context, is_w3c, with_trace_headers
 from otel_capture._correlation.routing import headers_by_name
 
 CALLER_PARENT = (b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
