@@ -344,6 +344,18 @@ class AppendFiles:
             _logger.warning("closing a capture file failed: %s", exc)
 
 
+def try_flock(fd: int, operation: int, label: str) -> bool:
+    """``flock(fd, operation | LOCK_NB)``: False when another holds the lock; an error of a fenced node
+    as :func:`fenced_error` says it (contract D27)."""
+    try:
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        raise fenced_error(exc, label) from None
+    return True
+
+
 def flock_within(
     fd: int, operation: int, timeout: float, label: str, before_wait: Callable[[], None] | None = None
 ) -> None:
@@ -352,13 +364,8 @@ def flock_within(
     likes, and the holder may be any process of the same user (NeMo Gym's writers lock the data files
     too). Raises :class:`LockTimeoutError` naming ``label`` when the lock is still held at the deadline
     (contract D21). ``before_wait``: called once when the lock is not had at once, before any wait."""
-    try:
-        fcntl.flock(fd, operation | fcntl.LOCK_NB)
+    if try_flock(fd, operation, label):
         return
-    except BlockingIOError:
-        pass
-    except OSError as exc:
-        raise fenced_error(exc, label) from None
     if before_wait is not None:
         before_wait()
     deadline = time.monotonic() + timeout
@@ -366,13 +373,8 @@ def flock_within(
     while (left := deadline - time.monotonic()) > 0:
         time.sleep(min(pause, left))
         pause = min(2 * pause, LOCK_POLL_MAX_S)
-        try:
-            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+        if try_flock(fd, operation, label):
             return
-        except BlockingIOError:
-            continue
-        except OSError as exc:
-            raise fenced_error(exc, label) from None
     raise LockTimeoutError(label, timeout)
 
 

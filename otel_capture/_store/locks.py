@@ -17,7 +17,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 
 from .._errors import DamagedEntryError, LockTimeoutError
-from .fs import DirFds, fenced_error, flock_within, open_file, still_named
+from .fs import DirFds, flock_within, open_file, still_named, try_flock
 from .names import LOCKS_DIR, state_label
 
 _logger = logging.getLogger(__name__)
@@ -83,15 +83,9 @@ class LockFiles:
 def _flock(fd: int, label: str, timeout: float | None) -> bool:
     """``flock(LOCK_EX)`` waited for ``timeout`` seconds (:func:`.fs.flock_within`), or, when ``None``,
     tried once: False when another process holds it."""
-    if timeout is not None:
-        flock_within(fd, fcntl.LOCK_EX, timeout, label)
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    except OSError as exc:
-        raise fenced_error(exc, label) from None
+    if timeout is None:
+        return try_flock(fd, fcntl.LOCK_EX, label)
+    flock_within(fd, fcntl.LOCK_EX, timeout, label)
     return True
 
 
