@@ -59,6 +59,11 @@ MARKER_DELAY = 0.02
 LOCKED_OUT_WAIT = 0.1
 """Seconds a batch waits for a data file whose lock outlasted the lock timeout and was not seen free since
 (contract D22)."""
+_MARKER_SLACK = 0.0005
+"""Seconds early the writer's timer may find a marker due (the loop's clock and the begin's are read apart):
+the thread, woken, times what is left itself."""
+_VALID_IDS_KEPT = 4096
+"""Rollout ids a writer remembers as validated; the set starts over when full."""
 IDLE_CLOSE = 1.0
 """Seconds without a batch after which the thread closes the data files it keeps open between batches."""
 
@@ -119,6 +124,11 @@ class JsonlWriter:
         self._begins: deque[_Begin] = deque()  # begun, not yet seen by the thread (no wake-up each)
         self._deferred: dict[tuple[str, str], _Begin] = {}  # seen by the thread, no marker yet (thread only)
         self._idle = False  # the thread is blocked with nothing to time: a begin must wake it
+        # The one wake-up pending on an event loop for the oldest unseen begin's marker (see begin): when it
+        # falls due (monotonic) and on which loop. A begin before then, on that loop, arms nothing.
+        self._wake_at = 0.0
+        self._wake_loop: asyncio.AbstractEventLoop | None = None
+        self._valid_ids: set[str] = set()  # rollout ids this writer has validated (see _valid)
         self._files = AppendFiles()  # data files kept open between batches (thread only)
         self._lock_files = LockFiles()  # stripe lock files kept open between batches (thread only)
         # the directory descriptors, kept between batches too (thread only; revalidated each batch)
@@ -137,36 +147,71 @@ class JsonlWriter:
         thread, and only for a call still in flight ``marker_delay`` after it began (or at a ``flush``):
         a call whose line comes sooner is admitted in its line's batch with no marker file I/O at all. A
         begin wakes the thread only when it is idle with nothing else to time, and then, from an event
-        loop, only when its marker falls due (a timer there) (contract D19)."""
-        rid = validate_rollout_id(rollout_id)
+        loop, only when a marker falls due: one timer per writer there, armed by the first begin the idle
+        thread has not seen and re-armed for the next one when it fires (contract D19)."""
+        rid = self._valid(rollout_id)
         if self._closed:
             return  # its line or its abandon is what gets counted and marked
         self._state.calls.begin(rid, model_call_id)
-        self._begins.append(_Begin(rid, model_call_id, time.monotonic()))
+        at = time.monotonic()
+        self._begins.append(_Begin(rid, model_call_id, at))
         if self._idle:
-            self._wake_when_due(rid, model_call_id)
+            self._wake_when_due(at)
 
-    def _wake_when_due(self, rollout_id: str, model_call_id: str) -> None:
-        """The thread is idle with nothing to time: it must wake when this call's marker falls due. On an
-        event loop a timer there wakes it then, only if the call is still in flight (a call whose line
-        came first costs no wake-up at all); elsewhere the thread is woken now to time it itself."""
+    def _valid(self, rollout_id: str) -> str:
+        """``rollout_id``, validated once per writer (a call's ``begin`` and ``submit`` check it once; a
+        rollout's later calls find it in a set), else :class:`InvalidRolloutIdError`."""
+        if type(rollout_id) is str and rollout_id in self._valid_ids:
+            return rollout_id
+        rid = validate_rollout_id(rollout_id)
+        if len(self._valid_ids) >= _VALID_IDS_KEPT:
+            self._valid_ids.clear()
+        self._valid_ids.add(rid)
+        return rid
+
+    def _wake_when_due(self, at: float) -> None:
+        """The thread is idle with nothing to time: it must wake when the marker of a call begun at ``at``
+        falls due. On an event loop the writer's one timer there does it (:meth:`_marker_due`): armed now
+        unless it is already pending on this loop for an earlier begin; elsewhere the thread is woken now
+        to time it itself."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             self._queue.put(_TICK)
             return
-        loop.call_later(self._marker_delay, self._marker_due, rollout_id, model_call_id)
+        if at < self._wake_at and loop is self._wake_loop:
+            return  # the pending timer fires first, and re-arms for this begin if it is still unseen
+        self._wake_at = at + self._marker_delay
+        self._wake_loop = loop
+        loop.call_later(self._marker_delay, self._marker_due)
 
-    def _marker_due(self, rollout_id: str, model_call_id: str) -> None:
-        # Still idle and the call still in flight: its begin waits in _begins for the thread to see it.
-        if self._idle and self._state.calls.has(rollout_id, model_call_id):
+    def _marker_due(self) -> None:
+        """The writer's timer, on an event loop: if the thread is still idle, the oldest begin it has not
+        seen is a call still in flight (a line, abandon or discard would have woken the thread); the
+        thread is woken if its marker is due, else the timer is re-armed for when it is. Nothing unseen,
+        or the thread awake (it times the begins itself): nothing to do, and no timer left armed."""
+        self._wake_at = 0.0  # spent: the next begin arms one unless this one is re-armed below
+        if not self._idle:
+            return
+        try:
+            oldest = self._begins[0]
+        except IndexError:
+            return
+        now = time.monotonic()
+        due = oldest.at + self._marker_delay
+        if due <= now + _MARKER_SLACK:
             self._queue.put(_TICK)
+            return
+        loop = asyncio.get_running_loop()
+        self._wake_at = due
+        self._wake_loop = loop
+        loop.call_later(due - now, self._marker_due)
 
     def abandon(self, rollout_id: str, model_call_id: str, reason: str) -> None:
         """A begun call whose record could not even be built: count it, log it, and mark the rollout
         incomplete with the reason, so neither the loss nor a phantom in-flight call goes unseen
         (contract D20)."""
-        rid = validate_rollout_id(rollout_id)
+        rid = self._valid(rollout_id)
         if self._closed:
             self._failures.after_close(rid, model_call_id, None)
             return
@@ -177,7 +222,7 @@ class JsonlWriter:
         without a line or an incomplete mark; its ``-`` marker is written only if its ``+`` was
         (contract D20)."""
         if not self._closed:
-            self._queue.put(_Discard(validate_rollout_id(rollout_id), model_call_id))
+            self._queue.put(_Discard(self._valid(rollout_id), model_call_id))
 
     def submit(
         self,
@@ -194,7 +239,7 @@ class JsonlWriter:
         (contract D12).
         With ``weight`` (the caller's weight version, the call's start and end), the declared weight
         versions are added to the line in its batch (:func:`.weight.stamp_batch`)."""
-        item = _Item(validate_rollout_id(rollout_id), line, model_call_id, tokens_line, waiter, weight=weight)
+        item = _Item(self._valid(rollout_id), line, model_call_id, tokens_line, waiter, weight=weight)
         if self._closed:
             self._failures.after_close(item.rollout_id, model_call_id, item)
             return

@@ -80,6 +80,36 @@ def test_a_call_begun_on_the_loop_gets_its_marker_when_due_without_a_flush(tmp_p
     assert os.listdir(root / STATE_DIR / "inflight") == []
 
 
+def test_a_call_begun_while_an_earlier_calls_timer_is_pending_gets_its_marker(tmp_path: Path) -> None:
+    """The writer arms one timer for the begins its idle thread has not seen: a call begun while the
+    timer armed for an earlier call (whose line came first) is still pending, and still in flight after the
+    delay, gets its ``+`` with no flush and no other call to wake the writer; the quick call never does."""
+    root = tmp_path / "calls"
+    writer = JsonlWriter(root, marker_delay=0.2)
+    other = InflightMarkers()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(0.05)  # the thread has started and waits, idle
+        await _call(writer, "r", "quick", 0)  # its begin armed the timer; its line came first
+        await asyncio.sleep(0.05)  # the thread is idle again, the timer still pending
+        writer.begin("r", "slow")  # within the quick call's delay: the pending timer serves it too
+        deadline = time.monotonic() + BOUND
+        while not other.pending(root, "r"):
+            assert time.monotonic() < deadline, "the marker never came"
+            await asyncio.sleep(0.01)
+        assert other.pending(root, "r") == {"slow"}
+        future = loop.create_future()
+        writer.submit("r", b'{"model_call_id":"slow"}\n', "slow", None, LoopWaiter(loop, future))
+        await asyncio.wait_for(future, BOUND)
+
+    try:
+        asyncio.run(main())
+    finally:
+        writer.close(BOUND)
+    assert other.pending(root, "r") == set()
+
+
 def test_a_marker_another_process_wrote_to_is_read_back_not_removed(tmp_path: Path) -> None:
     """Our slow call's ``+`` is in the marker; another process then adds its own call (under the stripe,
     as every marker writer does). Our call's ``-`` must not remove the file on what we remember of it:
