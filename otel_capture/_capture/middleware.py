@@ -308,7 +308,8 @@ class ModelCallCaptureMiddleware:
         try:
             call.finish(exception=exception, cancelled=cancelled)
             engine = self.engine.fields(admission, call.engine_version)
-            call.weight_fields = record_weight_fields(engine, call.weight_version)
+            if sink is not None:  # the record's alone: no line without a sink
+                call.weight_fields = record_weight_fields(engine, call.weight_version)
             if call.tokens_missing is not None:
                 self._metrics.count_tokens_missing(call.dialect)
             if call.token_mismatch is not None:
