@@ -17,7 +17,8 @@ the dialects.
 from __future__ import annotations
 
 from .call import SCOPE_LOCAL_RESPONSE, SCOPE_UPSTREAM, SCOPE_UPSTREAM_REQUEST_ID
-from .middleware import SCOPE_RESPONSE_COMPLETE, ModelCallCaptureMiddleware
+from .middleware import ModelCallCaptureMiddleware
+from .passthrough import SCOPE_RESPONSE_COMPLETE
 from .propagation import current_trace_fields
 from .sink import CallSink, FinishedCall, LoopWaiter
 

@@ -67,6 +67,7 @@ from .._telemetry import ServerMetrics, SpanGate
 from .._version import __version__
 from .call import InFlightCall
 from .engine import Admission, EngineWeights, engine_route
+from .passthrough import SCOPE_RESPONSE_COMPLETE, pass_through
 from .propagation import caller_context, with_trace_headers
 from .sink import CallSink, FinishedCall, LoopWaiter, SinkLookup, find_sink
 from .weight import (
@@ -81,10 +82,6 @@ from .weight import (
 _logger = logging.getLogger(__name__)
 
 _UNCORRELATED_NOTICE_INTERVAL_S = 60.0
-# Set in the app's scope once a captured stream's last event has gone to `send`: an app still relaying
-# (the proxy) may stop reading its source and end the body, so the client's end of stream never waits for
-# an upstream that holds its response open.
-SCOPE_RESPONSE_COMPLETE = "otel_capture.response_complete"
 
 
 class ModelCallCaptureMiddleware:
@@ -147,8 +144,21 @@ class ModelCallCaptureMiddleware:
                 await self.app(found.scope, receive, send)
             return
         sink = self.sink if self._sink_lookup is None else self._late_sink()
+        if sink is None and self.unread():  # nothing reads this call: served as it comes, nothing built
+            settings = self.settings
+            await pass_through(
+                self.app, found, self._spans, self._span_kind, settings.max_body_bytes, receive, send
+            )
+            return
         exchange = _CapturedExchange(self, found, sink, receive, send, started)
         await exchange.run(found)
+
+    def unread(self) -> bool:
+        """Whether a call without a sink would be read by nothing: no metric reader (the
+        ``gen_ai.server.*`` metrics, the capture's cost, the token counters) and no span processor that
+        sees its span, nor a sampler that reads its name. Asked per call, so a reader, a processor or a
+        provider added later counts from the next call on."""
+        return not self._metrics.recording and self._spans.unread()
 
     def _late_sink(self) -> CallSink | None:
         """The sink of a tracer provider set after this middleware was built, once there is one; until
@@ -298,7 +308,8 @@ class ModelCallCaptureMiddleware:
         try:
             call.finish(exception=exception, cancelled=cancelled)
             engine = self.engine.fields(admission, call.engine_version)
-            call.weight_fields = record_weight_fields(engine, call.weight_version)
+            if sink is not None:  # the record's alone: no line without a sink
+                call.weight_fields = record_weight_fields(engine, call.weight_version)
             if call.tokens_missing is not None:
                 self._metrics.count_tokens_missing(call.dialect)
             if call.token_mismatch is not None:

@@ -70,6 +70,17 @@ class SpanGate:
             self._unseen, self._processors = unseen, processors
         return self._unseen
 
+    def unread(self) -> bool:
+        """:meth:`unseen`, and the span's name decides nothing either: the provider's sampler is the SDK's
+        default (parent-based, always on), which :meth:`context_only` does not ask. Then a context-only
+        span can be named before the request is read (by its operation alone)."""
+        if not self.unseen():
+            return False
+        sampler = self._sdk_provider().sampler
+        if sampler is not self._sampler:
+            self._sampler, self._default_sampler = sampler, is_default_parent_based(sampler)
+        return self._default_sampler
+
     def context_only(
         self, name: str, context: otel_context.Context | None, kind: SpanKind
     ) -> NonRecordingSpan:
