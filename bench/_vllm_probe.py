@@ -16,6 +16,9 @@ what the server does, only counts it:
   oldest begin's marker falls due, the markers of the begins due within that slack are written with it;
 * with ``$BENCH_VLLM_PROBE_ONE_TIMER=1`` (an experiment): at most one marker timer on the loop while the
   writer is idle (see ``_one_timer``);
+* with ``$BENCH_VLLM_PROBE_NULL_WRITE=1`` (an experiment that breaks durability: the run's record count
+  fails): the writer acknowledges each batch without writing it, so its I/O and its GIL holds are gone
+  while the loop's side of the capture is unchanged;
 * with ``$BENCH_VLLM_PROBE_WRITER_BATCH=1`` (an experiment): the writer thread under ``SCHED_BATCH``, which
   the kernel never lets preempt a running thread when it wakes;
 * the capture's synchronous code on the loop (correlate, the span's start and the call's finish, the
@@ -98,7 +101,14 @@ def _patch_writer() -> None:
         _count(f"writer_wakeups/{kind}")
         return obj
 
+    null_write = os.environ.get("BENCH_VLLM_PROBE_NULL_WRITE") == "1"
+
     def _write_batch(self: Any, batch: list[Any], begins: list[Any]) -> None:
+        if null_write:  # an experiment: nothing written, every call acknowledged (no durability at all)
+            _count("writer_batches")
+            for item in batch:
+                self._done.resolve(item)
+            return
         _count("writer_batches")
         _count("writer_batch_items", len(batch))
         _count("writer_batch_markers", len(begins))
