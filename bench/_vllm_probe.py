@@ -1,0 +1,296 @@
+"""A bench-only probe inside the vLLM API server: where the capture's added CPU goes (``bench_vllm --probe``).
+
+    python -m _vllm_probe vllm.entrypoints.openai.api_server ARGS...
+
+(from a folder holding this file, put first on the server's ``PYTHONPATH``) installs the counters below,
+then runs the module named like ``python -m`` would. Never imported by otel_capture; nothing here changes
+what the server does, only counts it:
+
+* every garbage collection (``gc.callbacks``): per generation and per thread (the event loop's, the capture
+  writer's, any other), how many and their wall time (a collection holds the GIL: its own CPU);
+* the capture writer's wake-ups (``JsonlWriter._next`` returning) by what woke it (a line, a tick, ...), the
+  CPU the thread spent between two waits (``time.thread_time``), its batches, and the wake-ups it sends
+  to the loop (``Completions.flush``: one ``call_soon_threadsafe`` per loop per batch);
+* the marker timers the loop starts (``JsonlWriter._wake_when_due``) and the ticks they put;
+* with ``$BENCH_VLLM_PROBE_MARKER_SLACK`` (seconds; an experiment, not the capture's behaviour): when the
+  oldest begin's marker falls due, the markers of the begins due within that slack are written with it;
+* with ``$BENCH_VLLM_PROBE_ONE_TIMER=1`` (an experiment): at most one marker timer on the loop while the
+  writer is idle (see ``_one_timer``);
+* with ``$BENCH_VLLM_PROBE_NULL_WRITE=1`` (an experiment that breaks durability: the run's record count
+  fails): the writer acknowledges each batch without writing it, so its I/O and its GIL holds are gone
+  while the loop's side of the capture is unchanged;
+* with ``$BENCH_VLLM_PROBE_WRITER_BATCH=1`` (an experiment): the writer thread under ``SCHED_BATCH``, which
+  the kernel never lets preempt a running thread when it wakes;
+* the capture's synchronous code on the loop (correlate, the span's start and the call's finish, the
+  body's parsing, the waiters' wake-up), its thread CPU (``loopcode/...``);
+* per thread, from ``/proc``: CPU (``schedstat``), times run, voluntary and involuntary context switches,
+  user and system ticks.
+
+The counters are read over a Unix socket (``$BENCH_VLLM_PROBE``): connect, read one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import runpy
+import socket
+import sys
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+WRITER = "otel-capture-writer"
+
+_lock = threading.Lock()
+_gc: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])  # "thread/gen" -> [collections, ns, collected]
+_counts: dict[str, int] = defaultdict(int)
+_gc_started = threading.local()
+_main_ident = threading.main_thread().ident
+_depth = threading.local()  # how deep in timed capture code this thread is
+
+
+def _kind() -> str:
+    ident = threading.get_ident()
+    if ident == _main_ident:
+        return "loop"
+    return "writer" if threading.current_thread().name == WRITER else "other"
+
+
+def _on_gc(phase: str, info: dict[str, int]) -> None:
+    if phase == "start":
+        _gc_started.at = time.perf_counter_ns()
+        return
+    took = time.perf_counter_ns() - getattr(_gc_started, "at", time.perf_counter_ns())
+    entry = _gc[f"{_kind()}/{info.get('generation')}"]
+    entry[0] += 1
+    entry[1] += took
+    entry[2] += info.get("collected", 0)
+
+
+def _count(name: str, by: int = 1) -> None:
+    with _lock:
+        _counts[name] += by
+
+
+def _patch_writer() -> None:
+    """Wrap the writer's wait, its batch write, its loop wake-ups and the loop's marker timers."""
+    from otel_capture._store import writer, writer_items
+
+    jsonl = writer.JsonlWriter
+    next_, write_batch, wake_when_due, marker_due = (
+        jsonl._next, jsonl._write_batch, jsonl._wake_when_due, jsonl._marker_due
+    )  # fmt: skip
+    flush = writer_items.Completions.flush
+    busy = threading.local()
+
+    batch_policy = os.environ.get("BENCH_VLLM_PROBE_WRITER_BATCH") == "1"
+
+    def _next(self: Any) -> object:
+        if batch_policy and not hasattr(busy, "policy"):  # the writer thread itself, once
+            busy.policy = os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        now = time.thread_time_ns()
+        if hasattr(busy, "since"):
+            _count("writer_busy_ns", now - busy.since)
+        obj = next_(self)
+        busy.since = time.thread_time_ns()
+        kind = "tick" if obj is writer._TICK else type(obj).__name__.lstrip("_").lower()
+        _count(f"writer_wakeups/{kind}")
+        return obj
+
+    null_write = os.environ.get("BENCH_VLLM_PROBE_NULL_WRITE") == "1"
+
+    def _write_batch(self: Any, batch: list[Any], begins: list[Any]) -> None:
+        if null_write:  # an experiment: nothing written, every call acknowledged (no durability at all)
+            _count("writer_batches")
+            for item in batch:
+                self._done.resolve(item)
+            return
+        _count("writer_batches")
+        _count("writer_batch_items", len(batch))
+        _count("writer_batch_markers", len(begins))
+        before = time.thread_time_ns()
+        try:
+            write_batch(self, batch, begins)
+        finally:
+            _count("writer_batch_ns", time.thread_time_ns() - before)
+
+    def _flush(self: Any) -> None:
+        _count("loop_wakeups_sent", len(self._wakeups))
+        flush(self)
+
+    def _wake_when_due(self: Any, rollout_id: str, model_call_id: str) -> None:
+        _count("marker_timers")
+        wake_when_due(self, rollout_id, model_call_id)
+
+    def _marker_due(self: Any, rollout_id: str, model_call_id: str) -> None:
+        _count("marker_timers_fired")
+        marker_due(self, rollout_id, model_call_id)
+
+    slack = float(os.environ.get("BENCH_VLLM_PROBE_MARKER_SLACK", "0"))
+    if slack > 0:  # an experiment: with the oldest due begin, the ones due within `slack` (markers early)
+        due_begins = jsonl._due_begins
+
+        def _due_begins(self: Any, batch: Any, abandons: Any, discards: Any, force: bool) -> Any:
+            delay = self._marker_delay
+            self._marker_delay = delay - slack
+            try:
+                return due_begins(self, batch, abandons, discards, force)
+            finally:
+                self._marker_delay = delay
+
+        jsonl._due_begins = _due_begins  # type: ignore[method-assign]
+    jsonl._next, jsonl._write_batch = _next, _write_batch  # type: ignore[method-assign]
+    jsonl._wake_when_due, jsonl._marker_due = _wake_when_due, _marker_due  # type: ignore[method-assign]
+    writer_items.Completions.flush = _flush  # type: ignore[method-assign]
+    if os.environ.get("BENCH_VLLM_PROBE_ONE_TIMER") == "1":  # an experiment: one marker timer while idle
+        _one_timer(jsonl)
+
+
+def _one_timer(jsonl: Any) -> None:
+    """At most one marker timer on the loop while the writer is idle: the begins after the first wait for it
+    (it falls due first), and when it fires with the writer idle and begins unseen, the thread is woken
+    and times them itself (contract D19 kept: no marker is later than its due time)."""
+    from otel_capture._rollout_id import validate_rollout_id
+    from otel_capture._store.writer import _TICK as writer_tick
+    from otel_capture._store.writer_items import _Begin
+
+    def begin(self: Any, rollout_id: str, model_call_id: str) -> None:
+        rid = validate_rollout_id(rollout_id)
+        if self._closed:
+            return
+        self._state.calls.begin(rid, model_call_id)
+        self._begins.append(_Begin(rid, model_call_id, time.monotonic()))
+        if self._idle and not getattr(self, "_armed", False):
+            self._armed = True
+            self._wake_when_due(rid, model_call_id)
+
+    def _marker_due(self: Any, rollout_id: str, model_call_id: str) -> None:
+        _count("marker_timers_fired")
+        self._armed = False
+        if self._idle and self._begins:
+            self._queue.put(writer_tick)
+
+    jsonl.begin, jsonl._marker_due = begin, _marker_due
+
+
+def _timed(name: str, function: Any) -> Any:
+    """``function`` with its thread CPU counted under ``loopcode/<name>`` and, outermost only, in
+    ``loopcode/total`` (a wrapped function called by another is not counted twice in the total)."""
+    depth = _depth
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        outer = getattr(depth, "n", 0) == 0
+        depth.n = getattr(depth, "n", 0) + 1
+        before = time.thread_time_ns()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            took = time.thread_time_ns() - before
+            depth.n -= 1
+            _count(f"loopcode/{name}_ns", took)
+            if outer:
+                _count("loopcode/total_ns", took)
+
+    return timed
+
+
+def _patch_capture() -> None:
+    """The capture's synchronous code on the event loop, timed (its coroutines' own frames are not)."""
+    from otel_capture._capture import call, middleware
+    from otel_capture._store import writer_items
+
+    middleware.correlate = _timed("correlate", middleware.correlate)  # type: ignore[attr-defined]
+    for cls, names in (
+        (middleware.ModelCallCaptureMiddleware, ("_start_span", "_finish")),
+        (middleware._CapturedExchange, ("begin",)),
+        (call.InFlightCall, ("set_request", "on_response_start", "on_body", "stream_complete")),
+    ):
+        for name in names:
+            setattr(cls, name, _timed(name, getattr(cls, name)))
+    writer_items._wake = _timed("wake", writer_items._wake)  # type: ignore[attr-defined]
+
+
+def _threads() -> dict[str, dict[str, int]]:
+    """Per thread kind (loop, writer): CPU ns, times run, context switches, user and system ticks."""
+    found: dict[str, dict[str, int]] = {}
+    native = {t.native_id: t.name for t in threading.enumerate()}
+    for tid_text in os.listdir("/proc/self/task"):
+        tid = int(tid_text)
+        kind = "loop" if tid == os.getpid() else ("writer" if native.get(tid) == WRITER else None)
+        if kind is None:
+            continue
+        task = f"/proc/self/task/{tid}"
+        try:
+            with open(f"{task}/schedstat") as f:
+                on_cpu, _, runs = (int(x) for x in f.read().split())
+            with open(f"{task}/status") as f:
+                status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+            with open(f"{task}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, ValueError):
+            continue
+        found[kind] = {
+            "cpu_ns": on_cpu,
+            "runs": runs,
+            "voluntary": int(status["voluntary_ctxt_switches"]),
+            "involuntary": int(status["nonvoluntary_ctxt_switches"]),
+            "utime_ticks": int(fields[11]),
+            "stime_ticks": int(fields[12]),
+        }
+    return found
+
+
+def snapshot() -> dict[str, Any]:
+    with _lock:
+        counts = dict(_counts)
+    return {
+        "gc": {key: list(value) for key, value in _gc.items()},
+        "counts": counts,
+        "threads": _threads(),
+        "gc_count": gc.get_count(),
+        "gc_frozen": gc.get_freeze_count(),
+        "gc_threshold": gc.get_threshold(),
+    }
+
+
+def _serve(path: str) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(path)
+        server.listen(4)
+        while True:
+            connection, _ = server.accept()
+            with connection:
+                connection.sendall(json.dumps(snapshot()).encode())
+
+
+def read(path: str, timeout: float = 10.0) -> dict[str, Any]:
+    """The probe's counters now (from the bench, outside the server)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.settimeout(timeout)
+        client.connect(path)
+        chunks = []
+        while chunk := client.recv(65536):
+            chunks.append(chunk)
+    found: dict[str, Any] = json.loads(b"".join(chunks))
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("module", help="the module to run as `python -m` would (the API server)")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    found = parser.parse_args()
+    gc.callbacks.append(_on_gc)
+    _patch_writer()
+    _patch_capture()
+    threading.Thread(target=_serve, args=(os.environ["BENCH_VLLM_PROBE"],), daemon=True).start()
+    sys.argv = [found.module, *found.args]
+    runpy.run_module(found.module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
