@@ -1,0 +1,241 @@
+"""One captured request and its response, between :class:`~.middleware.ModelCallCaptureMiddleware` and the
+app: the request read before the app runs, the response forwarded as it comes but for its terminal chunk,
+held until the record is durable (``docs/gateways.md``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from .. import _attributes as A
+from .._asgi import Message, Receive, Send
+from .._correlation import Correlation, response_headers, session_id
+from .call import InFlightCall
+from .passthrough import SCOPE_RESPONSE_COMPLETE
+from .propagation import with_trace_headers
+from .sink import CallSink
+from .weight import WEIGHT_VERSION_HEADER, caller_weight_version, without_weight_version_header
+
+if TYPE_CHECKING:
+    from .middleware import ModelCallCaptureMiddleware
+
+
+class CapturedExchange:
+    """One captured request and its response (starlette's ``GZipResponder`` shape): :meth:`run` reads the
+    request, starts the span and runs the app with :meth:`receive` and :meth:`send` in place of the
+    server's, then finishes the call and lets out what :meth:`send` held back.
+
+    :meth:`send` forwards each response message as it comes, except the terminal one and what follows it,
+    which wait until the record is durable. A redirect (``3xx``) is traced, not recorded; a call it began
+    is discarded. The sink hears that the call began (a freeze from then on reports it in flight) once,
+    when the app takes the request, by reading it or answering it; a redirect answered by routing alone
+    never begins. Per response chunk, :meth:`send` itself allocates nothing and awaits only the server's
+    ``send`` (the chunk's parsing is :meth:`InFlightCall.on_body`'s)."""
+
+    __slots__ = (
+        "_body_messages",
+        "_call",
+        "_content_length",
+        "_held",
+        "_held_at",
+        "_middleware",
+        "_own",
+        "_receive",
+        "_scope",
+        "_send",
+        "_sent",
+        "_sink",
+        "_started",
+        "_timed",
+        "begun",
+        "cancelled",
+        "holding",
+        "redirected",
+    )
+
+    def __init__(
+        self,
+        middleware: ModelCallCaptureMiddleware,
+        found: Correlation,
+        sink: CallSink | None,
+        receive: Receive,
+        send: Send,
+        started: float,
+    ) -> None:
+        assert found.dialect is not None and found.rollout_id is not None  # found.captured
+        headers = found.headers
+        self._middleware = middleware
+        self._scope = found.scope_for_capture(mark=sink is not None)
+        if WEIGHT_VERSION_HEADER in headers:  # not forwarded, as x-rollout-id is not (no walk when absent)
+            self._scope = without_weight_version_header(self._scope)
+        self._call = InFlightCall(
+            found.dialect,
+            found.rollout_id,
+            middleware.settings,
+            session_id=session_id(headers),
+            weight_version=caller_weight_version(headers),
+            scope=self._scope,
+        )
+        self._receive = receive
+        self._send = send
+        self._sink = sink
+        self._body_messages: list[Message] = []
+        self.begun = False  # the sink was told the call began
+        self.cancelled = False  # the client went away, or the app was cancelled
+        self.redirected = False  # a 3xx: not the model call
+        self.holding = False  # the terminal message went by: hold the rest until the record is durable
+        self._held: list[Message] = []
+        self._sent = 0  # body bytes
+        self._content_length: int | None = None
+        # the capture's own cost, timed only when a metric reader will see it (ServerMetrics.recording)
+        self._timed = middleware._metrics.recording
+        self._started = started  # when the middleware took the request
+        self._own = 0.0  # seconds in the capture's own code so far
+        self._held_at: float | None = None  # when the terminal chunk was held
+
+    async def run(self, found: Correlation) -> None:
+        middleware, scope, sink, call = self._middleware, self._scope, self._sink, self._call
+        timed = self._timed
+        if timed:
+            self._own = time.perf_counter() - self._started
+        self._body_messages, self.cancelled = await read_request(self._receive)  # waits for the client
+        mark = time.perf_counter() if timed else 0.0
+        messages = self._body_messages
+        body = messages[0].get("body", b"") if len(messages) == 1 else None
+        call.set_request(body if type(body) is bytes else b"".join(m.get("body", b"") for m in messages))
+        if middleware.engine.unready:  # the first call (the read at start), or the info route is asked
+            if timed:
+                self._own += time.perf_counter() - mark
+            await middleware.engine.ready(middleware.app, scope)  # waits for the app
+            mark = time.perf_counter() if timed else 0.0
+        admission = middleware.engine.admit()  # the engine's version as the app takes the call
+        span, attributes, parent = middleware._start_span(
+            call, scope, found.headers, found.source, found.baggage_id, timed
+        )
+        # in the caller's context when there is no server span (its baggage too), else in the current one
+        span_context = trace.set_span_in_context(span, parent)
+        token = otel_context.attach(span_context)
+        context = span.get_span_context()
+        if context.is_valid:
+            # An app that traces from the request's headers (vLLM's engine) nests its span under this call.
+            scope["headers"] = with_trace_headers(
+                scope.get("headers", ()), found.headers, context, span_context
+            )
+        if timed:
+            self._own += time.perf_counter() - mark
+        exception: BaseException | None = None
+        try:
+            await middleware.app(scope, self.receive, self.send)
+        except BaseException as exc:  # recorded, then re-raised unchanged
+            exception = exc
+            if isinstance(exc, asyncio.CancelledError):
+                self.cancelled = True
+        finally:
+            mark = time.perf_counter() if timed else 0.0
+            otel_context.detach(token)
+            if self.redirected:
+                # traced (with its status), not recorded and not counted as a model call
+                if call.status_code is not None:
+                    span.set_attribute(A.HTTP_RESPONSE_STATUS_CODE, call.status_code)
+                span.end()
+                if self.begun and sink is not None:
+                    sink.discard_call(call.rollout_id, call.model_call_id)
+            else:
+                self.begin()
+                # A disconnect after the app produced the whole response is not a cancelled call.
+                cancelled = self.cancelled and not self.holding
+                finished = middleware._finish(call, span, attributes, exception, cancelled, sink, admission)
+                if timed:
+                    self._own += time.perf_counter() - mark
+                if finished is not None and sink is not None:
+                    await middleware._wait_durable(call, finished, sink)
+                if timed:
+                    held_at = self._held_at
+                    wait = None if held_at is None else time.perf_counter() - held_at
+                    middleware._metrics.record_capture_cost(call.dialect, self._own, wait)
+            # Capture never changes the response: what was held goes out now, durable or not (contract D5).
+            for message in self._held:
+                await self._send(message)
+        if exception is not None:
+            raise exception
+
+    def begin(self) -> None:
+        """Tell the sink, once, that the call has begun."""
+        if not self.begun:
+            self.begun = True
+            if self._sink is not None:
+                self._sink.begin_call(self._call.rollout_id, self._call.model_call_id)
+
+    async def receive(self) -> Message:
+        """The request's body messages read before the app ran, then the server's ``receive``."""
+        self.begin()
+        if self._body_messages:
+            return self._body_messages.pop(0)
+        message = await self._receive()
+        if message["type"] == "http.disconnect":
+            self.cancelled = True
+        return message
+
+    async def send(self, message: Message) -> None:
+        call = self._call
+        if self.holding:
+            if message["type"] == "http.response.body":
+                call.on_body(message.get("body", b""))  # what follows the terminal chunk is captured too
+            self._held.append(message)
+            return
+        kind = message["type"]
+        if kind == "http.response.start":
+            # 3xx: routing redirected it (a trailing slash; then the call never began), or the app or
+            # the upstream did after reading it; the call the client makes next is the model call
+            self.redirected = 300 <= message["status"] < 400
+            if not self.redirected:
+                self.begin()
+            content_type, content_encoding, self._content_length = response_headers(
+                message.get("headers", ())
+            )
+            call.on_response_start(message["status"], content_type, content_encoding)
+        elif kind == "http.response.body":
+            body = message.get("body", b"")
+            sent = self._sent = self._sent + len(body)
+            if self._timed:
+                mark = time.perf_counter()
+                terminal = call.on_body(body)
+                self._own += time.perf_counter() - mark
+            else:
+                terminal = call.on_body(body)
+            # The end of a response is whichever comes first: the dialect's terminal event, the byte
+            # that completes Content-Length (a client may stop reading there, before any final empty
+            # message), or the last body message. It is held until the record is durable (contract D1);
+            # every chunk before it went out as it came (contract D2).
+            content_length = self._content_length
+            if (
+                terminal
+                or not message.get("more_body", False)
+                or (content_length is not None and sent >= content_length)
+            ):
+                self.holding = True
+                if self._timed:
+                    self._held_at = time.perf_counter()
+                self._held.append(message)
+                if call.stream_complete:
+                    self._scope[SCOPE_RESPONSE_COMPLETE] = True
+                return
+        await self._send(message)
+
+
+async def read_request(receive: Receive) -> tuple[list[Message], bool]:
+    """Every request body message, read before the app runs (it reads the whole JSON body anyway), so the
+    span starts with the request's model and parameters."""
+    messages: list[Message] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            messages.append(message)
+            return messages, True
+        messages.append(message)
+        if not message.get("more_body", False):
+            return messages, False
