@@ -6,22 +6,54 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from .. import _attributes as A
-from .._asgi import Message, Receive, Send
+from .._asgi import ASGIApp, Message, Receive, Scope, Send
 from .._correlation import Correlation, response_headers, session_id
+from .._settings import CaptureSettings
+from .._telemetry import ServerMetrics
 from .call import InFlightCall
+from .engine import Admission, EngineWeights
 from .passthrough import SCOPE_RESPONSE_COMPLETE
 from .propagation import with_trace_headers
-from .sink import CallSink
+from .sink import CallSink, FinishedCall
 from .weight import WEIGHT_VERSION_HEADER, caller_weight_version, without_weight_version_header
 
-if TYPE_CHECKING:
-    from .middleware import ModelCallCaptureMiddleware
+
+class CaptureHost(Protocol):
+    """What an exchange asks of the middleware that made it (:class:`~.middleware.ModelCallCaptureMiddleware`)."""
+
+    app: ASGIApp
+    settings: CaptureSettings
+    engine: EngineWeights
+    _metrics: ServerMetrics
+
+    def _start_span(
+        self,
+        call: InFlightCall,
+        scope: Scope,
+        headers: dict[str, list[bytes]],
+        source: str,
+        baggage_id: str | None,
+        metrics_recording: bool,
+    ) -> tuple[trace.Span, dict[str, Any] | None, otel_context.Context | None]: ...
+
+    def _finish(
+        self,
+        call: InFlightCall,
+        span: trace.Span,
+        attributes: dict[str, Any] | None,
+        exception: BaseException | None,
+        cancelled: bool,
+        sink: CallSink | None,
+        admission: Admission,
+    ) -> FinishedCall | None: ...
+
+    async def _wait_durable(self, call: InFlightCall, finished: FinishedCall, sink: CallSink) -> None: ...
 
 
 class CapturedExchange:
@@ -59,7 +91,7 @@ class CapturedExchange:
 
     def __init__(
         self,
-        middleware: ModelCallCaptureMiddleware,
+        middleware: CaptureHost,
         found: Correlation,
         sink: CallSink | None,
         receive: Receive,
