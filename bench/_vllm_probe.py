@@ -200,13 +200,13 @@ def _timed(name: str, function: Any) -> Any:
 
 def _patch_capture() -> None:
     """The capture's synchronous code on the event loop, timed (its coroutines' own frames are not)."""
-    from otel_capture._capture import call, middleware
+    from otel_capture._capture import call, exchange, middleware
     from otel_capture._store import writer_items
 
     middleware.correlate = _timed("correlate", middleware.correlate)  # type: ignore[attr-defined]
     for cls, names in (
         (middleware.ModelCallCaptureMiddleware, ("_start_span", "_finish")),
-        (middleware._CapturedExchange, ("begin",)),
+        (exchange.CapturedExchange, ("begin",)),
         (call.InFlightCall, ("set_request", "on_response_start", "on_body", "stream_complete")),
     ):
         for name in names:
