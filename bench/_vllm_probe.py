@@ -11,16 +11,10 @@ what the server does, only counts it:
 * the capture writer's wake-ups (``JsonlWriter._next`` returning) by what woke it (a line, a tick, ...), the
   CPU the thread spent between two waits (``time.thread_time``), its batches, and the wake-ups it sends
   to the loop (``Completions.flush``: one ``call_soon_threadsafe`` per loop per batch);
-* the marker timers the loop starts (``JsonlWriter._wake_when_due``) and the ticks they put;
-* with ``$BENCH_VLLM_PROBE_MARKER_SLACK`` (seconds; an experiment, not the capture's behaviour): when the
-  oldest begin's marker falls due, the markers of the begins due within that slack are written with it;
-* with ``$BENCH_VLLM_PROBE_ONE_TIMER=1`` (an experiment): at most one marker timer on the loop while the
-  writer is idle (see ``_one_timer``);
+* the marker timers the loop starts (``JsonlWriter._wake_when_due``) and their firings;
 * with ``$BENCH_VLLM_PROBE_NULL_WRITE=1`` (an experiment that breaks durability: the run's record count
   fails): the writer acknowledges each batch without writing it, so its I/O and its GIL holds are gone
   while the loop's side of the capture is unchanged;
-* with ``$BENCH_VLLM_PROBE_WRITER_BATCH=1`` (an experiment): the writer thread under ``SCHED_BATCH``, which
-  the kernel never lets preempt a running thread when it wakes;
 * the capture's synchronous code on the loop (correlate, the span's start and the call's finish, the
   body's parsing, the waiters' wake-up), its thread CPU (``loopcode/...``);
 * per thread, from ``/proc``: CPU (``schedstat``), times run, voluntary and involuntary context switches,
@@ -87,11 +81,7 @@ def _patch_writer() -> None:
     flush = writer_items.Completions.flush
     busy = threading.local()
 
-    batch_policy = os.environ.get("BENCH_VLLM_PROBE_WRITER_BATCH") == "1"
-
     def _next(self: Any) -> object:
-        if batch_policy and not hasattr(busy, "policy"):  # the writer thread itself, once
-            busy.policy = os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
         now = time.thread_time_ns()
         if hasattr(busy, "since"):
             _count("writer_busy_ns", now - busy.since)
@@ -122,59 +112,17 @@ def _patch_writer() -> None:
         _count("loop_wakeups_sent", len(self._wakeups))
         flush(self)
 
-    def _wake_when_due(self: Any, rollout_id: str, model_call_id: str) -> None:
+    def _wake_when_due(self: Any, *args: Any) -> None:  # counts each call: it arms a timer, or reuses one
         _count("marker_timers")
-        wake_when_due(self, rollout_id, model_call_id)
+        wake_when_due(self, *args)
 
-    def _marker_due(self: Any, rollout_id: str, model_call_id: str) -> None:
+    def _marker_due(self: Any, *args: Any) -> None:
         _count("marker_timers_fired")
-        marker_due(self, rollout_id, model_call_id)
+        marker_due(self, *args)
 
-    slack = float(os.environ.get("BENCH_VLLM_PROBE_MARKER_SLACK", "0"))
-    if slack > 0:  # an experiment: with the oldest due begin, the ones due within `slack` (markers early)
-        due_begins = jsonl._due_begins
-
-        def _due_begins(self: Any, batch: Any, abandons: Any, discards: Any, force: bool) -> Any:
-            delay = self._marker_delay
-            self._marker_delay = delay - slack
-            try:
-                return due_begins(self, batch, abandons, discards, force)
-            finally:
-                self._marker_delay = delay
-
-        jsonl._due_begins = _due_begins  # type: ignore[method-assign]
     jsonl._next, jsonl._write_batch = _next, _write_batch  # type: ignore[method-assign]
     jsonl._wake_when_due, jsonl._marker_due = _wake_when_due, _marker_due  # type: ignore[method-assign]
     writer_items.Completions.flush = _flush  # type: ignore[method-assign]
-    if os.environ.get("BENCH_VLLM_PROBE_ONE_TIMER") == "1":  # an experiment: one marker timer while idle
-        _one_timer(jsonl)
-
-
-def _one_timer(jsonl: Any) -> None:
-    """At most one marker timer on the loop while the writer is idle: the begins after the first wait for it
-    (it falls due first), and when it fires with the writer idle and begins unseen, the thread is woken
-    and times them itself (contract D19 kept: no marker is later than its due time)."""
-    from otel_capture._rollout_id import validate_rollout_id
-    from otel_capture._store.writer import _TICK as writer_tick
-    from otel_capture._store.writer_items import _Begin
-
-    def begin(self: Any, rollout_id: str, model_call_id: str) -> None:
-        rid = validate_rollout_id(rollout_id)
-        if self._closed:
-            return
-        self._state.calls.begin(rid, model_call_id)
-        self._begins.append(_Begin(rid, model_call_id, time.monotonic()))
-        if self._idle and not getattr(self, "_armed", False):
-            self._armed = True
-            self._wake_when_due(rid, model_call_id)
-
-    def _marker_due(self: Any, rollout_id: str, model_call_id: str) -> None:
-        _count("marker_timers_fired")
-        self._armed = False
-        if self._idle and self._begins:
-            self._queue.put(writer_tick)
-
-    jsonl.begin, jsonl._marker_due = begin, _marker_due
 
 
 def _timed(name: str, function: Any) -> Any:
@@ -207,7 +155,7 @@ def _patch_capture() -> None:
     for cls, names in (
         (middleware.ModelCallCaptureMiddleware, ("_start_span", "_finish")),
         (exchange.CapturedExchange, ("begin",)),
-        (call.InFlightCall, ("set_request", "on_response_start", "on_body", "stream_complete")),
+        (call.InFlightCall, ("set_request", "on_response_start", "on_body")),
     ):
         for name in names:
             setattr(cls, name, _timed(name, getattr(cls, name)))

@@ -1,0 +1,90 @@
+"""``bench_vllm --probe`` wraps the capture's own methods inside vLLM's server (``bench/_vllm_probe.py``): a
+wrapper whose signature has drifted from the capture's breaks every captured call there (vLLM answers 400),
+so the probe is installed here, in a process of its own, around real captured calls, one of them longer
+than the in-flight marker delay; the calls must be recorded and the counters must have counted them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = textwrap.dedent(
+    """
+    import asyncio, json, sys
+
+    import httpx
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from bench import _vllm_probe as probe
+
+    probe._patch_writer()
+    probe._patch_capture()
+
+    from otel_capture import CaptureSettings, CaptureStore, ModelCallCaptureMiddleware, read_model_call_records
+    from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
+
+    BODY = (
+        b'{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,'
+        b'"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],'
+        b'"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}'
+    )
+
+    async def app(scope, receive, send):
+        while (await receive()).get("more_body", False):
+            pass
+        await asyncio.sleep(float(dict(scope["headers"]).get(b"x-think", b"0")))
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": BODY})
+
+    folder = sys.argv[1]
+    exporter = ModelCallJsonlExporter(folder)
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    middleware = ModelCallCaptureMiddleware(app, tracer_provider=provider, settings=CaptureSettings())
+
+    async def calls():
+        transport = httpx.ASGITransport(app=middleware)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            statuses = []
+            for rollout, think in (("r-quick", "0"), ("r-long", "0.1"), ("r-quick", "0")):
+                answer = await client.post(
+                    f"/ng-rollout/{rollout}/v1/chat/completions",
+                    content=b'{"model":"m","messages":[{"role":"user","content":"hi"}]}',
+                    headers={"content-type": "application/json", "x-think": think},
+                )
+                statuses.append(answer.status_code)
+            return statuses
+
+    statuses = asyncio.run(calls())
+    provider.shutdown()
+    store = CaptureStore(folder)
+    records = {r: len(read_model_call_records(store, r)) for r in ("r-quick", "r-long")}
+    print(json.dumps({"statuses": statuses, "records": records, "counts": probe.snapshot()["counts"]}))
+    """
+)
+
+
+def test_the_vllm_probe_wraps_the_capture_without_changing_a_call(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "calls")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["statuses"] == [200, 200, 200]
+    assert found["records"] == {"r-quick": 2, "r-long": 1}
+    counts = found["counts"]
+    for counted in ("loopcode/_finish_ns", "loopcode/begin_ns", "loopcode/on_body_ns", "writer_batches"):
+        assert counts.get(counted, 0) > 0, (counted, counts)
+    assert counts.get("marker_timers", 0) >= 1  # the long call's marker was timed through the wrapper
