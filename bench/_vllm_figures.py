@@ -273,7 +273,7 @@ PROBE_ROWS = (
     ("counts/writer_batches", "writer: batches"),
     ("counts/writer_batch_markers", "writer: begins in batches"),
     ("counts/loop_wakeups_sent", "writer -> loop wake-ups"),
-    ("counts/marker_timers", "loop: marker timers started"),
+    ("counts/marker_timers", "loop: begins timing a marker"),
     ("counts/marker_timers_fired", "loop: marker timers fired"),
 )
 

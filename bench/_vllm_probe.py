@@ -11,7 +11,7 @@ what the server does, only counts it:
 * the capture writer's wake-ups (``JsonlWriter._next`` returning) by what woke it (a line, a tick, ...), the
   CPU the thread spent between two waits (``time.thread_time``), its batches, and the wake-ups it sends
   to the loop (``Completions.flush``: one ``call_soon_threadsafe`` per loop per batch);
-* the marker timers the loop starts (``JsonlWriter._wake_when_due``) and their firings;
+* the begins that time a marker (``JsonlWriter._wake_when_due``: one timer per writer, armed by the first) and the timer's firings;
 * with ``$BENCH_VLLM_PROBE_NULL_WRITE=1`` (an experiment that breaks durability: the run's record count
   fails): the writer acknowledges each batch without writing it, so its I/O and its GIL holds are gone
   while the loop's side of the capture is unchanged;
