@@ -75,7 +75,7 @@ from bench import _harness as H
 from bench import _pyspy, _vllm_probe
 from bench._servers import bind_socket
 from bench._vllm_figures import SHAPES, Group, report
-from otel_capture._store.writer import WRITER_THREAD_KERNEL_NAME
+from otel_capture._store.writer import IDLE_CLOSE, WRITER_THREAD_KERNEL_NAME
 
 MODEL_NAME = "gemma-3-270m"  # checked against the tests' build in main()
 
@@ -339,7 +339,7 @@ def _syscalls(pid: int, base: str, work: Path, concurrency: int) -> dict[str, di
             time.sleep(1.0)  # attached before the calls begin
             for round_ in range(SYSCALL_GROUPS):
                 caller.calls(mode, "chat16", 1000 + round_)
-            time.sleep(SETTLE_S + 1.5)  # the writer's trailing work, and its idle close (IDLE_CLOSE 1 s)
+            time.sleep(IDLE_CLOSE + 0.5)  # the writer's trailing work, and its idle close
             for tracer in tracers:
                 tracer.send_signal(signal.SIGINT)
                 tracer.wait(timeout=60)
@@ -367,7 +367,7 @@ def _report_syscalls(found: dict[str, dict[str, dict[str, int]]], concurrency: i
         ["thread", "syscall", "captured", "passed", "captured - passed"],
         rows,
         ["counted with strace attached (it slows each call: its times are not read); the writer's count "
-         "includes its idle close 1 s after the last batch"],
+         f"includes its idle close {IDLE_CLOSE:g} s after the last batch"],
     )  # fmt: skip
 
 
