@@ -1,7 +1,7 @@
 """What the writer thread spends per call, by how long the call lasts: under the in-flight marker delay
 (20 ms: the line alone) and over it (the ``+`` marker written, then the line, the marker read and removed).
 
-    python -m bench.bench_marker [--calls N]
+    python -m bench.bench_marker [--calls N] [--rounds N] [--long MS,...] [--gap MS]
 
 One ``JsonlWriter`` on a temporary directory, calls made one at a time as a model server makes them
 (``begin``, the call's duration on the event loop, ``submit``, wait until durable), the writer thread's
@@ -18,6 +18,11 @@ rollout's files). A model server's calls
 per-call cost, without vLLM. The busy row shows what a busy loop adds: each system call of the writer
 lets the GIL go, and the loop, which wants it, takes it; the writer then waits for it again (more
 wake-ups, and the switch interval's delay each time).
+
+``--gap MS`` adds two rows of 8 rollouts that call again every MS ms (a multi-turn rollout's tool step), the
+writer's idle close (``IDLE_CLOSE``) at 1 s, as before ``fca04d7``, and at its value now, in the same rotated
+rounds: whether a rollout's next call after a pause finds its files open or opens, checks and creates them
+again (and the idle close removes its marker and closes them in between).
 
 A last table separates the machine from the writer: the same fixed work, in a plain thread, done back to
 back and after sleeping as long as each row's call lasts: the writer's system calls (open for append,
@@ -41,7 +46,8 @@ from pathlib import Path
 from bench import _harness as H
 from otel_capture._capture import LoopWaiter
 from otel_capture._store import JsonlWriter
-from otel_capture._store.writer import MARKER_DELAY, WRITER_THREAD_KERNEL_NAME
+from otel_capture._store import writer as writer_module
+from otel_capture._store.writer import IDLE_CLOSE, MARKER_DELAY, WRITER_THREAD_KERNEL_NAME
 
 LINE = b'{"model_call_id":"x","dialect":"chat","request":{"model":"m"},"response":{}}' + b" " * 1000 + b"\n"
 
@@ -83,9 +89,20 @@ async def _busy(stop: asyncio.Event) -> None:
 
 
 async def _round(
-    writer: JsonlWriter, duration_s: float, calls: int, n: int, busy: bool = False, at_once: int = 1
+    writer: JsonlWriter,
+    duration_s: float,
+    calls: int,
+    n: int,
+    busy: bool = False,
+    at_once: int = 1,
+    again: tuple[float, float] | None = None,
 ) -> tuple[float, float, float, float]:
+    """One row's round. ``again``: ``(gap_s, idle_close_s)``: the same ``at_once`` rollouts call again
+    every ``gap_s`` seconds, the writer's idle close at ``idle_close_s``; the gaps are in the window."""
     loop = asyncio.get_running_loop()
+    kept_idle = writer_module.IDLE_CLOSE
+    if again is not None:
+        writer_module.IDLE_CLOSE = again[1]
     stop = asyncio.Event()
     busy_task = asyncio.create_task(_busy(stop)) if busy else None
     before, woken = _writer_cpu(), _writer_wakeups()
@@ -93,6 +110,8 @@ async def _round(
     async def call(i: int) -> None:
         model_call_id = f"{n:08x}{i:024x}"
         rollout_id = f"r{n}-{i}" if at_once > 1 else "bench"  # vLLM's way: every call its own rollout
+        if again is not None:  # a multi-turn rollout's next call, after a tool step
+            rollout_id = f"g{n}-{i % at_once}"
         writer.begin(rollout_id, model_call_id)
         if duration_s:
             await asyncio.sleep(duration_s)
@@ -102,7 +121,10 @@ async def _round(
 
     for first in range(0, calls, at_once):
         await asyncio.gather(*(call(i) for i in range(first, min(calls, first + at_once))))
+        if again is not None:
+            await asyncio.sleep(again[0])
     after, woke = _writer_cpu(), _writer_wakeups()
+    writer_module.IDLE_CLOSE = kept_idle
     stop.set()
     if busy_task is not None:
         await busy_task
@@ -110,18 +132,20 @@ async def _round(
     return on_cpu, user, system, (woke - woken) / calls
 
 
-ROWS = {
-    "0 ms": (0.0, False, 1),
-    "30 ms": (0.03, False, 1),
-    "30 ms, loop busy": (0.03, True, 1),
-    "30 ms, 8 at once, new rollouts": (0.03, False, 8),
+Row = tuple[float, bool, int, tuple[float, float] | None]
+ROWS: dict[str, Row] = {
+    "0 ms": (0.0, False, 1, None),
+    "30 ms": (0.03, False, 1, None),
+    "30 ms, loop busy": (0.03, True, 1, None),
+    "30 ms, 8 at once, new rollouts": (0.03, False, 8, None),
 }
-"""Each row's call duration, whether the event loop is busy meanwhile, and how many calls run at once (more
-than one: each call its own new rollout, as in single-turn RL inside vLLM: every call creates its files)."""
+"""Each row's call duration, whether the event loop is busy meanwhile, how many calls run at once (more
+than one: each call its own new rollout, as in single-turn RL inside vLLM: every call creates its files),
+and, for ``--gap`` rows, the gap after which the same rollouts call again and the idle close used."""
 
 
 async def _main(
-    calls: int, rounds: int, rows: dict[str, tuple[float, bool, int]]
+    calls: int, rounds: int, rows: dict[str, Row]
 ) -> tuple[dict[str, list[tuple[float, float, float, float]]], bool]:
     """The rounds' figures, and whether the lines on disk are exactly the calls made."""
     found: dict[str, list[tuple[float, float, float, float]]] = {label: [] for label in rows}
@@ -133,8 +157,8 @@ async def _main(
             labels = list(rows)
             for n in range(rounds):
                 for label in labels[n % len(labels) :] + labels[: n % len(labels)]:  # rotated each round
-                    duration_s, busy, at_once = rows[label]
-                    found[label].append(await _round(writer, duration_s, calls, n, busy, at_once))
+                    duration_s, busy, at_once, again = rows[label]
+                    found[label].append(await _round(writer, duration_s, calls, n, busy, at_once, again))
         finally:
             writer.close()
         lines = H.count_lines(Path(tmp) / "calls")
@@ -193,10 +217,21 @@ def main() -> int:
         help="extra rows: calls lasting these many ms each, comma-separated (e.g. 800,1200: as long as a "
         "tiny model's calls take on a CPU vLLM, where the writer sleeps between the marker and the line)",
     )
+    parser.add_argument(
+        "--gap",
+        type=float,
+        default=0.0,
+        help="extra rows: 8 rollouts calling again every GAP ms (a multi-turn rollout's tool step), with the "
+        f"writer's idle close at 1 s (before fca04d7) and at {IDLE_CLOSE:g} s (now), side by side",
+    )
     args = parser.parse_args()
     found_rows = dict(ROWS)
     for ms in filter(None, args.long.split(",")):
-        found_rows[f"{float(ms):g} ms"] = (float(ms) / 1000, False, 1)
+        found_rows[f"{float(ms):g} ms"] = (float(ms) / 1000, False, 1, None)
+    if args.gap:
+        for idle_s in (1.0, IDLE_CLOSE):
+            label = f"30 ms, 8 at once, again after {args.gap:g} ms, idle close {idle_s:g} s"
+            found_rows[label] = (0.03, False, 8, (args.gap / 1000, idle_s))
     print(H.machine_line(), flush=True)
     found, complete = asyncio.run(_main(args.calls, args.rounds, found_rows))
     rows = []
@@ -214,7 +249,7 @@ def main() -> int:
             f"lines on disk equal the calls: {complete}",
         ],
     )
-    sleeps_s = [0.0, *sorted({duration_s for duration_s, _, _ in found_rows.values() if duration_s})]
+    sleeps_s = [0.0, *sorted({row[0] for row in found_rows.values() if row[0]})]
     H.print_table(
         f"the machine: CPU of fixed work back to back and after a sleep, us (medians of {MACHINE_REPEATS})",
         ["work", *(f"after {s * 1000:g} ms" for s in sleeps_s)],
