@@ -184,21 +184,23 @@ _NO_TOKENS: dict[str, Any] = {"prompt_token_ids": None, "generations": []}  # ex
 
 def _token_checks(
     request: dict[str, Any] | None, response: dict[str, Any] | None, dialect: str
-) -> tuple[str | None, str | None, bool]:
-    """``(tokens_missing, token_mismatch, no tokens)`` of an answer (``docs/tokens.md``), its tokens read
-    once; ``no tokens``: the answer carries none, so it has no tokens line either."""
+) -> tuple[str | None, str | None, bool, dict[str, Any] | None]:
+    """``(tokens_missing, token_mismatch, no tokens, tokens)`` of an answer (``docs/tokens.md``), its
+    tokens read once, for the checks and the tokens line; ``no tokens``: the answer carries none, so it
+    has no tokens line either."""
     try:
         found = extract_tokens(response)
         if found is None:  # no tokens at all (most answers): nothing to mismatch, and not read twice more
-            return tokens_missing(request, response, dialect, _NO_TOKENS), None, True
+            return tokens_missing(request, response, dialect, _NO_TOKENS), None, True, None
         return (
             tokens_missing(request, response, dialect, found),
             token_mismatch(request, response, dialect, found),
             False,
+            found,
         )
     except Exception:  # capture never fails a call; a body this cannot read is a bug, logged
         _logger.debug("could not check the answer's tokens", exc_info=True)
-        return None, None, False
+        return None, None, False, None
 
 
 class InFlightCall:
@@ -254,6 +256,7 @@ class InFlightCall:
         self.engine_version: str | None = None  # the weight version the answer reports: set at finish
         # the answer carries no token data (extract_tokens read it at finish): it has no tokens line
         self._no_tokens = False
+        self._tokens: dict[str, Any] | None = None  # what extract_tokens read at finish, for the tokens line
 
     # -- request ------------------------------------------------------------------------------------
 
@@ -356,7 +359,7 @@ class InFlightCall:
             category = "capture_parse_error"
         self.error_category = category
         if category in (None, "incomplete"):  # an answer: are the tokens it was asked for there?
-            self.tokens_missing, self.token_mismatch, self._no_tokens = _token_checks(
+            self.tokens_missing, self.token_mismatch, self._no_tokens, self._tokens = _token_checks(
                 self.request_obj, self.response_obj, self.dialect
             )
         self.engine_version = engine_weight_version(self.response_obj)
@@ -368,6 +371,7 @@ class InFlightCall:
         self.response.chunks = []
         self._reassembly = None
         self.request_obj = self.response_obj = None
+        self._tokens = None
 
     def _request_kept(self) -> bool:
         return self.request_obj is not None and not self.request.truncated
@@ -453,6 +457,7 @@ class InFlightCall:
             rollout_id=self.rollout_id,
             model_call_id=self.model_call_id,
             request=self.request_obj,
+            found=self._tokens,
         )
 
     def _request_value(self) -> Any:

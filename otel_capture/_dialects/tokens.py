@@ -240,8 +240,17 @@ def extract_tokens(
         output_ids = _raw_message_tokens(response.get("output_messages"))
         if output_ids is not None:
             _with_output_ids(generations, response.get("output"), output_ids)
-    if prompt is None and generations:
-        prompt = id_list(generate_prompt_ids(request))
     if prompt is None and not generations:
         return None
-    return {"prompt_token_ids": prompt, "generations": generations}
+    return with_request_prompt({"prompt_token_ids": prompt, "generations": generations}, request)
+
+
+def with_request_prompt(found: dict[str, Any], request: dict[str, Any] | None) -> dict[str, Any]:
+    """``found`` (:func:`extract_tokens` of a response alone) with a token-in/token-out request's prompt
+    ids when the answer has generations but did not repeat them: what ``extract_tokens(response, request)``
+    returns, without reading the response again (a new dict when it adds them)."""
+    if found["prompt_token_ids"] is None and found["generations"] and request is not None:
+        prompt = id_list(generate_prompt_ids(request))
+        if prompt is not None:
+            return {**found, "prompt_token_ids": prompt}
+    return found

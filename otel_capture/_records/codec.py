@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import orjson
 from pydantic import ValidationError
 
-from .._dialects.tokens import extract_tokens
+from .._dialects.tokens import extract_tokens, with_request_prompt
 from .._errors import CaptureReadError, DamagedLine, damaged_line
 from .build import build_model_call_record
 from .schema import TOKENS_SCHEMA_VERSION, ModelCallRecord
@@ -81,6 +81,7 @@ def tokens_line(
     rollout_id: str,
     model_call_id: str,
     request: dict[str, Any] | None = None,
+    found: dict[str, Any] | None = None,
 ) -> bytes | None:
     """The ``<id>.tokens.jsonl`` line (ending in ``\\n``) of one call, or ``None`` without token data.
 
@@ -93,8 +94,9 @@ def tokens_line(
     An entry of a list may be ``null`` (an odd one: a NaN log-prob...; ``docs/tokens.md``, "Odd entries").
 
     What is read from which response shape is the dialects' (:func:`otel_capture._dialects.tokens.
-    extract_tokens`); the ``request`` gives a token-in/token-out call's prompt ids."""
-    found = extract_tokens(response, request)
+    extract_tokens`); the ``request`` gives a token-in/token-out call's prompt ids. ``found``: the
+    response's ``extract_tokens(response)``, when the caller has already read it (not read again)."""
+    found = extract_tokens(response, request) if found is None else with_request_prompt(found, request)
     if found is None or response is None:
         return None
     model = response.get("model")
