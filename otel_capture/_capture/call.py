@@ -23,8 +23,8 @@ from .._dialects.deferred import StreamReassembly
 from .._dialects.mismatch import token_mismatch
 from .._dialects.missing import tokens_missing
 from .._dialects.stream import close_cut_json, loads_nonstandard
-from .._dialects.tokens import extract_tokens
-from .._records import SCHEMA_VERSION, call_failed, encode_record_line, tokens_line
+from .._dialects.tokens import extract_tokens, with_request_prompt
+from .._records import SCHEMA_VERSION, call_failed, encode_record_line, encode_tokens_line, tokens_line
 from .._records.schema import REFUSED_OVER_CAPACITY
 from .._settings import CaptureSettings
 from .._telemetry import content_attributes, request_attributes, response_attributes
@@ -184,23 +184,22 @@ _NO_TOKENS: dict[str, Any] = {"prompt_token_ids": None, "generations": []}  # ex
 
 def _token_checks(
     request: dict[str, Any] | None, response: dict[str, Any] | None, dialect: str
-) -> tuple[str | None, str | None, bool, dict[str, Any] | None]:
-    """``(tokens_missing, token_mismatch, no tokens, tokens)`` of an answer (``docs/tokens.md``), its
-    tokens read once, for the checks and the tokens line; ``no tokens``: the answer carries none, so it
-    has no tokens line either."""
+) -> tuple[str | None, str | None, dict[str, Any] | None]:
+    """``(tokens_missing, token_mismatch, tokens)`` of an answer (``docs/tokens.md``), its tokens read
+    once, for the checks and the tokens line: ``extract_tokens(response)``, :data:`_NO_TOKENS` when the
+    answer carries none (so no tokens line either), ``None`` when they could not be read."""
     try:
         found = extract_tokens(response)
         if found is None:  # no tokens at all (most answers): nothing to mismatch, and not read twice more
-            return tokens_missing(request, response, dialect, _NO_TOKENS), None, True, None
+            return tokens_missing(request, response, dialect, _NO_TOKENS), None, _NO_TOKENS
         return (
             tokens_missing(request, response, dialect, found),
             token_mismatch(request, response, dialect, found),
-            False,
             found,
         )
     except Exception:  # capture never fails a call; a body this cannot read is a bug, logged
         _logger.debug("could not check the answer's tokens", exc_info=True)
-        return None, None, False, None
+        return None, None, None
 
 
 class InFlightCall:
@@ -254,9 +253,9 @@ class InFlightCall:
         self.token_mismatch: str | None = None  # which token invariant the answer breaks (docs/tokens.md)
         self._response_nonstandard = False  # a body with NaN/Infinity: re-encoded, its bytes kept raw
         self.engine_version: str | None = None  # the weight version the answer reports: set at finish
-        # the answer carries no token data (extract_tokens read it at finish): it has no tokens line
-        self._no_tokens = False
-        self._tokens: dict[str, Any] | None = None  # what extract_tokens read at finish, for the tokens line
+        # the answer's tokens as extract_tokens read them at finish (_NO_TOKENS: none, so no tokens line);
+        # None: not read there (not an answer, or unreadable)
+        self._tokens: dict[str, Any] | None = None
 
     # -- request ------------------------------------------------------------------------------------
 
@@ -359,7 +358,7 @@ class InFlightCall:
             category = "capture_parse_error"
         self.error_category = category
         if category in (None, "incomplete"):  # an answer: are the tokens it was asked for there?
-            self.tokens_missing, self.token_mismatch, self._no_tokens, self._tokens = _token_checks(
+            self.tokens_missing, self.token_mismatch, self._tokens = _token_checks(
                 self.request_obj, self.response_obj, self.dialect
             )
         self.engine_version = engine_weight_version(self.response_obj)
@@ -449,15 +448,22 @@ class InFlightCall:
 
     def tokens_line(self) -> bytes | None:
         """The call's ``<id>.tokens.jsonl`` line (:func:`otel_capture._records.tokens_line`), or ``None``
-        without token data; after :meth:`finish`, which has already read whether the answer has any."""
-        if self._no_tokens:  # extract_tokens found none at finish; the request alone adds none
+        without token data; after :meth:`finish`, whose reading of the answer's tokens it reuses."""
+        found = self._tokens
+        if found is _NO_TOKENS:  # none in the answer; the request alone adds none
             return None
-        return tokens_line(
+        if found is None or self.response_obj is None:  # not read at finish
+            return tokens_line(
+                self.response_obj,
+                rollout_id=self.rollout_id,
+                model_call_id=self.model_call_id,
+                request=self.request_obj,
+            )
+        return encode_tokens_line(
+            with_request_prompt(found, self.request_obj),
             self.response_obj,
             rollout_id=self.rollout_id,
             model_call_id=self.model_call_id,
-            request=self.request_obj,
-            found=self._tokens,
         )
 
     def _request_value(self) -> Any:

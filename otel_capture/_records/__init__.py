@@ -13,6 +13,7 @@ from .codec import (
     InvalidLine,
     damaged_line,
     encode_record_line,
+    encode_tokens_line,
     parse_record_line,
     tokens_line,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "call_failed",
     "damaged_line",
     "encode_record_line",
+    "encode_tokens_line",
     "parse_record_line",
     "tokens_line",
 ]

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import orjson
 from pydantic import ValidationError
 
-from .._dialects.tokens import extract_tokens, with_request_prompt
+from .._dialects.tokens import extract_tokens
 from .._errors import CaptureReadError, DamagedLine, damaged_line
 from .build import build_model_call_record
 from .schema import TOKENS_SCHEMA_VERSION, ModelCallRecord
@@ -32,6 +32,7 @@ __all__ = [
     "damaged_line",
     "decode_record_line",
     "encode_record_line",
+    "encode_tokens_line",
     "final_tail",
     "line_spans",
     "parse_record_line",
@@ -81,7 +82,6 @@ def tokens_line(
     rollout_id: str,
     model_call_id: str,
     request: dict[str, Any] | None = None,
-    found: dict[str, Any] | None = None,
 ) -> bytes | None:
     """The ``<id>.tokens.jsonl`` line (ending in ``\\n``) of one call, or ``None`` without token data.
 
@@ -94,11 +94,18 @@ def tokens_line(
     An entry of a list may be ``null`` (an odd one: a NaN log-prob...; ``docs/tokens.md``, "Odd entries").
 
     What is read from which response shape is the dialects' (:func:`otel_capture._dialects.tokens.
-    extract_tokens`); the ``request`` gives a token-in/token-out call's prompt ids. ``found``: the
-    response's ``extract_tokens(response)``, when the caller has already read it (not read again)."""
-    found = extract_tokens(response, request) if found is None else with_request_prompt(found, request)
+    extract_tokens`); the ``request`` gives a token-in/token-out call's prompt ids."""
+    found = extract_tokens(response, request)
     if found is None or response is None:
         return None
+    return encode_tokens_line(found, response, rollout_id=rollout_id, model_call_id=model_call_id)
+
+
+def encode_tokens_line(
+    found: dict[str, Any], response: dict[str, Any], *, rollout_id: str, model_call_id: str
+) -> bytes:
+    """:func:`tokens_line` from tokens already read (``extract_tokens(response, request)``, or the
+    response's alone through :func:`otel_capture._dialects.tokens.with_request_prompt`)."""
     model = response.get("model")
     record = {
         "schema_version": TOKENS_SCHEMA_VERSION,
