@@ -74,7 +74,8 @@ IDLE_CLOSE = 10.0
 markers, stripe lock files, the directory's descriptors). Longer than the gap between a rollout's calls in
 most agent loops (a tool step of a few seconds) and between vLLM's batches of long generations: a rollout
 whose next call comes after a quiet second no longer opens, checks and creates its files again (the writer's
-CPU per call, 8 rollouts making a call each every 1.5 s: 430-620 us at 1 s, 240-300 us at 10 s). A retired
+CPU per call, 8 rollouts calling again every 1.5 s, ``python -m bench.bench_marker --gap 1500``: 577 and 692
+us at 1 s, 282 and 302 us at 10 s, in two runs). A retired
 or deleted rollout's file is still not held for long, and a busy writer keeps its files to
 :func:`.fs.kept_limit` whatever this is."""
 
