@@ -27,6 +27,7 @@ next to the app's is the ceiling any capture (goals 1 and 2) or any Python proxy
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
 import queue
@@ -123,6 +124,8 @@ class FloorWriter:
         self._fds.clear()
 
     def _run(self) -> None:
+        with contextlib.suppress(AttributeError):  # named in the kernel too, as the capture's writer is
+            ctypes.CDLL(None).prctl(15, b"floor-writer", 0, 0, 0)  # PR_SET_NAME
         get, get_nowait = self._queue.get, self._queue.get_nowait
         while True:
             item = get()
@@ -166,19 +169,21 @@ def _resolve(futures: list[asyncio.Future[None]]) -> None:
 
 class FloorCapture:
     """The barest durable capture around ``app`` (a 10-line ``__call__``; per-call state in
-    :class:`_FloorCall`). Requests without the rollout prefix, and lifespan, pass through."""
+    :class:`_FloorCall`). Requests without the rollout prefix (``prefix``), and lifespan, pass through."""
 
-    def __init__(self, app: Any, writer: FloorWriter, *, on_loop: bool = False) -> None:
+    def __init__(self, app: Any, writer: FloorWriter, *, on_loop: bool = False, prefix: str = PREFIX) -> None:
         self.app = app
         self.writer = writer
         self.on_loop = on_loop
+        self.prefix = prefix  # another than the capture's when both run in one server (bench_vllm --floor)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if not path.startswith(PREFIX):
+        prefix = self.prefix
+        if not path.startswith(prefix):
             await self.app(scope, receive, send)
             return
-        rollout, _, rest = path[len(PREFIX) :].partition("/")
+        rollout, _, rest = path[len(prefix) :].partition("/")
         scope["path"] = "/" + rest  # the app's routes see the path without the prefix
         call = _FloorCall(self, rollout, receive, send)
         await self.app(scope, call.receive, call.send)

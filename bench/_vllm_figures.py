@@ -62,21 +62,23 @@ def _mean(groups: list[Group], attr: str = "cpu_ms") -> float:
     return statistics.mean(getattr(g, attr) / g.calls for g in groups)
 
 
-def _paired_calls(groups: list[Group], concurrency: int, shape: str) -> list[Unit]:
-    """Per round (one ABBA quad): the captured and the passed groups' mean CPU ms per call."""
+def _paired_calls(groups: list[Group], concurrency: int, shape: str, mode: str = "captured") -> list[Unit]:
+    """Per round (one ABBA quad): the ``mode`` (captured, or --floor's floor) and the passed groups' mean
+    CPU ms per call."""
     units = []
     paired = _pick(groups, start="zero-code", concurrency=concurrency, shape=shape)
     for round_ in sorted({g.round for g in paired}):
         quad = _pick(paired, round=round_)
-        units.append((_mean(_pick(quad, mode="captured")), _mean(_pick(quad, mode="passed"))))
+        if _pick(quad, mode=mode):
+            units.append((_mean(_pick(quad, mode=mode)), _mean(_pick(quad, mode="passed"))))
     return units
 
 
-def _paired_tokens(groups: list[Group], concurrency: int) -> list[Unit]:
-    """Per round: the captured and the passed CPU µs per streamed token (72- minus 8-token stream)."""
+def _paired_tokens(groups: list[Group], concurrency: int, mode: str = "captured") -> list[Unit]:
+    """Per round: the ``mode`` and the passed CPU µs per streamed token (72- minus 8-token stream)."""
     long, short = (
-        _paired_calls(groups, concurrency, "stream72"),
-        _paired_calls(groups, concurrency, "stream8"),
+        _paired_calls(groups, concurrency, "stream72", mode),
+        _paired_calls(groups, concurrency, "stream8", mode),
     )
     return [
         ((lc - sc) * 1000 / PER_TOKEN, (lp - sp) * 1000 / PER_TOKEN)
@@ -145,44 +147,51 @@ def _report_absolute(groups: list[Group], idle: dict[str, float]) -> None:
 
 def _report_paired(groups: list[Group], concurrencies: list[int]) -> list[str]:
     rows, verdicts = [], []
+    modes = [m for m in ("captured", "floor") if _pick(groups, start="zero-code", mode=m)]
     for concurrency in concurrencies:
-        for label, unit, units in (
-            ("chat call", "ms", _paired_calls(groups, concurrency, "chat16")),
-            ("stream of 8 tokens", "ms", _paired_calls(groups, concurrency, "stream8")),
-            ("stream of 72 tokens", "ms", _paired_calls(groups, concurrency, "stream72")),
-            ("streamed token", "us", _paired_tokens(groups, concurrency)),
-        ):
-            if not units:
-                continue
-            ratio, (low, high) = _ratio(units), _interval(units, _ratio)
-            passed, (below, above) = statistics.mean(p for _, p in units), _interval(units, _diff)
-            rows.append(
-                [concurrency, label, len(units), f"{passed:.3f} {unit}", f"{_diff(units):+.3f} {unit}",
-                 f"[{below:+.3f}, {above:+.3f}]", f"{ratio:.4f}x", f"{low:.4f}-{high:.4f}",
-                 f"±{(high - low) / 2 * 100:.1f} %"]
-            )  # fmt: skip
-            if label in ("chat call", "streamed token"):
-                verdicts.append(f"c={concurrency} {label} {_verdict(low, high)} ({(ratio - 1) * 100:+.1f} %)")
+        for mode in modes:
+            for label, unit, units in (
+                ("chat call", "ms", _paired_calls(groups, concurrency, "chat16", mode)),
+                ("stream of 8 tokens", "ms", _paired_calls(groups, concurrency, "stream8", mode)),
+                ("stream of 72 tokens", "ms", _paired_calls(groups, concurrency, "stream72", mode)),
+                ("streamed token", "us", _paired_tokens(groups, concurrency, mode)),
+            ):
+                if not units:
+                    continue
+                ratio, (low, high) = _ratio(units), _interval(units, _ratio)
+                passed, (below, above) = statistics.mean(p for _, p in units), _interval(units, _diff)
+                rows.append(
+                    [concurrency, mode, label, len(units), f"{passed:.3f} {unit}", f"{_diff(units):+.3f} {unit}",
+                     f"[{below:+.3f}, {above:+.3f}]", f"{ratio:.4f}x", f"{low:.4f}-{high:.4f}",
+                     f"±{(high - low) / 2 * 100:.1f} %"]
+                )  # fmt: skip
+                if label in ("chat call", "streamed token"):
+                    verdicts.append(
+                        f"c={concurrency} {mode} {label} {_verdict(low, high)} ({(ratio - 1) * 100:+.1f} %)"
+                    )
     H.print_table(
-        "the capture's cost, paired: captured against passed groups (ABBA) in the zero-code start",
+        "the capture's cost, paired: captured (and --floor's floor) against passed groups (ABBA) in the "
+        "zero-code start",
         [
             "conc",
+            "mode",
             "",
             "quads",
             "passed",
-            "captured - passed",
+            "mode - passed",
             "95 % interval",
-            "captured/passed",
+            "mode/passed",
             "95 % interval",
             "±",
         ],
         rows,
         [
-            "quads: paired samples (one per round: 2 captured and 2 passed groups of each shape, ABBA/BAAB);",
-            "ratio: mean captured / mean passed over the quads; interval: percentile bootstrap, quads resampled",
+            "quads: paired samples (one per round: 2 groups of the mode and 2 passed groups of each shape, ABBA/BAAB;",
+            "with --floor ABCCBA, the passed groups shared); floor: the barest durable capture (bench/_floors.py)",
+            "ratio: mean of the mode / mean passed over the quads; interval: percentile bootstrap, quads resampled",
             f"({RESAMPLES} times; per token: rounds resampled, 72- minus 8-token stream over {PER_TOKEN} tokens);"
             " ±: half its width; with fewer than about 10 quads the interval is only a rough one",
-            f"goal captured/passed <= {GOAL:.2f} (met: the interval's top under it): " + ", ".join(verdicts),
+            f"goal mode/passed <= {GOAL:.2f} (met: the interval's top under it): " + ", ".join(verdicts),
         ],
     )
     return verdicts
@@ -192,20 +201,22 @@ def _report_threads(groups: list[Group], concurrencies: list[int]) -> None:
     rows = []
     for concurrency in concurrencies:
         found = _pick(groups, start="zero-code", concurrency=concurrency)
-        captured, passed = _pick(found, mode="captured"), _pick(found, mode="passed")
-        for shape in SHAPES:
-            c, p = _pick(captured, shape=shape), _pick(passed, shape=shape)
-            if c and p:
-                rows.append(
-                    [concurrency, shape, _mean(c), _mean(c, "main_ms") - _mean(p, "main_ms"),
-                     _mean(c, "writer_ms"), _mean(c) - _mean(p)]
-                )  # fmt: skip
+        passed = _pick(found, mode="passed")
+        for mode in ("captured", "floor"):
+            for shape in SHAPES:
+                c, p = _pick(found, mode=mode, shape=shape), _pick(passed, shape=shape)
+                if c and p:
+                    rows.append(
+                        [concurrency, mode, shape, _mean(c), _mean(c, "main_ms") - _mean(p, "main_ms"),
+                         _mean(c, "writer_ms"), _mean(c) - _mean(p)]
+                    )  # fmt: skip
     H.print_table(
-        "where the capture's CPU goes, zero-code, ms per call (captured minus passed, means over groups)",
-        ["conc", "shape", "captured, process", "event-loop thread +", "writer thread", "process +"],
+        "where the capture's CPU goes, zero-code, ms per call (the mode minus passed, means over groups)",
+        ["conc", "mode", "shape", "mode, process", "event-loop thread +", "writer thread", "process +"],
         rows,
-        ["writer thread: otel-capture-wr, the durable write (marker, line, fsync); it idles when passed"],
-    )
+        ["writer thread: otel-capture-wr, the durable write (marker, line, fsync), or the floor's floor-writer;",
+         "both idle when passed"],
+    )  # fmt: skip
 
 
 def _report_presence(groups: list[Group], concurrency: int) -> None:

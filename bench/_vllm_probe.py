@@ -2,9 +2,9 @@
 
     python -m _vllm_probe vllm.entrypoints.openai.api_server ARGS...
 
-(from a folder holding this file, put first on the server's ``PYTHONPATH``) installs the counters below,
-then runs the module named like ``python -m`` would. Never imported by otel_capture; nothing here changes
-what the server does, only counts it:
+(from a folder holding this file and a copy of ``bench/_floors.py``, put first on the server's
+``PYTHONPATH``) installs the counters below, then runs the module named like ``python -m`` would. Never
+imported by otel_capture; nothing here changes what the server answers, the counters only count:
 
 * every garbage collection (``gc.callbacks``): per generation and per thread (the event loop's, the capture
   writer's, any other), how many and their wall time (a collection holds the GIL: its own CPU);
@@ -20,7 +20,15 @@ what the server does, only counts it:
 * per thread, from ``/proc``: CPU (``schedstat``), times run, voluntary and involuntary context switches,
   user and system ticks.
 
-The counters are read over a Unix socket (``$BENCH_VLLM_PROBE``): connect, read one JSON object.
+The counters are read over a Unix socket (``$BENCH_VLLM_PROBE``): connect, read one JSON object. Without
+that variable none of the above is installed.
+
+With ``$BENCH_VLLM_PROBE_FLOOR`` (a directory; ``bench_vllm --floor``) the server's Starlette/FastAPI app
+is wrapped, outermost, in ``bench/_floors.py``'s barest durable capture under the prefix
+:data:`FLOOR_PREFIX`: a call sent there (and marked ``x-otel-capture: captured``, so the capture below
+passes it) has its bodies kept, one line built and made durable by one writer thread with group commit
+before its last chunk goes out, and nothing else: the least any durable capture costs in this server,
+beside the capture's own cost in the same run. Every other call passes it by one prefix test.
 """
 
 from __future__ import annotations
@@ -162,6 +170,36 @@ def _patch_capture() -> None:
     writer_items._wake = _timed("wake", writer_items._wake)  # type: ignore[attr-defined]
 
 
+FLOOR_PREFIX = "/floor-rollout/"
+
+
+def install_floor(directory: str) -> None:
+    """Wrap every Starlette (and so FastAPI) app, outermost, in the floor capture writing to ``directory``
+    (one :class:`FloorWriter` for the process): ``Starlette.__call__`` is where a FastAPI app's call goes
+    too, before its middleware stack, the capture's included."""
+    try:
+        from bench._floors import FloorCapture, FloorWriter
+    except ImportError:  # inside vLLM: the copy beside this file
+        from _floors import FloorCapture, FloorWriter  # type: ignore[import-not-found,no-redef]
+    from starlette.applications import Starlette
+
+    writer = FloorWriter(directory)
+    original = Starlette.__call__
+    floors: dict[int, Any] = {}
+
+    async def __call__(self: Any, scope: Any, receive: Any, send: Any) -> None:
+        floor = floors.get(id(self))
+        if floor is None:
+
+            async def app(scope: Any, receive: Any, send: Any) -> None:
+                await original(self, scope, receive, send)
+
+            floor = floors[id(self)] = FloorCapture(app, writer, prefix=FLOOR_PREFIX)
+        await floor(scope, receive, send)
+
+    Starlette.__call__ = __call__  # type: ignore[method-assign]
+
+
 def _threads() -> dict[str, dict[str, int]]:
     """Per thread kind (loop, writer): CPU ns, times run, context switches, user and system ticks."""
     found: dict[str, dict[str, int]] = {}
@@ -232,10 +270,13 @@ def main() -> None:
     parser.add_argument("module", help="the module to run as `python -m` would (the API server)")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     found = parser.parse_args()
-    gc.callbacks.append(_on_gc)
-    _patch_writer()
-    _patch_capture()
-    threading.Thread(target=_serve, args=(os.environ["BENCH_VLLM_PROBE"],), daemon=True).start()
+    if os.environ.get("BENCH_VLLM_PROBE_FLOOR"):
+        install_floor(os.environ["BENCH_VLLM_PROBE_FLOOR"])
+    if os.environ.get("BENCH_VLLM_PROBE"):
+        gc.callbacks.append(_on_gc)
+        _patch_writer()
+        _patch_capture()
+        threading.Thread(target=_serve, args=(os.environ["BENCH_VLLM_PROBE"],), daemon=True).start()
     sys.argv = [found.module, *found.args]
     runpy.run_module(found.module, run_name="__main__", alter_sys=True)
 

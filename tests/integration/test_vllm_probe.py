@@ -88,3 +88,93 @@ def test_the_vllm_probe_wraps_the_capture_without_changing_a_call(tmp_path: Path
     for counted in ("loopcode/_finish_ns", "loopcode/begin_ns", "loopcode/on_body_ns", "writer_batches"):
         assert counts.get(counted, 0) > 0, (counted, counts)
     assert counts.get("marker_timers", 0) >= 1  # the long call's marker was timed through the wrapper
+
+
+FLOOR_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, json, sys
+
+    import httpx
+    import orjson
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from bench import _vllm_probe as probe
+
+    probe.install_floor(sys.argv[2])
+
+    from otel_capture import CaptureSettings, CaptureStore, ModelCallCaptureMiddleware, read_model_call_records
+    from otel_capture.exporters.model_call_jsonl import ModelCallJsonlExporter
+
+    BODY = (
+        b'{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,'
+        b'"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],'
+        b'"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}'
+    )
+
+    async def chat(request):
+        await request.body()
+        return Response(BODY, media_type="application/json")
+
+    folder = sys.argv[1]
+    exporter = ModelCallJsonlExporter(folder)
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    app = Starlette(
+        routes=[Route("/v1/chat/completions", chat, methods=["POST"])],
+        middleware=[Middleware(ModelCallCaptureMiddleware, tracer_provider=provider, settings=CaptureSettings())],
+    )
+
+    async def calls():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            answers = []
+            for path, headers in (
+                (probe.FLOOR_PREFIX + "r-floor/v1/chat/completions", {"x-otel-capture": "captured"}),
+                ("/ng-rollout/r-captured/v1/chat/completions", {}),
+                ("/v1/chat/completions", {"x-otel-capture": "captured"}),
+            ):
+                answer = await client.post(
+                    path, content=b'{"model":"m","messages":[]}',
+                    headers={"content-type": "application/json", **headers},
+                )
+                answers.append([answer.status_code, answer.content.decode()])
+            return answers
+
+    answers = asyncio.run(calls())
+    provider.shutdown()
+    store = CaptureStore(folder)
+    records = {r: len(read_model_call_records(store, r)) for r in ("r-floor", "r-captured")}
+    print(json.dumps({"answers": answers, "records": records, "body": BODY.decode()}))
+    """
+)
+
+
+def test_the_floor_inside_a_server_keeps_its_own_calls_durable_and_passes_the_others(tmp_path: Path) -> None:
+    """``bench_vllm --floor`` wraps the server's app in the barest durable capture (``bench/_floors.py``)
+    under its own prefix, outside the capture: a call sent there is answered as the app answers it, written
+    as one line of the floor's own, and passed by the capture (no record); a captured call and a passed one
+    go through the floor untouched (no floor line)."""
+    floor = tmp_path / "floor"
+    done = subprocess.run(
+        [sys.executable, "-c", FLOOR_SCRIPT, str(tmp_path / "calls"), str(floor)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["answers"] == [[200, found["body"]]] * 3
+    assert found["records"] == {"r-floor": 0, "r-captured": 1}
+    assert sorted(p.name for p in floor.iterdir()) == ["r-floor.capture.jsonl"]
+    (line,) = (floor / "r-floor.capture.jsonl").read_bytes().splitlines()
+    written = json.loads(line)
+    assert written["rollout_id"] == "r-floor" and written["status"] == 200
+    assert written["response"] == json.loads(found["body"])
+    assert written["request"] == {"model": "m", "messages": []}
