@@ -7,9 +7,9 @@ next to the app's is the ceiling any capture (goals 1 and 2) or any Python proxy
 * :class:`FloorCapture` (goals 1 and 2): a pure ASGI middleware that takes the rollout id from the
   ``/ng-rollout/<id>/`` prefix (and strips it, so the app's routes match), keeps the request and response
   bodies as they pass (``receive`` and ``send`` wrapped), builds one JSON line (``orjson.dumps`` of a small
-  dict, both bodies as ``orjson.Fragment``: no parsing of either) at the last body message and, durable,
-  hands it to :class:`FloorWriter`'s thread and holds that last message until the line is on disk, as the
-  capture does; ``on_loop``: writes the line on the event loop instead, no thread, no fsync (the absolute
+  dict, both bodies as ``orjson.Fragment``: no parsing of either; an SSE answer, not JSON, as one string) at
+  the last body message and, durable, hands it to :class:`FloorWriter`'s thread and holds that last
+  message until the line is on disk, as the capture does; ``on_loop``: writes the line on the event loop instead, no thread, no fsync (the absolute
   floor: no durability at all).
 * :class:`FloorWriter`: one writer thread, group commit: it takes every line queued, appends each rollout's
   lines to its ``<rollout>.capture.jsonl`` in one ``write``, makes the batch durable with one ``syncfs``
@@ -190,7 +190,17 @@ class FloorCapture:
 
 
 class _FloorCall:
-    __slots__ = ("_receive", "_send", "capture", "request", "response", "rollout", "started", "status")
+    __slots__ = (
+        "_receive",
+        "_send",
+        "capture",
+        "request",
+        "response",
+        "rollout",
+        "started",
+        "status",
+        "stream",
+    )
 
     def __init__(self, capture: FloorCapture, rollout: str, receive: Any, send: Any) -> None:
         self.capture = capture
@@ -201,6 +211,7 @@ class _FloorCall:
         self.response: list[bytes] = []
         self.started = time.time()
         self.status = 0
+        self.stream = False  # an SSE answer: not JSON, kept as one string (the least a line can hold it as)
 
     async def receive(self) -> Any:
         message = await self._receive()
@@ -211,6 +222,10 @@ class _FloorCall:
     async def send(self, message: Any) -> None:
         if message["type"] == "http.response.start":
             self.status = message["status"]
+            self.stream = any(
+                k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                for k, v in message.get("headers", ())
+            )
         elif message["type"] == "http.response.body":
             body = message.get("body", b"")
             if body:
@@ -223,7 +238,9 @@ class _FloorCall:
                         "completed_at": time.time(),
                         "status": self.status,
                         "request": orjson.Fragment(b"".join(self.request)),
-                        "response": orjson.Fragment(b"".join(self.response)),
+                        "response": b"".join(self.response).decode("utf-8", "replace")
+                        if self.stream
+                        else orjson.Fragment(b"".join(self.response)),
                     },
                     option=orjson.OPT_APPEND_NEWLINE,
                 )

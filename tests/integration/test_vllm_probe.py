@@ -100,7 +100,7 @@ FLOOR_SCRIPT = textwrap.dedent(
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
-    from starlette.responses import Response
+    from starlette.responses import Response, StreamingResponse
     from starlette.routing import Route
 
     from bench import _vllm_probe as probe
@@ -116,16 +116,27 @@ FLOOR_SCRIPT = textwrap.dedent(
         b'"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}'
     )
 
+    EVENTS = [b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\\n\\n', b"data: [DONE]\\n\\n"]
+
     async def chat(request):
         await request.body()
         return Response(BODY, media_type="application/json")
+
+    async def stream(request):
+        await request.body()
+
+        async def events():
+            for event in EVENTS:
+                yield event
+
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     folder = sys.argv[1]
     exporter = ModelCallJsonlExporter(folder)
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     app = Starlette(
-        routes=[Route("/v1/chat/completions", chat, methods=["POST"])],
+        routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/v1/stream", stream, methods=["POST"])],
         middleware=[Middleware(ModelCallCaptureMiddleware, tracer_provider=provider, settings=CaptureSettings())],
     )
 
@@ -137,6 +148,7 @@ FLOOR_SCRIPT = textwrap.dedent(
                 (probe.FLOOR_PREFIX + "r-floor/v1/chat/completions", {"x-otel-capture": "captured"}),
                 ("/ng-rollout/r-captured/v1/chat/completions", {}),
                 ("/v1/chat/completions", {"x-otel-capture": "captured"}),
+                (probe.FLOOR_PREFIX + "r-floor/v1/stream", {"x-otel-capture": "captured"}),
             ):
                 answer = await client.post(
                     path, content=b'{"model":"m","messages":[]}',
@@ -149,7 +161,8 @@ FLOOR_SCRIPT = textwrap.dedent(
     provider.shutdown()
     store = CaptureStore(folder)
     records = {r: len(read_model_call_records(store, r)) for r in ("r-floor", "r-captured")}
-    print(json.dumps({"answers": answers, "records": records, "body": BODY.decode()}))
+    sse = b"".join(EVENTS).decode()
+    print(json.dumps({"answers": answers, "records": records, "body": BODY.decode(), "sse": sse}))
     """
 )
 
@@ -170,11 +183,11 @@ def test_the_floor_inside_a_server_keeps_its_own_calls_durable_and_passes_the_ot
     )
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
-    assert found["answers"] == [[200, found["body"]]] * 3
+    assert found["answers"] == [[200, found["body"]]] * 3 + [[200, found["sse"]]]
     assert found["records"] == {"r-floor": 0, "r-captured": 1}
     assert sorted(p.name for p in floor.iterdir()) == ["r-floor.capture.jsonl"]
-    (line,) = (floor / "r-floor.capture.jsonl").read_bytes().splitlines()
-    written = json.loads(line)
-    assert written["rollout_id"] == "r-floor" and written["status"] == 200
-    assert written["response"] == json.loads(found["body"])
-    assert written["request"] == {"model": "m", "messages": []}
+    chat, stream = (json.loads(line) for line in (floor / "r-floor.capture.jsonl").read_bytes().splitlines())
+    assert chat["rollout_id"] == "r-floor" and chat["status"] == 200
+    assert chat["response"] == json.loads(found["body"])
+    assert chat["request"] == {"model": "m", "messages": []}
+    assert stream["response"] == found["sse"]  # an SSE answer is one string: one line per call
