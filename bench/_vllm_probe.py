@@ -11,6 +11,10 @@ imported by otel_capture; nothing here changes what the server answers, the coun
 * the capture writer's wake-ups (``JsonlWriter._next`` returning) by what woke it (a line, a tick, ...), the
   CPU the thread spent between two waits (``time.thread_time``), its batches, and the wake-ups it sends
   to the loop (``Completions.flush``: one ``call_soon_threadsafe`` per loop per batch);
+* with ``$BENCH_VLLM_PROBE_MARKER_DELAY=S`` (an experiment that breaks contract D19 for calls shorter than
+  ``S`` seconds: other processes do not see them in flight): every ``JsonlWriter`` made with that in-flight
+  marker delay instead of 20 ms, so with ``S`` longer than the calls no ``+`` marker is written, and what the
+  markers cost is the difference from a run without it; applied with ``--floor`` too, without ``--probe``;
 * the begins that time a marker (``JsonlWriter._wake_when_due``: one timer per writer, armed by the first) and the timer's firings;
 * with ``$BENCH_VLLM_PROBE_NULL_WRITE=1`` (an experiment that breaks durability: the run's record count
   fails): the writer acknowledges each batch without writing it, so its I/O and its GIL holds are gone
@@ -173,6 +177,19 @@ def _patch_capture() -> None:
 FLOOR_PREFIX = "/floor-rollout/"
 
 
+def _marker_delay(seconds: float) -> None:
+    """Every ``JsonlWriter`` made from now on with ``marker_delay=seconds`` (the experiment above)."""
+    from otel_capture._store import writer
+
+    init = writer.JsonlWriter.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs["marker_delay"] = seconds
+        init(self, *args, **kwargs)
+
+    writer.JsonlWriter.__init__ = __init__  # type: ignore[method-assign]
+
+
 def install_floor(directory: str) -> None:
     """Wrap every Starlette (and so FastAPI) app, outermost, in the floor capture writing to ``directory``
     (one :class:`FloorWriter` for the process): ``Starlette.__call__`` is where a FastAPI app's call goes
@@ -270,6 +287,8 @@ def main() -> None:
     parser.add_argument("module", help="the module to run as `python -m` would (the API server)")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     found = parser.parse_args()
+    if os.environ.get("BENCH_VLLM_PROBE_MARKER_DELAY"):
+        _marker_delay(float(os.environ["BENCH_VLLM_PROBE_MARKER_DELAY"]))
     if os.environ.get("BENCH_VLLM_PROBE_FLOOR"):
         install_floor(os.environ["BENCH_VLLM_PROBE_FLOOR"])
     if os.environ.get("BENCH_VLLM_PROBE"):
