@@ -177,8 +177,10 @@ def _patch_capture() -> None:
 FLOOR_PREFIX = "/floor-rollout/"
 
 
-def _marker_delay(seconds: float) -> None:
-    """Every ``JsonlWriter`` made from now on with ``marker_delay=seconds`` (the experiment above)."""
+def _marker_delay(seconds: float) -> int:
+    """Every ``JsonlWriter`` with ``marker_delay=seconds`` (the experiment above): those made from now on
+    and those that exist already (``opentelemetry-instrument`` makes the exporter's before this module
+    runs; each reads its delay at each begin). How many existed."""
     from otel_capture._store import writer
 
     init = writer.JsonlWriter.__init__
@@ -188,6 +190,10 @@ def _marker_delay(seconds: float) -> None:
         init(self, *args, **kwargs)
 
     writer.JsonlWriter.__init__ = __init__  # type: ignore[method-assign]
+    found = [o for o in gc.get_objects() if isinstance(o, writer.JsonlWriter)]
+    for existing in found:
+        existing._marker_delay = seconds
+    return len(found)
 
 
 def install_floor(directory: str) -> None:
@@ -288,7 +294,13 @@ def main() -> None:
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     found = parser.parse_args()
     if os.environ.get("BENCH_VLLM_PROBE_MARKER_DELAY"):
-        _marker_delay(float(os.environ["BENCH_VLLM_PROBE_MARKER_DELAY"]))
+        found = _marker_delay(float(os.environ["BENCH_VLLM_PROBE_MARKER_DELAY"]))
+        delay = os.environ["BENCH_VLLM_PROBE_MARKER_DELAY"]
+        print(
+            f"_vllm_probe: marker delay {delay} s ({found} writer(s) made before)",
+            file=sys.stderr,
+            flush=True,
+        )
     if os.environ.get("BENCH_VLLM_PROBE_FLOOR"):
         install_floor(os.environ["BENCH_VLLM_PROBE_FLOOR"])
     if os.environ.get("BENCH_VLLM_PROBE"):

@@ -191,3 +191,53 @@ def test_the_floor_inside_a_server_keeps_its_own_calls_durable_and_passes_the_ot
     assert chat["response"] == json.loads(found["body"])
     assert chat["request"] == {"model": "m", "messages": []}
     assert stream["response"] == found["sse"]  # an SSE answer is one string: one line per call
+
+
+MARKER_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, json, pathlib, sys
+
+    from otel_capture._capture import LoopWaiter
+    from otel_capture._store import JsonlWriter
+
+    from bench import _vllm_probe as probe
+
+    root = pathlib.Path(sys.argv[1])
+    before = JsonlWriter(root / "before")  # made before the experiment, as opentelemetry-instrument makes it
+    made = probe._marker_delay(3600)
+    after = JsonlWriter(root / "after")
+
+    async def long_call(writer):
+        loop = asyncio.get_running_loop()
+        writer.begin("r-long", "a" * 32)
+        await asyncio.sleep(0.2)  # ten times the marker delay the capture runs with
+        markers = [p.name for p in (writer.root / ".otel-capture" / "inflight").glob("*")]
+        future = loop.create_future()
+        writer.submit("r-long", b'{"x":1}\\n', "a" * 32, None, LoopWaiter(loop, future))
+        await future
+        return markers
+
+    found = {"made": made, "before": asyncio.run(long_call(before)), "after": asyncio.run(long_call(after))}
+    before.close()
+    after.close()
+    found["lines"] = [len((root / d / "r-long.capture.jsonl").read_bytes().splitlines()) for d in ("before", "after")]
+    print(json.dumps(found))
+    """
+)
+
+
+def test_the_marker_delay_experiment_reaches_the_writer_made_before_it(tmp_path: Path) -> None:
+    """``$BENCH_VLLM_PROBE_MARKER_DELAY`` must reach the exporter's writer, which ``opentelemetry-instrument``
+    makes before the probe runs: a call longer than the capture's delay then writes no ``+`` marker, in a
+    writer made before the experiment and in one made after, and its line is still written."""
+    done = subprocess.run(
+        [sys.executable, "-c", MARKER_SCRIPT, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {"made": 1, "before": [], "after": [], "lines": [1, 1]}
