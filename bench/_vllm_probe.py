@@ -294,10 +294,10 @@ def main() -> None:
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     found = parser.parse_args()
     if os.environ.get("BENCH_VLLM_PROBE_MARKER_DELAY"):
-        found = _marker_delay(float(os.environ["BENCH_VLLM_PROBE_MARKER_DELAY"]))
+        made = _marker_delay(float(os.environ["BENCH_VLLM_PROBE_MARKER_DELAY"]))
         delay = os.environ["BENCH_VLLM_PROBE_MARKER_DELAY"]
         print(
-            f"_vllm_probe: marker delay {delay} s ({found} writer(s) made before)",
+            f"_vllm_probe: marker delay {delay} s ({made} writer(s) made before)",
             file=sys.stderr,
             flush=True,
         )
