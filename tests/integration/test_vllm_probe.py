@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,9 +72,11 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_the_vllm_probe_wraps_the_capture_without_changing_a_call(tmp_path: Path) -> None:
+def _run(script: str, *args: str) -> Any:
+    """``script`` in a process of its own (the probe patches classes), from the repository; the JSON object
+    its last line prints."""
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path / "calls")],
+        [sys.executable, "-c", script, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -81,7 +84,11 @@ def test_the_vllm_probe_wraps_the_capture_without_changing_a_call(tmp_path: Path
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_vllm_probe_wraps_the_capture_without_changing_a_call(tmp_path: Path) -> None:
+    found = _run(SCRIPT, str(tmp_path / "calls"))
     assert found["statuses"] == [200, 200, 200]
     assert found["records"] == {"r-quick": 2, "r-long": 1}
     counts = found["counts"]
@@ -173,16 +180,7 @@ def test_the_floor_inside_a_server_keeps_its_own_calls_durable_and_passes_the_ot
     as one line of the floor's own, and passed by the capture (no record); a captured call and a passed one
     go through the floor untouched (no floor line)."""
     floor = tmp_path / "floor"
-    done = subprocess.run(
-        [sys.executable, "-c", FLOOR_SCRIPT, str(tmp_path / "calls"), str(floor)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = _run(FLOOR_SCRIPT, str(tmp_path / "calls"), str(floor))
     assert found["answers"] == [[200, found["body"]]] * 3 + [[200, found["sse"]]]
     assert found["records"] == {"r-floor": 0, "r-captured": 1}
     assert sorted(p.name for p in floor.iterdir()) == ["r-floor.capture.jsonl"]
@@ -230,14 +228,5 @@ def test_the_marker_delay_experiment_reaches_the_writer_made_before_it(tmp_path:
     """``$BENCH_VLLM_PROBE_MARKER_DELAY`` must reach the exporter's writer, which ``opentelemetry-instrument``
     makes before the probe runs: a call longer than the capture's delay then writes no ``+`` marker, in a
     writer made before the experiment and in one made after, and its line is still written."""
-    done = subprocess.run(
-        [sys.executable, "-c", MARKER_SCRIPT, str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = _run(MARKER_SCRIPT, str(tmp_path))
     assert found == {"made": 1, "before": [], "after": [], "lines": [1, 1]}
