@@ -86,7 +86,7 @@ from bench._vllm_figures import SHAPES, Group, report
 from otel_capture._store.writer import IDLE_CLOSE, WRITER_THREAD_KERNEL_NAME
 
 MODEL_NAME = "gemma-3-270m"  # checked against the tests' build in main()
-WRITER_THREADS = (WRITER_THREAD_KERNEL_NAME, "floor-writer")  # the capture's; --floor's (each idle otherwise)
+FLOOR_WRITER = "floor-writer"  # --floor's writer thread (bench/_floors.py), counted apart from the capture's
 
 START_TIMEOUT = 1200.0  # a busy two-core machine takes minutes to start vLLM
 IDLE_S = 3.0
@@ -106,13 +106,14 @@ def _cpu_s(pid: int) -> float:
         return H.cpu_seconds(pid)
 
 
-def _thread_cpu_s(pid: int) -> tuple[float, float]:
+def _thread_cpu_s(pid: int) -> tuple[float, float, float]:
     """CPU seconds of the server's main thread (its event loop: HTTP, vLLM's serving code, the capture
     middleware) and of the capture's writer thread (the durable write), on CPU, from ``schedstat``."""
     threads = H.thread_cpu(pid)
     main = threads[pid].on_cpu if pid in threads else 0.0
-    writer = sum(t.on_cpu for t in threads.values() if t.name in WRITER_THREADS)
-    return main, writer
+    writer = sum(t.on_cpu for t in threads.values() if t.name == WRITER_THREAD_KERNEL_NAME)
+    floor = sum(t.on_cpu for t in threads.values() if t.name == FLOOR_WRITER)
+    return main, writer, floor
 
 
 def _flat(found: Any, prefix: str = "") -> dict[str, float]:
@@ -190,11 +191,11 @@ class Caller:
 
     def group(self, mode: str, shape: str, round_: int) -> Group:
         probed = _flat(_vllm_probe.read(self.probe)) if self.probe else None
-        before, wall, (main, writer) = _cpu_s(self.pid), time.monotonic(), _thread_cpu_s(self.pid)
+        before, wall, (main, writer, floor) = _cpu_s(self.pid), time.monotonic(), _thread_cpu_s(self.pid)
         self.calls(mode, shape, round_)
         wall_s = time.monotonic() - wall
         time.sleep(SETTLE_S)
-        main_after, writer_after = _thread_cpu_s(self.pid)
+        main_after, writer_after, floor_after = _thread_cpu_s(self.pid)
         cpu_ms = (_cpu_s(self.pid) - before) * 1000
         delta = None
         if probed is not None and self.probe:
@@ -203,6 +204,7 @@ class Caller:
         return Group(
             self.start, self.concurrency, round_, mode, shape, self.concurrency, cpu_ms,
             (main_after - main) * 1000, (writer_after - writer) * 1000, wall_s, delta,
+            (floor_after - floor) * 1000,
         )  # fmt: skip
 
     def round(self, round_: int, modes: Sequence[str]) -> list[Group]:

@@ -198,3 +198,32 @@ def test_a_kept_vllm_run_is_read_again_from_its_json(tmp_path: Path) -> None:
     assert "1.1000x" in floor and "+0.200 ms" in floor, result.stdout
     assert "c=8 captured chat call missed (+25.0 %)" in result.stdout, result.stdout
     assert "c=8 floor chat call missed (+10.0 %)" in result.stdout, result.stdout
+
+
+def test_the_capture_s_idle_close_is_counted_in_the_captured_group_it_follows() -> None:
+    """The capture's writer closes a rollout's files ``IDLE_CLOSE`` after its last batch, in whatever group
+    runs then: ``bench_vllm``'s figures move that CPU back to the captured group before it, from a passed
+    group and from a floor group whose own writer was counted apart, never from one of a run that summed
+    the two writers (it cannot be told apart there)."""
+    from bench._vllm_figures import Group, attributed
+
+    def group(mode: str, cpu: float, writer: float, floor: float | None = None) -> Group:
+        return Group("zero-code", 8, 0, mode, "chat16", 8, cpu, cpu / 2, writer, 1.0, None, floor)
+
+    found, moved = attributed(
+        [
+            group("passed", 40.0, 0.0),
+            group("captured", 50.0, 3.0),
+            group("passed", 41.0, 2.0),
+            group("floor", 45.0, 1.0, 0.5),
+            group("floor", 46.0, 4.0, None),
+        ]
+    )
+    assert [(g.mode, g.cpu_ms, g.writer_ms) for g in found] == [
+        ("passed", 40.0, 0.0),
+        ("captured", 53.0, 6.0),
+        ("passed", 39.0, 0.0),
+        ("floor", 44.0, 0.0),
+        ("floor", 46.0, 4.0),
+    ]
+    assert moved == 3.0
