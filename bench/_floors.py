@@ -9,8 +9,8 @@ next to the app's is the ceiling any capture (goals 1 and 2) or any Python proxy
   bodies as they pass (``receive`` and ``send`` wrapped), builds one JSON line (``orjson.dumps`` of a small
   dict, both bodies as ``orjson.Fragment``: no parsing of either; an SSE answer, not JSON, as one string) at
   the last body message and, durable, hands it to :class:`FloorWriter`'s thread and holds that last
-  message until the line is on disk, as the capture does; ``on_loop``: writes the line on the event loop instead, no thread, no fsync (the absolute
-  floor: no durability at all).
+  message until the line is on disk, as the capture does; ``on_loop``: writes the line on the event loop
+  instead, no thread, no fsync (the absolute floor: no durability at all).
 * :class:`FloorWriter`: one writer thread, group commit: it takes every line queued, appends each rollout's
   lines to its ``<rollout>.capture.jsonl`` in one ``write``, makes the batch durable with one ``syncfs``
   (two files or more, as the capture's writer does on a local filesystem) or one ``fsync``, then resolves
@@ -27,7 +27,6 @@ next to the app's is the ceiling any capture (goals 1 and 2) or any Python proxy
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import os
 import queue
@@ -38,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from otel_capture._store.libc import name_native_thread
 
 PREFIX = "/ng-rollout/"
 _HOP_BY_HOP = frozenset(
@@ -124,8 +125,7 @@ class FloorWriter:
         self._fds.clear()
 
     def _run(self) -> None:
-        with contextlib.suppress(AttributeError):  # named in the kernel too, as the capture's writer is
-            ctypes.CDLL(None).prctl(15, b"floor-writer", 0, 0, 0)  # PR_SET_NAME
+        name_native_thread("floor-writer")  # named in the kernel too, as the capture's writer is
         get, get_nowait = self._queue.get, self._queue.get_nowait
         while True:
             item = get()
