@@ -171,7 +171,17 @@ class ChatCompletionsAccumulator(_ChoicesAccumulator[_ChatChoice]):
                     groups.append("".join(tail))
                     tail.clear()
                 if logprobs is not None:
-                    merge_logprobs(state, logprobs)
+                    # vLLM's usual chunk: ``{"content": [its token's entry]}``, the choice's list begun
+                    kept = state.logprobs
+                    tokens = logprobs.get("content")
+                    if kept is not None and len(logprobs) == 1 and type(tokens) is list:
+                        content_kept = kept.get("content")
+                        if type(content_kept) is list:
+                            content_kept.extend(tokens)
+                        else:
+                            merge_logprobs(state, logprobs)
+                    else:
+                        merge_logprobs(state, logprobs)
                 if "token_ids" in choice:
                     token_ids = choice["token_ids"]
                     if type(token_ids) is list:

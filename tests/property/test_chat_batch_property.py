@@ -62,6 +62,21 @@ _others = st.sampled_from(
         {**_HEAD, "choices": [], "usage": {"prompt_tokens": 3}},
         {**_HEAD, "choices": [{"index": 1, "delta": {"content": "b"}}]},
         {**_HEAD, "choices": [{"index": 0, "delta": {"content": "lp"}, "logprobs": {"content": [{"t": 1}]}}]},
+        # vLLM's usual RL chunk (log-probs and token ids), and log-probs of other shapes after it
+        {
+            **_HEAD,
+            "choices": [
+                {"index": 0, "delta": {"content": "v"}, "logprobs": {"content": [{"t": 2}]}, "token_ids": [9]}
+            ],
+        },
+        {**_HEAD, "choices": [{"index": 0, "delta": {"content": "n"}, "logprobs": {"content": None}}]},
+        {**_HEAD, "choices": [{"index": 0, "delta": {"content": "r"}, "logprobs": {"refusal": [{"t": 3}]}}]},
+        {
+            **_HEAD,
+            "choices": [
+                {"index": 0, "delta": {"content": "b"}, "logprobs": {"content": [{"t": 4}], "refusal": None}}
+            ],
+        },
         {**_HEAD, "choices": [{"index": 0, "delta": {"content": "t"}, "token_ids": [7]}]},
         {
             **_HEAD,
