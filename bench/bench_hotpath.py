@@ -2,6 +2,7 @@
 overhead measured, not assumed.
 
     python -m bench.bench_hotpath [--quick] [--calls N]
+    python -m bench.bench_hotpath --drive {alone,floor,capture} --calls N   (under callgrind, see below)
 
 One non-streaming chat call (the non-streaming benchmark's request and response) is driven through the
 ASGI stack with in-memory ``receive``/``send``, ``--calls`` times per variant (default 20,000; quick
@@ -19,6 +20,14 @@ ASGI stack with in-memory ``receive``/``send``, ``--calls`` times per variant (d
    no-op): queueing, the thread, the file appends and the wake-up of the event loop;
 7. ``JSONL exporter alone, fsync off``: row 6 without the other processor, so no span is built, only its
    context (``otel_capture._telemetry.spans``): the usual set-up of a training run.
+
+``--drive VARIANT`` only drives ``--calls`` non-streaming chat calls (after 200 to warm up) through one
+variant and prints nothing else: ``alone`` (the app), ``floor`` (``bench/_floors.py``'s ``FloorCapture``,
+its writer resolving each call at once) or ``capture`` (the middleware, records only, a sink resolving each
+call at once: no span built, no writer thread). Run under ``valgrind --tool=callgrind`` at two sizes, the
+difference of the instructions over the difference of the calls is each variant's instructions per call, a
+count that does not move with the machine's load: the code the event loop runs per call, the capture's
+against the floor's (docs/performance.md, "Inside vLLM").
 
 Then the pieces on their own, in microseconds per call, and two of issue 34's goals side by side, each
 variant measured in the same rounds as its baseline:
@@ -245,6 +254,37 @@ def _pieces(calls: int) -> list[tuple[str, float]]:
             best = min(best, (time.perf_counter() - t0) / calls * 1e6)
         out.append((name, best))
     return out
+
+
+# -- --drive: one variant's calls, for callgrind ------------------------------------------------------
+
+DRIVEN = ("alone", "floor", "capture")
+DRIVE_WARM = 200
+
+
+class _ResolvedWriter:
+    """The floor's writer with nothing written: each call's future is done at once (the capture's variant
+    has :class:`MemorySink`, its like)."""
+
+    def submit(self, rollout: str, line: bytes) -> asyncio.Future[None]:
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
+
+
+def _driven(variant: str) -> tuple[Any, str]:
+    """The app and path ``--drive`` calls: the upstream app, the floor or the capture around it."""
+    if variant == "alone":
+        return upstream_app, "/v1/chat/completions"
+    if variant == "floor":
+        from bench._floors import FloorCapture
+
+        return FloorCapture(upstream_app, _ResolvedWriter()), CAPTURED_PATH  # type: ignore[arg-type]
+    settings = CaptureSettings.from_environ({})
+    middleware = ModelCallCaptureMiddleware(
+        upstream_app, tracer_provider=TracerProvider(), settings=settings, sink=MemorySink()
+    )
+    return middleware, CAPTURED_PATH
 
 
 # -- per SSE event -----------------------------------------------------------------------------------
@@ -495,8 +535,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--calls", type=int)
     parser.add_argument("--rounds", type=int)
+    parser.add_argument("--drive", choices=DRIVEN)
     args = parser.parse_args(argv)
     calls = args.calls or (5_000 if args.quick else 20_000)
+    if args.drive:
+        app, path = _driven(args.drive)
+
+        async def drive() -> None:
+            await _drive(app, path, DRIVE_WARM)
+            await _drive(app, path, calls)
+
+        asyncio.run(drive())
+        print(f"drove {calls} calls through {args.drive} (after {DRIVE_WARM})")
+        return 0
     rounds = args.rounds or (2 if args.quick else 3)
     tmp = Path(tempfile.mkdtemp(prefix="otel-capture-bench-hotpath-"))
     print("== bench_hotpath: per-call CPU of each stage of a captured call (no HTTP) ==")

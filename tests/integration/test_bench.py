@@ -81,6 +81,13 @@ def test_a_tiny_run_passes_its_own_checks(name: str) -> None:
     assert expected in result.stdout, result.stdout[-3000:]
 
 
+@pytest.mark.parametrize("variant", ["alone", "floor", "capture"])
+def test_hotpath_drives_each_variant_for_callgrind(variant: str) -> None:
+    result = run_module("bench_hotpath", "--drive", variant, "--calls", "5")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout == f"drove 5 calls through {variant} (after 200)\n", result.stdout[-3000:]
+
+
 def test_the_goal_servers_answer_and_count_what_they_wrote(tmp_path: Path) -> None:
     """The servers ``bench_goals`` loads, each in its own process as it starts them: one call each, and the
     stats route reports the record its writer acknowledged (what fsyncs per record are computed from)."""
