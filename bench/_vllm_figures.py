@@ -234,7 +234,7 @@ def _report_threads(groups: list[Group], concurrencies: list[int]) -> None:
                 if c and p:
                     writer = _mean(c, "writer_ms")
                     if mode == "floor" and all(g.floor_writer_ms is not None for g in c):
-                        writer = statistics.mean((g.floor_writer_ms or 0.0) / g.calls for g in c)
+                        writer = _mean(c, "floor_writer_ms")
                     rows.append(
                         [concurrency, mode, shape, _mean(c), _mean(c, "main_ms") - _mean(p, "main_ms"),
                          writer, _mean(c) - _mean(p)]

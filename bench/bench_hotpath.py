@@ -22,7 +22,7 @@ ASGI stack with in-memory ``receive``/``send``, ``--calls`` times per variant (d
    context (``otel_capture._telemetry.spans``): the usual set-up of a training run.
 
 ``--drive VARIANT`` only drives ``--calls`` non-streaming chat calls (after 200 to warm up) through one
-variant and prints nothing else: ``alone`` (the app), ``floor`` (``bench/_floors.py``'s ``FloorCapture``,
+variant and prints only how many it recorded: ``alone`` (the app), ``floor`` (``bench/_floors.py``'s ``FloorCapture``,
 its writer resolving each call at once) or ``capture`` (the middleware, records only, a sink resolving each
 call at once: no span built, no writer thread). Run under ``valgrind --tool=callgrind`` at two sizes, the
 difference of the instructions over the difference of the calls is each variant's instructions per call, a
@@ -82,6 +82,8 @@ CAPTURED_PATH = "/ng-rollout/bench-0/v1/chat/completions"
 class MemorySink:
     """Resolves every call at once: the record is built and handed off, but nothing is written."""
 
+    written = 0  # calls handed to it (``--drive`` says how many the capture recorded)
+
     def begin_call(self, rollout_id: str, model_call_id: str) -> None:
         pass
 
@@ -92,6 +94,7 @@ class MemorySink:
         pass
 
     def write_call(self, call: Any) -> None:  # a FinishedCall
+        self.written += 1
         call.waiter.future.set_result(None)
 
 
@@ -266,25 +269,32 @@ class _ResolvedWriter:
     """The floor's writer with nothing written: each call's future is done at once (the capture's variant
     has :class:`MemorySink`, its like)."""
 
+    written = 0  # lines handed to it
+
     def submit(self, rollout: str, line: bytes) -> asyncio.Future[None]:
+        self.written += 1
         future = asyncio.get_running_loop().create_future()
         future.set_result(None)
         return future
 
 
-def _driven(variant: str) -> tuple[Any, str]:
-    """The app and path ``--drive`` calls: the upstream app, the floor or the capture around it."""
+def _driven(variant: str) -> tuple[Any, str, Callable[[], int]]:
+    """The app and path ``--drive`` calls (the upstream app, the floor or the capture around it), and how
+    many calls it has recorded so far (a variant that stopped capturing would count the app's code only)."""
     if variant == "alone":
-        return upstream_app, "/v1/chat/completions"
+        return upstream_app, "/v1/chat/completions", lambda: 0
     if variant == "floor":
         from bench._floors import FloorCapture
 
-        return FloorCapture(upstream_app, _ResolvedWriter()), CAPTURED_PATH  # type: ignore[arg-type]
+        writer = _ResolvedWriter()
+        floor = FloorCapture(upstream_app, writer)  # type: ignore[arg-type]
+        return floor, CAPTURED_PATH, lambda: writer.written
     settings = CaptureSettings.from_environ({})
+    sink = MemorySink()
     middleware = ModelCallCaptureMiddleware(
-        upstream_app, tracer_provider=TracerProvider(), settings=settings, sink=MemorySink()
+        upstream_app, tracer_provider=TracerProvider(), settings=settings, sink=sink
     )
-    return middleware, CAPTURED_PATH
+    return middleware, CAPTURED_PATH, lambda: sink.written
 
 
 # -- per SSE event -----------------------------------------------------------------------------------
@@ -539,14 +549,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     calls = args.calls or (5_000 if args.quick else 20_000)
     if args.drive:
-        app, path = _driven(args.drive)
+        app, path, recorded = _driven(args.drive)
 
         async def drive() -> None:
             await _drive(app, path, DRIVE_WARM)
             await _drive(app, path, calls)
 
         asyncio.run(drive())
-        print(f"drove {calls} calls through {args.drive} (after {DRIVE_WARM})")
+        print(f"drove {calls} calls through {args.drive} (after {DRIVE_WARM}), {recorded()} recorded")
         return 0
     rounds = args.rounds or (2 if args.quick else 3)
     tmp = Path(tempfile.mkdtemp(prefix="otel-capture-bench-hotpath-"))

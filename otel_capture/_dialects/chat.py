@@ -172,14 +172,10 @@ class ChatCompletionsAccumulator(_ChoicesAccumulator[_ChatChoice]):
                     tail.clear()
                 if logprobs is not None:
                     # vLLM's usual chunk: ``{"content": [its token's entry]}``, the choice's list begun
-                    kept = state.logprobs
+                    kept = state.logprobs.get("content") if state.logprobs is not None else None
                     tokens = logprobs.get("content")
-                    if kept is not None and len(logprobs) == 1 and type(tokens) is list:
-                        content_kept = kept.get("content")
-                        if type(content_kept) is list:
-                            content_kept.extend(tokens)
-                        else:
-                            merge_logprobs(state, logprobs)
+                    if type(kept) is list and type(tokens) is list and len(logprobs) == 1:
+                        kept.extend(tokens)
                     else:
                         merge_logprobs(state, logprobs)
                 if "token_ids" in choice:
