@@ -29,6 +29,7 @@ _logger = logging.getLogger(__name__)
 WEIGHT_VERSION_HEADER = "x-weight-version"
 BAGGAGE_WEIGHT_VERSION_KEY = "weight.version"
 _HEADER = WEIGHT_VERSION_HEADER.encode()
+_VERSION_KEYS = frozenset(("meta_info", "metadata", "weight_version"))  # where an answer reports its version
 _usable = usable_weight_version  # the store's one rule of a usable version (1-200 printable characters)
 
 
@@ -77,7 +78,7 @@ def usable_version(value: Any) -> str | None:
 
 def engine_weight_version(response: dict[str, Any] | None) -> str | None:
     """The weight version the engine reported in its answer, as text, or ``None``."""
-    if not response:
+    if not response or _VERSION_KEYS.isdisjoint(response):  # most answers: none of the keys read below
         return None
     for container in ("meta_info", "metadata"):
         section = response.get(container)

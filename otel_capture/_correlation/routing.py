@@ -129,7 +129,9 @@ def correlate(scope: Scope, rules: RolloutRules = NO_RULES) -> Correlation:
             invalid_id = (INVALID_IN_PREFIX, prefix_ids[0])
         else:
             rollout_id, source = prefix_ids[0], "url_prefix"
-    header_values = [v for k, v in scope.get("headers", ()) if k.lower() == _ROLLOUT_ID_HEADER]
+    # by lower-case name, read once: the x-rollout-id header here, and for a model call every other carrier
+    headers = _by_name(scope.get("headers", ()))
+    header_values = headers.pop(ROLLOUT_ID_HEADER, None)
     header_id = rollout_id_from_header(header_values) if header_values else None
     if header_id is not None:
         changes["headers"] = [(k, v) for k, v in scope["headers"] if k.lower() != _ROLLOUT_ID_HEADER]
@@ -144,13 +146,13 @@ def correlate(scope: Scope, rules: RolloutRules = NO_RULES) -> Correlation:
     key = match_api_key(scope.get("headers", ()), rules) if rules.api_key_pattern is not None else None
     if key is not None and key.headers is not None:
         scope = dict(scope, headers=key.headers)  # the per-rollout key does not go upstream
+        headers = headers_by_name(scope)
     prefixed = bool(prefix_ids)
     if rollout_id is not None:
         invalid_id = None  # a valid id won (the prefix over the header): the header's is simply not read
     dialect = dialect_of(scope)
     if dialect is None:  # not a model call: nothing more to read
         return Correlation(scope, rollout_id, source, prefixed, None, {}, invalid_id=invalid_id)
-    headers = headers_by_name(scope)
     marks = headers.get(CAPTURED_HEADER)
     if marks and CAPTURED_VALUE in (v.decode("latin-1").strip() for v in marks):
         return Correlation(scope, rollout_id, source, prefixed, dialect, headers, captured_upstream=True)
@@ -322,8 +324,12 @@ def name_server_span(scope: Scope, dialect: Dialect | None) -> None:
 
 
 def headers_by_name(scope: Scope) -> dict[str, list[bytes]]:
+    return _by_name(scope.get("headers", ()))
+
+
+def _by_name(raw: Any) -> dict[str, list[bytes]]:
     headers: dict[str, list[bytes]] = {}
-    for key, value in scope.get("headers", ()):
+    for key, value in raw:
         name = key.decode("latin-1").lower()
         values = headers.get(name)
         if values is None:

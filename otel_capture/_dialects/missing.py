@@ -31,6 +31,10 @@ from .tokens import extract_tokens
 __all__ = ["tokens_missing"]
 
 _RESPONSES_LOGPROBS = "message.output_text.logprobs"
+# every request key :func:`_asked` reads: a request with none of them asks for nothing
+_ASKING_KEYS = frozenset(
+    ("return_token_ids", "logprobs", "top_logprobs", "include", "return_logprob", "prompt_logprobs")
+)
 
 
 def _count(value: object) -> bool:
@@ -120,6 +124,8 @@ def tokens_missing(
     ``found``: the response's :func:`.tokens.extract_tokens`, when the caller has it (read once per call).
     Never raises on odd bodies: an unreadable shape gives ``None``."""
     if not isinstance(request, dict) or not isinstance(response, dict) or dialect == "messages":
+        return None
+    if _ASKING_KEYS.isdisjoint(request):  # most requests ask for no tokens: nothing more to read
         return None
     ids_asked, probs_asked, prompt_asked = _asked(request, dialect)
     if not ids_asked and not probs_asked and prompt_asked is None:

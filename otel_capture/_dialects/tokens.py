@@ -99,6 +99,16 @@ def _echo_prompt_length(choices: list[Any], usage: Any) -> int | None:
     return prompt if sum(lengths) - prompt * len(lengths) == completion else None
 
 
+def _echo_prompt(choices: list[Any], usage: Any) -> int | None:
+    """:func:`_echo_prompt_length` when some choice has neither token ids nor the prompt's ids."""
+    if any(
+        isinstance(c, dict) and c.get("token_ids") is None and c.get("prompt_token_ids") is None
+        for c in choices
+    ):
+        return _echo_prompt_length(choices, usage)
+    return None
+
+
 def _generation(
     index: int, token_ids: list[int | None] | None, log_probs: list[float | None] | None
 ) -> dict[str, Any] | None:
@@ -112,11 +122,7 @@ def _chat_generations(choices: Any, usage: Any) -> list[dict[str, Any]]:
     if not isinstance(choices, list):
         return found
     echo_prompt: int | None = None
-    if any(
-        isinstance(c, dict) and c.get("token_ids") is None and c.get("prompt_token_ids") is None
-        for c in choices
-    ):
-        echo_prompt = _echo_prompt_length(choices, usage)
+    echo_read = False  # looked for only when a legacy list without the prompt's ids needs it
     for position, choice in enumerate(choices):
         if not isinstance(choice, dict):
             continue
@@ -127,6 +133,8 @@ def _chat_generations(choices: Any, usage: Any) -> list[dict[str, Any]]:
         if isinstance(logprobs, dict):
             if isinstance(logprobs.get("token_logprobs"), list):  # /v1/completions' legacy lists
                 prompt = id_list(choice.get("prompt_token_ids"))
+                if prompt is None and not echo_read:
+                    echo_prompt, echo_read = _echo_prompt(choices, usage), True
                 ids, log_probs = legacy_log_probs(
                     logprobs, token_ids, echo_prompt if prompt is None else len(prompt)
                 )
@@ -218,12 +226,33 @@ def _with_output_ids(generations: list[dict[str, Any]], output: Any, ids: list[i
         generations.append({"index": index, "token_ids": ids, "log_probs": None})
 
 
+def _carries_none(response: dict[str, Any]) -> bool:
+    """Whether an answer has none of the keys any shape above reads tokens from (most answers: a Chat or
+    Completions answer without token ids or log-probs), so that :func:`extract_tokens` need not read it."""
+    if "prompt_token_ids" in response or "output" in response or "meta_info" in response:
+        return False
+    choices = response.get("choices")
+    if type(choices) is not list:
+        return choices is None
+    for choice in choices:
+        if (
+            type(choice) is not dict
+            or choice.get("token_ids") is not None
+            or choice.get("prompt_token_ids") is not None
+            or choice.get("logprobs") is not None
+        ):
+            return False
+    return True
+
+
 def extract_tokens(
     response: dict[str, Any] | None, request: dict[str, Any] | None = None
 ) -> dict[str, Any] | None:
     """``{"prompt_token_ids", "generations"}`` from a response object; ``None`` when it carries none. The
     ``request`` gives a token-in/token-out call's prompt ids when the answer does not repeat them."""
     if not isinstance(response, dict):
+        return None
+    if _carries_none(response):
         return None
     prompt = id_list(response.get("prompt_token_ids"))
     generations = _chat_generations(response.get("choices"), response.get("usage"))

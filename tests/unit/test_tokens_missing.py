@@ -124,3 +124,25 @@ def test_odd_bodies_are_no_error() -> None:
     )
     assert tokens_missing(None, CHAT, "chat") is None
     assert tokens_missing(CHAT_ASK, None, "chat") is None
+
+
+@pytest.mark.parametrize(
+    ("ask", "dialect", "named"),
+    [
+        ({"return_token_ids": True}, "chat", "return_token_ids"),
+        ({"logprobs": True}, "chat", "logprobs=true"),
+        ({"top_logprobs": 2}, "chat", "top_logprobs=2"),
+        ({"logprobs": 0}, "completions", "logprobs=0"),
+        ({"include": ["message.output_text.logprobs"]}, "responses", "include="),
+        ({"return_logprob": True}, "generate", "return_logprob"),
+        ({"prompt_logprobs": 1}, "chat", "prompt_logprobs=1"),
+    ],
+)
+def test_each_way_of_asking_alone_is_heard(ask: JsonDict, dialect: str, named: str) -> None:
+    """Every key that asks for tokens is heard when it is the request's only one (an answer without any
+    tokens then misses what it asked for), whatever quick look lets most requests go unread."""
+    bare = without(CHAT, "logprobs", "token_ids", "prompt_token_ids", "prompt_logprobs")
+    if dialect == "responses":
+        bare = {"output": [{"type": "message", "content": [{"type": "output_text", "text": "x"}]}]}
+    missing = tokens_missing({"model": "m", **ask}, bare, dialect)
+    assert missing is not None and named in missing
