@@ -112,14 +112,25 @@ def token_mismatch(
         return None
     request = request if isinstance(request, dict) else {}
     generations: list[dict[str, Any]] = found["generations"]
-    reasons = _odd_entries("prompt", found["prompt_token_ids"], None)
+    prompt = found["prompt_token_ids"]
+    # the answer's own list, as id_list returns only a list of ids alone (a long prompt's thousands of
+    # entries, not looked at again); a list read entry by entry is a new one, odd entries None
+    clean = prompt is not None and prompt is response.get("prompt_token_ids")
+    reasons = [] if clean else _odd_entries("prompt", prompt, None)
     for generation in generations:
-        where = f"generation {generation['index']}"
         ids, log_probs = generation["token_ids"], generation["log_probs"]
-        reasons += _odd_entries(where, ids, log_probs)
-        reasons += _odd_entries(f"{where} prompt", generation.get("prompt_token_ids"), None)
-        if ids is not None and log_probs is not None and len(ids) != len(log_probs):
-            reasons.append(f"{where}: {len(log_probs)} log-probs for {len(ids)} token ids")
+        own_prompt = generation.get("prompt_token_ids")
+        if not (  # the usual generation: nothing odd, as many log-probs as ids (no reason worded)
+            (ids is None or None not in ids)
+            and (log_probs is None or None not in log_probs)
+            and (own_prompt is None or None not in own_prompt)
+            and (ids is None or log_probs is None or len(ids) == len(log_probs))
+        ):
+            where = f"generation {generation['index']}"
+            reasons += _odd_entries(where, ids, log_probs)
+            reasons += _odd_entries(f"{where} prompt", own_prompt, None)
+            if ids is not None and log_probs is not None and len(ids) != len(log_probs):
+                reasons.append(f"{where}: {len(log_probs)} log-probs for {len(ids)} token ids")
     if dialect in ("chat", "completions"):
         for reason in (
             _output_against_usage(request, response, generations),

@@ -132,13 +132,24 @@ def tokens_missing(
         return None
     found = found or extract_tokens(response) or {"prompt_token_ids": None, "generations": []}
     generations = found["generations"]
-    expected = _expected_outputs(response, dialect)
+    expected: int | None = None  # the usage's output tokens: read only when something lacks
+    expected_read = False
+    indices: list[int] | None = None  # the choices' indices, read once
     reasons: list[str] = []
     for asked, key, what in ((ids_asked, "token_ids", "token ids"), (probs_asked, "log_probs", "log-probs")):
-        if not asked or expected == 0:  # nothing generated (echo with max_tokens=0): nothing to cover
+        if not asked:
+            continue
+        having = {g["index"] for g in generations if g.get(key) is not None}
+        if having and indices is None:
+            indices = _choice_indices(response, dialect)
+        lacking = [i for i in indices if i not in having] if having and indices else None
+        if having and not lacking:  # every choice has them (the usual answer)
+            continue
+        if not expected_read:
+            expected, expected_read = _expected_outputs(response, dialect), True
+        if expected == 0:  # nothing generated (echo with max_tokens=0): nothing to cover
             continue
         why = ", ".join(asked)
-        having = {g["index"] for g in generations if g.get(key) is not None}
         if not having:
             if key == "log_probs" and request.get("echo") is True and _echoed_log_probs(response):
                 reasons.append(
@@ -147,7 +158,7 @@ def tokens_missing(
                 )
             else:
                 reasons.append(f"{what} asked for ({why}), none in the response")
-        elif lacking := [i for i in _choice_indices(response, dialect) if i not in having]:
+        elif lacking:
             choices = ", ".join(map(str, lacking))
             reasons.append(f"{what} asked for ({why}), none for choice{'s' * (len(lacking) > 1)} {choices}")
     if (

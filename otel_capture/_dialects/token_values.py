@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import math
+import sys
+from array import array
 from itertools import repeat
 from typing import Any
 
@@ -17,6 +19,7 @@ _ID_LIMIT = (
 )  # an id is far below it; past it orjson cannot write the line (and int() of 5000 digits raises)
 _MAX_ID_DIGITS = 19
 _INT, _FLOAT, _NONE, _STR = {int}, {float}, {type(None)}, {str}
+_TOP_BYTES = slice(7, None, 8) if sys.byteorder == "little" else slice(0, None, 8)  # of each packed word
 
 
 def token_id(value: object) -> int | None:
@@ -45,16 +48,29 @@ def log_prob(value: object) -> float | None:
 
 def id_list(value: object) -> list[int | None] | None:
     """A list of ids, each entry read by :func:`token_id`; ``None`` when ``value`` is not a list or none
-    of its entries is an id (``["a"]`` is not a list of ids with one odd entry)."""
+    of its entries is an id (``["a"]`` is not a list of ids with one odd entry). ``value`` itself only when
+    every entry is an id (:func:`.mismatch.token_mismatch` then looks for no odd entry in it); else a new
+    list."""
     if not isinstance(value, list):
         return None
     types = set(map(type, value))
-    if types == _INT and min(value) >= 0 and max(value) < _ID_LIMIT:
+    if types == _INT and _in_id_range(value):
         return value  # the usual list, read at C speed
     if types == _NONE:
         return None
     ids = [token_id(v) for v in value]
     return ids if not ids or any(i is not None for i in ids) else None
+
+
+def _in_id_range(ints: list[int]) -> bool:
+    """Whether every int of ``ints`` is from 0 to 2**63 - 1, at C speed (twice as fast as ``min`` and ``max``
+    on a prompt's thousands of ids, read on every call): packed as unsigned 64-bit words, which refuses
+    any outside 0 to 2**64 - 1, with no word's most significant bit set."""
+    try:
+        words = array("Q", ints).tobytes()
+    except OverflowError:
+        return False
+    return words[_TOP_BYTES].isascii()
 
 
 def log_prob_list(value: object) -> list[float | None] | None:

@@ -49,15 +49,20 @@ from .token_values import id_list, log_prob_list, spelled_ids, token_id
 _DICT = {dict}
 
 
-def _from_logprob_entries(entries: Any) -> tuple[list[int | None] | None, list[float | None] | None]:
+def _from_logprob_entries(
+    entries: Any, need_ids: bool = True
+) -> tuple[list[int | None] | None, list[float | None] | None]:
     """Ids (when any entry has one) and log-probs from a list of ``{token, logprob, ...}``; an odd entry
     (not an object, a log-prob ``null``/NaN/±inf, no id among entries that have one) is ``None`` there.
-    An entry's id is its ``id`` (llama.cpp), else its ``"token_id:N"`` token (vLLM)."""
+    An entry's id is its ``id`` (llama.cpp), else its ``"token_id:N"`` token (vLLM). Without ``need_ids``
+    (the choice has its ``token_ids``), the ids are not read: ``None``."""
     if not isinstance(entries, list) or not entries:
         return None, None
     if set(map(type, entries)) != _DICT:
         entries = [entry if isinstance(entry, dict) else {} for entry in entries]
     log_probs = log_prob_list([entry.get("logprob") for entry in entries])
+    if not need_ids:
+        return None, log_probs
     ids = id_list([entry.get("id") for entry in entries])
     if ids is None or None in ids:
         spelled = spelled_ids([entry.get("token") for entry in entries])
@@ -139,7 +144,7 @@ def _chat_generations(choices: Any, usage: Any) -> list[dict[str, Any]]:
                     logprobs, token_ids, echo_prompt if prompt is None else len(prompt)
                 )
             else:
-                ids, log_probs = _from_logprob_entries(logprobs.get("content"))
+                ids, log_probs = _from_logprob_entries(logprobs.get("content"), token_ids is None)
             token_ids = token_ids if token_ids is not None else ids
         generation = _generation(index, token_ids, log_probs)
         if generation is not None:
