@@ -2,7 +2,7 @@
 overhead measured, not assumed.
 
     python -m bench.bench_hotpath [--quick] [--calls N]
-    python -m bench.bench_hotpath --drive {alone,floor,capture} --calls N   (under callgrind, see below)
+    python -m bench.bench_hotpath --drive {alone,floor,capture} [--answer {plain,rl}] --calls N   (callgrind)
 
 One non-streaming chat call (the non-streaming benchmark's request and response) is driven through the
 ASGI stack with in-memory ``receive``/``send``, ``--calls`` times per variant (default 20,000; quick
@@ -24,7 +24,9 @@ ASGI stack with in-memory ``receive``/``send``, ``--calls`` times per variant (d
 ``--drive VARIANT`` only drives ``--calls`` non-streaming chat calls (after 200 to warm up) through one
 variant and prints only how many it recorded: ``alone`` (the app), ``floor`` (``bench/_floors.py``'s ``FloorCapture``,
 its writer resolving each call at once) or ``capture`` (the middleware, records only, a sink resolving each
-call at once: no span built, no writer thread). Run under ``valgrind --tool=callgrind`` at two sizes, the
+call at once: no span built, no writer thread); ``--answer rl`` makes each call an RL run's (token ids and
+log-probs asked for, :data:`RL_RESPONSE_BODY` answered), so the capture also reads, checks and writes its
+tokens. Run under ``valgrind --tool=callgrind`` at two sizes, the
 difference of the instructions over the difference of the calls is each variant's instructions per call, a
 count that does not move with the machine's load: the code the event loop runs per call, the capture's
 against the floor's (docs/performance.md, "Inside vLLM").
@@ -83,6 +85,7 @@ class MemorySink:
     """Resolves every call at once: the record is built and handed off, but nothing is written."""
 
     written = 0  # calls handed to it (``--drive`` says how many the capture recorded)
+    with_tokens = 0  # of which with a tokens line
 
     def begin_call(self, rollout_id: str, model_call_id: str) -> None:
         pass
@@ -95,10 +98,11 @@ class MemorySink:
 
     def write_call(self, call: Any) -> None:  # a FinishedCall
         self.written += 1
+        self.with_tokens += call.tokens_line is not None
         call.waiter.future.set_result(None)
 
 
-def _scope(path: str) -> dict[str, Any]:
+def _scope(path: str, body: bytes = REQUEST_BODY) -> dict[str, Any]:
     return {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -112,7 +116,7 @@ def _scope(path: str) -> dict[str, Any]:
         "headers": [
             (b"host", b"127.0.0.1:8000"),
             (b"content-type", b"application/json"),
-            (b"content-length", str(len(REQUEST_BODY)).encode()),
+            (b"content-length", str(len(body)).encode()),
             (b"user-agent", b"bench"),
         ],
         "client": ("127.0.0.1", 50000),
@@ -120,8 +124,8 @@ def _scope(path: str) -> dict[str, Any]:
     }
 
 
-async def _drive(app: Any, path: str, calls: int) -> float:
-    request = {"type": "http.request", "body": REQUEST_BODY, "more_body": False}
+async def _drive(app: Any, path: str, calls: int, body: bytes = REQUEST_BODY) -> float:
+    request = {"type": "http.request", "body": body, "more_body": False}
 
     async def receive() -> dict[str, Any]:
         return request
@@ -132,7 +136,7 @@ async def _drive(app: Any, path: str, calls: int) -> float:
     gc.collect()
     t0 = time.perf_counter()
     for _i in range(calls):
-        await app(_scope(path), receive, send)
+        await app(_scope(path, body), receive, send)
     return (time.perf_counter() - t0) / calls * 1e6
 
 
@@ -263,6 +267,71 @@ def _pieces(calls: int) -> list[tuple[str, float]]:
 
 DRIVEN = ("alone", "floor", "capture")
 DRIVE_WARM = 200
+ANSWERS = ("plain", "rl")
+
+# ``--answer rl``: a call as an RL run makes it to vLLM (token ids and log-probs asked for), answered as vLLM
+# answers it: a 200-token prompt's ids, 16 generated tokens with their ids and log-probs (one top log-prob
+# each, vLLM's entry shape), the usage. The capture reads and checks the tokens and writes a tokens line.
+RL_REQUEST_BODY = orjson.dumps(
+    {
+        **orjson.loads(REQUEST_BODY),
+        "max_tokens": 16,
+        "logprobs": True,
+        "top_logprobs": 1,
+        "return_token_ids": True,
+    }
+)
+_RL_TOKENS = [(1000 + 37 * i) % 262_000 for i in range(16)]
+RL_RESPONSE_BODY = orjson.dumps(
+    {
+        "id": "chatcmpl-bench-rl",
+        "object": "chat.completion",
+        "created": 1767225600,
+        "model": "bench-model",
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": "Paris, since the tenth century.",
+                    "refusal": None,
+                },
+                "logprobs": {
+                    "content": [
+                        {
+                            "token": f"t{token}",
+                            "logprob": -0.01 * (i + 1),
+                            "bytes": [116, 49],
+                            "top_logprobs": [
+                                {"token": f"t{token}", "logprob": -0.01 * (i + 1), "bytes": [116]}
+                            ],
+                        }
+                        for i, token in enumerate(_RL_TOKENS)
+                    ]
+                },
+                "finish_reason": "length",
+                "stop_reason": None,
+                "token_ids": _RL_TOKENS,
+            }
+        ],
+        "usage": {"prompt_tokens": 200, "total_tokens": 216, "completion_tokens": 16},
+        "prompt_logprobs": None,
+        "prompt_token_ids": [2 + (7919 * i) % 262_000 for i in range(200)],
+        "kv_transfer_params": None,
+    }
+)
+_RL_HEADERS = [
+    (b"content-type", b"application/json"),
+    (b"content-length", str(len(RL_RESPONSE_BODY)).encode()),
+]
+
+
+async def rl_upstream_app(scope: Any, receive: Any, send: Any) -> None:
+    """``upstream_app`` answering as vLLM answers an RL call (:data:`RL_RESPONSE_BODY`)."""
+    while (await receive()).get("more_body", False):
+        pass
+    await send({"type": "http.response.start", "status": 200, "headers": _RL_HEADERS})
+    await send({"type": "http.response.body", "body": RL_RESPONSE_BODY})
 
 
 class _ResolvedWriter:
@@ -278,23 +347,25 @@ class _ResolvedWriter:
         return future
 
 
-def _driven(variant: str) -> tuple[Any, str, Callable[[], int]]:
-    """The app and path ``--drive`` calls (the upstream app, the floor or the capture around it), and how
-    many calls it has recorded so far (a variant that stopped capturing would count the app's code only)."""
+def _driven(variant: str, answer: str = "plain") -> tuple[Any, str, Callable[[], tuple[int, int]]]:
+    """The app and path ``--drive`` calls (the upstream app, the floor or the capture around it, answering
+    ``answer``), and how many calls it has recorded so far, and of them with a tokens line (a variant that
+    stopped capturing would count the app's code only)."""
+    app = rl_upstream_app if answer == "rl" else upstream_app
     if variant == "alone":
-        return upstream_app, "/v1/chat/completions", lambda: 0
+        return app, "/v1/chat/completions", lambda: (0, 0)
     if variant == "floor":
         from bench._floors import FloorCapture
 
         writer = _ResolvedWriter()
-        floor = FloorCapture(upstream_app, writer)  # type: ignore[arg-type]
-        return floor, CAPTURED_PATH, lambda: writer.written
+        floor = FloorCapture(app, writer)  # type: ignore[arg-type]
+        return floor, CAPTURED_PATH, lambda: (writer.written, 0)
     settings = CaptureSettings.from_environ({})
     sink = MemorySink()
     middleware = ModelCallCaptureMiddleware(
-        upstream_app, tracer_provider=TracerProvider(), settings=settings, sink=sink
+        app, tracer_provider=TracerProvider(), settings=settings, sink=sink
     )
-    return middleware, CAPTURED_PATH, lambda: sink.written
+    return middleware, CAPTURED_PATH, lambda: (sink.written, sink.with_tokens)
 
 
 # -- per SSE event -----------------------------------------------------------------------------------
@@ -331,7 +402,7 @@ async def _drive_cpu(
     gc.collect()
     process, thread = time.process_time(), time.thread_time()
     for _i in range(calls):
-        await app(_scope(path), receive, send)
+        await app(_scope(path, body), receive, send)
     thread = time.thread_time() - thread
     if flush is not None:
         flush()
@@ -546,17 +617,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int)
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--drive", choices=DRIVEN)
+    parser.add_argument("--answer", choices=ANSWERS, default="plain", help="with --drive: the call driven")
     args = parser.parse_args(argv)
     calls = args.calls or (5_000 if args.quick else 20_000)
     if args.drive:
-        app, path, recorded = _driven(args.drive)
+        app, path, recorded = _driven(args.drive, args.answer)
+        body = RL_REQUEST_BODY if args.answer == "rl" else REQUEST_BODY
 
         async def drive() -> None:
-            await _drive(app, path, DRIVE_WARM)
-            await _drive(app, path, calls)
+            await _drive(app, path, DRIVE_WARM, body)
+            await _drive(app, path, calls, body)
 
         asyncio.run(drive())
-        print(f"drove {calls} calls through {args.drive} (after {DRIVE_WARM}), {recorded()} recorded")
+        lines, tokens = recorded()
+        print(
+            f"drove {calls} {args.answer} calls through {args.drive} (after {DRIVE_WARM}), {lines} recorded, "
+            f"{tokens} with a tokens line"
+        )
         return 0
     rounds = args.rounds or (2 if args.quick else 3)
     tmp = Path(tempfile.mkdtemp(prefix="otel-capture-bench-hotpath-"))

@@ -81,15 +81,26 @@ def test_a_tiny_run_passes_its_own_checks(name: str) -> None:
     assert expected in result.stdout, result.stdout[-3000:]
 
 
-@pytest.mark.parametrize(("variant", "recorded"), [("alone", 0), ("floor", 205), ("capture", 205)])
-def test_hotpath_drives_each_variant_for_callgrind(variant: str, recorded: int) -> None:
+@pytest.mark.parametrize(
+    ("variant", "answer", "recorded", "tokens"),
+    [
+        ("alone", "plain", 0, 0),
+        ("floor", "plain", 205, 0),
+        ("capture", "plain", 205, 0),
+        ("capture", "rl", 205, 205),
+    ],
+)
+def test_hotpath_drives_each_variant_for_callgrind(
+    variant: str, answer: str, recorded: int, tokens: int
+) -> None:
     """Each variant's instructions per call are only what they say if the floor and the capture record every
-    call they are driven through (the warm-up's 200 too), and the app alone none."""
-    result = run_module("bench_hotpath", "--drive", variant, "--calls", "5")
+    call they are driven through (the warm-up's 200 too), and the app alone none; an RL call's only if its
+    tokens are read and written too (a tokens line for every call)."""
+    result = run_module("bench_hotpath", "--drive", variant, "--answer", answer, "--calls", "5")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout == f"drove 5 calls through {variant} (after 200), {recorded} recorded\n", (
-        result.stdout
-    )
+    assert result.stdout == (
+        f"drove 5 {answer} calls through {variant} (after 200), {recorded} recorded, {tokens} with a tokens line\n"
+    ), result.stdout
 
 
 def test_the_goal_servers_answer_and_count_what_they_wrote(tmp_path: Path) -> None:
