@@ -134,9 +134,13 @@ class CapturedExchange:
         timed = self._timed
         if timed:
             self._own = time.perf_counter() - self._started
-        self._body_messages, self.cancelled = await read_request(self._receive)  # waits for the client
+        first = await self._receive()  # waits for the client
+        if first["type"] == "http.request" and not first.get("more_body", False):
+            messages = [first]  # the whole body in one message (the usual request)
+        else:
+            messages, self.cancelled = await read_request(self._receive, first)
+        self._body_messages = messages
         mark = time.perf_counter() if timed else 0.0
-        messages = self._body_messages
         body = messages[0].get("body", b"") if len(messages) == 1 else None
         call.set_request(body if type(body) is bytes else b"".join(m.get("body", b"") for m in messages))
         if middleware.engine.unready:  # the first call (the read at start), or the info route is asked
@@ -259,15 +263,17 @@ class CapturedExchange:
         await self._send(message)
 
 
-async def read_request(receive: Receive) -> tuple[list[Message], bool]:
-    """Every request body message, read before the app runs (it reads the whole JSON body anyway), so the
-    span starts with the request's model and parameters."""
+async def read_request(receive: Receive, first: Message) -> tuple[list[Message], bool]:
+    """Every request body message from ``first`` on (``receive`` gives the rest), read before the app runs
+    (it reads the whole JSON body anyway), so the span starts with the request's model and parameters; and
+    whether the client went away (an ``http.disconnect``, kept last)."""
     messages: list[Message] = []
+    message = first
     while True:
-        message = await receive()
         if message["type"] == "http.disconnect":
             messages.append(message)
             return messages, True
         messages.append(message)
         if not message.get("more_body", False):
             return messages, False
+        message = await receive()
