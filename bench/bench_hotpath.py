@@ -22,7 +22,7 @@ ASGI stack with in-memory ``receive``/``send``, ``--calls`` times per variant (d
    context (``otel_capture._telemetry.spans``): the usual set-up of a training run.
 
 ``--drive VARIANT`` only drives ``--calls`` non-streaming chat calls (after 200 to warm up) through one
-variant and prints only how many it recorded: ``alone`` (the app), ``floor`` (``bench/_floors.py``'s ``FloorCapture``,
+variant and prints only how many it recorded, and how many of them with a tokens line: ``alone`` (the app), ``floor`` (``bench/_floors.py``'s ``FloorCapture``,
 its writer resolving each call at once) or ``capture`` (the middleware, records only, a sink resolving each
 call at once: no span built, no writer thread); ``--answer rl`` makes each call an RL run's (token ids and
 log-probs asked for, :data:`RL_RESPONSE_BODY` answered), so the capture also reads, checks and writes its

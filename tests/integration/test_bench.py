@@ -263,3 +263,29 @@ def test_bench_vllm_rl_calls_ask_for_what_an_rl_run_asks_for() -> None:
     plain = request_body(16, False, {})
     assert not {"return_token_ids", "logprobs", "top_logprobs", "stream_options"} & plain.keys()
     assert plain["max_tokens"] == 16 and plain["ignore_eos"] is True
+
+
+@pytest.mark.parametrize("rl", [True, False])
+def test_bench_vllm_sends_the_rl_asks_on_the_wire(rl: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``bench_vllm``'s calls send, chat and streamed, is what ``--rl`` set (``main`` puts
+    :data:`RL_ASKS` in the asks every call reads): a call that dropped them would measure plain calls."""
+    import json
+
+    import httpx
+
+    from bench import bench_vllm
+
+    monkeypatch.setattr(bench_vllm, "_asks", dict(bench_vllm.RL_ASKS) if rl else {})
+    sent: list[dict[str, object]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, text="data: [DONE]\n\n")
+
+    with httpx.Client(transport=httpx.MockTransport(answer)) as client:
+        bench_vllm._call(client, "http://vllm/v1/chat/completions", 16, False, {})
+        bench_vllm._call(client, "http://vllm/v1/chat/completions", 72, True, {})
+    assert [body["stream"] for body in sent] == [False, True]
+    for body in sent:
+        asked = {key: body.get(key) for key in bench_vllm.RL_ASKS}
+        assert asked == (bench_vllm.RL_ASKS if rl else dict.fromkeys(bench_vllm.RL_ASKS))
