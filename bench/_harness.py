@@ -325,6 +325,76 @@ class ServerProcess:
         self.stop()
 
 
+_RECEIVER = """
+import http.server, json, threading
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+counts = {"requests": 0, "spans": 0, "bytes": 0}
+lock = threading.Lock()
+class Receiver(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["content-length"]))
+        request = ExportTraceServiceRequest.FromString(body)
+        spans = sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+        with lock:
+            counts["requests"] += 1
+            counts["spans"] += spans
+            counts["bytes"] += len(body)
+        self._answer(b"", "application/x-protobuf")
+    def do_GET(self):
+        with lock:
+            self._answer(json.dumps(counts).encode(), "application/json")
+    def _answer(self, body, content_type):
+        self.send_response(200)
+        self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
+class OtlpReceiver:
+    """An OTLP/HTTP traces receiver in its own process, where a Collector or Jaeger would be (its CPU is not
+    a server's): every export is answered at once with success, and its spans are counted
+    (:meth:`received`), so a run can say whether the spans of its calls arrived."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([PYTHON, "-c", _RECEIVER], stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        port = int(self.proc.stdout.readline())
+        self.url = f"http://127.0.0.1:{port}"
+        self.endpoint = self.url + "/v1/traces"
+
+    def env(self) -> dict[str, str]:
+        """The ``OTEL_*`` variables that send a process's spans here, as the README's Jaeger set-up does."""
+        return {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_ENDPOINT": self.url}
+
+    def received(self) -> dict[str, int]:
+        """Export requests, spans and bytes received so far."""
+        import urllib.request
+
+        with urllib.request.urlopen(self.url + "/count", timeout=30) as response:
+            counts: dict[str, int] = json.loads(response.read())
+            return counts
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def __enter__(self) -> OtlpReceiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
 def _clean_environ() -> dict[str, str]:
     """The environment without OTEL_* variables: each variant says itself what it captures."""
     return {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}

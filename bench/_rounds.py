@@ -31,6 +31,13 @@ def zero_code_env(directory: Path | None) -> dict[str, str]:
     return env
 
 
+def zero_code_otlp_env(directory: Path, receiver: H.OtlpReceiver) -> dict[str, str]:
+    """The README's set-up for Jaeger: records into ``directory`` and spans over OTLP/HTTP to ``receiver``."""
+    env = zero_code_env(directory)
+    env["OTEL_TRACES_EXPORTER"] = "otlp,model_call_jsonl"
+    return {**env, **receiver.env()}
+
+
 # --- servers ----------------------------------------------------------------------------------------
 
 
@@ -376,6 +383,25 @@ def ladder(steps: Sequence[tuple[str, Run]]) -> str:
     for (_, before), (label, after) in itertools.pairwise(steps):
         parts.append(f"{label} {(after.cpu_us or 0) - (before.cpu_us or 0):+.0f} us")
     return "CPU per call, layer by layer: " + ", ".join(parts)
+
+
+def spans_check(servers: Servers, name: str, receiver: H.OtlpReceiver) -> str:
+    """The spans ``receiver`` got against the records ``name`` wrote (after the batch processor's last
+    export: its delay is 5 s): a model-call span per record, and the server span around it."""
+    spec = servers.specs[name]
+    assert spec.capture_dir is not None
+    deadline, previous = time.monotonic() + 12.0, -1
+    received = receiver.received()
+    while received["spans"] != previous and time.monotonic() < deadline:
+        previous = received["spans"]
+        time.sleep(6.0)  # longer than the batch processor's delay: a wait with no export means all came
+        received = receiver.received()
+    lines = H.count_lines(spec.capture_dir)
+    per = received["spans"] / lines if lines else 0.0
+    return (
+        f"{name}: {received['spans']:,} spans received over OTLP in {received['requests']:,} exports "
+        f"({received['bytes'] / 1e6:.1f} MB), {per:.2f} per record on disk ({lines:,})"
+    )
 
 
 def disk_check(servers: Servers, names: Sequence[str]) -> list[str]:

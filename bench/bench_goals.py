@@ -14,7 +14,10 @@ keeps its best round (highest req/s).
    completion) under ``opentelemetry-instrument`` with the distro, ``OTEL_TRACES_EXPORTER=model_call_jsonl``,
    ``OTEL_EXPORTER_MODEL_CALL_JSONL_DIR``, ``OTEL_METRICS_EXPORTER=none``, ``OTEL_LOGS_EXPORTER=none``; against
    the same app uninstrumented (goal >= 0.4x) and against the same app with the per-call-fsync baseline of
-   NeMo Gym 0.7.0's design as its first user middleware (``_gym_baseline.py``; goal >= 2x).
+   NeMo Gym 0.7.0's design as its first user middleware (``_gym_baseline.py``; goal >= 2x); and (1c, issue
+   34) the README's Jaeger set-up, ``OTEL_TRACES_EXPORTER=otlp,model_call_jsonl`` over OTLP/HTTP to a
+   receiver in its own process (``_harness.OtlpReceiver``, which counts the spans it decodes), against the
+   app uninstrumented (goal >= 0.3x).
 2. **Library mode**: a raw ASGI model app inside ``ModelCallCaptureMiddleware`` with an SDK tracer provider
    and the ``model_call_jsonl`` exporter wired in code (no HTTP server span), against the app alone (>= 0.5x).
 3. **Proxy**: the app ``otel-capture proxy --capture-dir`` serves (``build_proxy_app``) in front of a raw
@@ -84,6 +87,19 @@ def _proxy_workers_argv(upstream_url: str, capture_dir: Path, workers: int) -> l
 def goal_zero_code(
     data: Path, rounds: int, seconds: int, fp: bool, diagnostics: bool, floors: bool
 ) -> tuple[list[R.Goal], dict[str, R.Run]]:
+    with H.OtlpReceiver() as receiver:  # where the traced server's spans go, as to Jaeger
+        return _goal_zero_code(data, rounds, seconds, fp, diagnostics, floors, receiver)
+
+
+def _goal_zero_code(
+    data: Path,
+    rounds: int,
+    seconds: int,
+    fp: bool,
+    diagnostics: bool,
+    floors: bool,
+    receiver: H.OtlpReceiver,
+) -> tuple[list[R.Goal], dict[str, R.Run]]:
     specs = [
         R.Spec("starlette", H.server_argv("bare", "--app", "starlette"), prefixed=False),
         R.Spec(
@@ -96,6 +112,12 @@ def goal_zero_code(
             "gym-fsync",
             H.server_argv("gym", "--app", "starlette", "--capture-dir", str(data / "gym")),
             capture_dir=data / "gym",
+        ),
+        R.Spec(
+            "zero-code-otlp",
+            [R.INSTRUMENT, *H.server_argv("bare", "--app", "starlette")],
+            env=R.zero_code_otlp_env(data / "zero-code-otlp", receiver),
+            capture_dir=data / "zero-code-otlp",
         ),
     ]
     if diagnostics:
@@ -124,14 +146,19 @@ def goal_zero_code(
         for spec in specs:
             servers.start(spec)
         runs = R.rounds_of(servers, [s.name for s in specs], rounds, seconds, fp)
-        disk = R.disk_check(servers, ["zero-code", "gym-fsync", *(F.FLOORS["1a"].names if floors else ())])
+        disk = R.disk_check(
+            servers, ["zero-code", "gym-fsync", "zero-code-otlp", *(F.FLOORS["1a"].names if floors else ())]
+        )
+        disk.append(R.spans_check(servers, "zero-code-otlp", receiver))
         if floors:
             disk.append(F.sync_note(servers, F.FLOORS["1a"].names[0]))
     base, zc, gym = runs["starlette"], runs["zero-code"], runs["gym-fsync"]
+    traced = runs["zero-code-otlp"]
     rows = [
         ("starlette app, uninstrumented", base, None),
         ("zero-code durable capture", zc, base),
         ("gym-fsync (NeMo Gym 0.7.0 design)", gym, base),
+        ("zero-code, OTLP spans and records", traced, base),
     ]
     if floors:
         rows += F.floor_rows("1a", runs, base)
@@ -178,6 +205,17 @@ def goal_zero_code(
             zc,
             gym,
             "gym-fsync",
+        ),
+        R.Goal(
+            "1c",
+            "zero-code, OTLP spans + records / uninstrumented",
+            traced.rps / base.rps,
+            0.3,
+            True,
+            "x",
+            traced,
+            base,
+            "uninstrumented",
         ),
     ]
     return goals, runs

@@ -55,7 +55,6 @@ import argparse
 import asyncio
 import gc
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -492,23 +491,6 @@ def _per_event(make_events: Callable[[int], list[bytes]], title: str, calls: int
 
 # -- spans on against records only ----------------------------------------------------------------------
 
-_RECEIVER = """
-import http.server
-class Receiver(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_POST(self):
-        self.rfile.read(int(self.headers["content-length"]))
-        self.send_response(200)
-        self.send_header("content-type", "application/x-protobuf")
-        self.send_header("content-length", "0")
-        self.end_headers()
-    def log_message(self, *args):
-        pass
-server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-print(server.server_address[1], flush=True)
-server.serve_forever()
-"""
-
 
 class _NothingExporter(SpanExporter):
     def export(self, spans: Any) -> SpanExportResult:
@@ -543,22 +525,20 @@ def spans_table(calls: int, rounds: int) -> None:
     class SdkEncodedExporter(OTLPSpanExporter):
         """The SDK's OTLP/HTTP exporter as it is (a subclass: the capture's encoder is not put behind it)."""
 
-    receiver = subprocess.Popen([sys.executable, "-c", _RECEIVER], stdout=subprocess.PIPE, text=True)
+    receiver = H.OtlpReceiver()
     providers: dict[str, TracerProvider] = {}
     try:
-        assert receiver.stdout is not None
-        port = int(receiver.stdout.readline())
         processors: dict[str, list[SpanProcessor]] = {
             "records only (no span built)": [],
             "+ SDK span, a processor that does nothing": [SpanProcessor()],
             "+ BatchSpanProcessor, exporter does nothing": [BatchSpanProcessor(_NothingExporter())],
             "+ BatchSpanProcessor, OTLP encoding (SDK's)": [BatchSpanProcessor(_EncodingExporter())],
             "+ BatchSpanProcessor, OTLP/HTTP export (SDK's encoder)": [
-                BatchSpanProcessor(SdkEncodedExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces"))
+                BatchSpanProcessor(SdkEncodedExporter(endpoint=receiver.endpoint))
             ],
             "+ BatchSpanProcessor, OTLP encoding (capture's)": [BatchSpanProcessor(_OwnEncodingExporter())],
             "+ BatchSpanProcessor, OTLP/HTTP export (capture's encoder)": [
-                BatchSpanProcessor(OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces"))
+                BatchSpanProcessor(OTLPSpanExporter(endpoint=receiver.endpoint))
             ],
         }
         settings = CaptureSettings.from_environ({})
@@ -584,8 +564,7 @@ def spans_table(calls: int, rounds: int) -> None:
     finally:
         for provider in providers.values():
             provider.shutdown()
-        receiver.kill()
-        receiver.wait()
+        receiver.stop()
     base_process, base_thread = best["records only (no span built)"]
     # each row adds one thing to the row it steps from: the one above, but the capture's encoder replaces
     # the SDK's, so its rows start again from the batch processor whose exporter does nothing

@@ -127,6 +127,33 @@ def test_the_goal_servers_answer_and_count_what_they_wrote(tmp_path: Path) -> No
             assert H.count_lines(directory) == 1, variant
 
 
+def test_the_traced_zero_code_server_sends_its_spans_over_otlp_and_writes_its_records(tmp_path: Path) -> None:
+    """Goal 1c's server is the README's Jaeger set-up: a call through it is a record on disk and two spans
+    (the HTTP server span and the model call's) at the receiver, decoded from OTLP protobuf; a bench whose
+    spans went nowhere would measure records only."""
+    import time
+
+    import httpx
+
+    from bench import _harness as H
+    from bench import _rounds as R
+    from bench._servers import REQUEST_BODY
+
+    path = "/ng-rollout/bench-0/v1/chat/completions"
+    with H.OtlpReceiver() as receiver:
+        env = {**R.zero_code_otlp_env(tmp_path, receiver), "OTEL_BSP_SCHEDULE_DELAY": "50"}
+        argv = [R.INSTRUMENT, *H.server_argv("bare", "--app", "starlette")]
+        with H.ServerProcess(argv, env=env, name="zero-code-otlp") as server:
+            answer = httpx.post(server.url + path, content=REQUEST_BODY, timeout=BOUND)
+            assert answer.status_code == 200 and answer.json()["object"] == "chat.completion"
+            deadline = time.monotonic() + 60
+            while receiver.received()["spans"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            received = receiver.received()
+            assert received["spans"] == 2 and received["bytes"] > 0, (received, server.log_tail())
+        assert H.count_lines(tmp_path) == 1
+
+
 def test_the_floor_servers_answer_and_the_durable_ones_write_a_line_per_call(tmp_path: Path) -> None:
     """The floors ``bench_goals`` sets beside goals 1-3 do the work they stand for: the captures keep one
     line per call in the call's rollout file (the durable one acknowledges only what it synced), and the
