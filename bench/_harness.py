@@ -328,18 +328,20 @@ class ServerProcess:
 _RECEIVER = """
 import http.server, json, threading
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-counts = {"requests": 0, "spans": 0, "bytes": 0}
+counts = {"requests": 0, "spans": 0, "bytes": 0, "names": {}}
 lock = threading.Lock()
 class Receiver(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def do_POST(self):
         body = self.rfile.read(int(self.headers["content-length"]))
         request = ExportTraceServiceRequest.FromString(body)
-        spans = sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+        names = [span.name for r in request.resource_spans for s in r.scope_spans for span in s.spans]
         with lock:
             counts["requests"] += 1
-            counts["spans"] += spans
+            counts["spans"] += len(names)
             counts["bytes"] += len(body)
+            for name in names:
+                counts["names"][name] = counts["names"].get(name, 0) + 1
         self._answer(b"", "application/x-protobuf")
     def do_GET(self):
         with lock:
@@ -374,13 +376,18 @@ class OtlpReceiver:
         """The ``OTEL_*`` variables that send a process's spans here, as the README's Jaeger set-up does."""
         return {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_ENDPOINT": self.url}
 
-    def received(self) -> dict[str, int]:
-        """Export requests, spans and bytes received so far."""
+    def received(self) -> dict[str, Any]:
+        """Export requests, spans and bytes received so far, and the spans by name (``names``)."""
         import urllib.request
 
         with urllib.request.urlopen(self.url + "/count", timeout=30) as response:
-            counts: dict[str, int] = json.loads(response.read())
+            counts: dict[str, Any] = json.loads(response.read())
             return counts
+
+    def model_call_spans(self) -> int:
+        """The model-call spans received (named ``chat <model>`` or ``text_completion <model>``)."""
+        names: dict[str, int] = self.received()["names"]
+        return sum(n for name, n in names.items() if name.split(" ")[0] in ("chat", "text_completion"))
 
     def stop(self) -> None:
         self.proc.kill()

