@@ -52,7 +52,8 @@ _KIND = {
 # SpanFlags: the parent's (or a link's) is_remote is known; it is remote
 _HAS_IS_REMOTE = 0x100
 _IS_REMOTE = 0x200
-_KEY_CACHE_MAX = 4096  # distinct attribute keys kept encoded (a span's keys are a small, fixed set)
+_KEY_CACHE_MAX = 4096  # distinct attribute keys, and key-value pairs, kept encoded
+_PAIR_TEXT_MAX = 128  # the longest string value kept encoded with its key
 
 
 class _Unsupported(Exception):
@@ -111,16 +112,42 @@ def _value(value: Any) -> bytes:
     raise _Unsupported(f"an attribute value of type {kind.__name__}")
 
 
+_pairs: dict[tuple[bytes, str, type, object], bytes] = {}
+
+
 def _attributes(attributes: Mapping[str, object] | None, tag: bytes) -> bytes:
     """Repeated ``KeyValue`` under ``tag``. The SDK's attributes are a read-only view of its
-    ``BoundedAttributes``, whose ``copy()`` is a plain dict: iterated without a Python call per key."""
+    ``BoundedAttributes``, whose ``copy()`` is a plain dict: iterated without a Python call per key.
+
+    Most of a model call's attributes are the same from call to call (the operation, the provider, the
+    model, the request's parameters, the server, the status), so an attribute whose value is a short
+    string, an int, a bool or a non-zero float is kept encoded, by its tag, key, type and value (the type,
+    since ``True == 1 == 1.0``; not a zero float, since ``0.0 == -0.0`` and their bytes differ; not a long
+    string, such as opt-in message content), up to :data:`_KEY_CACHE_MAX` pairs (then the cache starts
+    again: about 1 MB at most)."""
     if not attributes:
         return b""
     items = attributes.copy() if isinstance(attributes, types.MappingProxyType) else attributes
     out: list[bytes] = []
     append = out.append
+    pairs = _pairs
     for key, value in items.items():
-        append(_field(tag, _key(key) + _field(b"\x12", _value(value))))
+        kind = value.__class__
+        if (
+            (kind is str and len(value) <= _PAIR_TEXT_MAX)  # type: ignore[arg-type]
+            or kind is int
+            or kind is bool
+            or (kind is float and value)
+        ):
+            pair = (tag, key, kind, value)
+            encoded = pairs.get(pair)
+            if encoded is None:
+                if len(pairs) >= _KEY_CACHE_MAX:
+                    pairs.clear()
+                encoded = pairs[pair] = _field(tag, _key(key) + _field(b"\x12", _value(value)))
+            append(encoded)
+        else:
+            append(_field(tag, _key(key) + _field(b"\x12", _value(value))))
     return b"".join(out)
 
 

@@ -148,6 +148,29 @@ def test_every_span_field_and_attribute_type_is_encoded_as_the_sdk_does() -> Non
     _assert_same_as_sdk([])
 
 
+def test_values_python_calls_equal_are_encoded_each_as_itself_batch_after_batch() -> None:
+    """The encoder keeps repeated key-value pairs encoded: values Python holds equal (``True == 1 == 1.0``,
+    ``0.0 == -0.0``) under one key, in span, event and link attributes, still come out each as the SDK
+    writes it, in the first batch and in every later one (from the kept pairs), and after the kept pairs
+    overflow their bound and start again."""
+    provider, memory = _provider()
+    tracer = provider.get_tracer("t")
+    link = SpanContext(0x1, 0x2, is_remote=False)
+    equal_values: list[Any] = [True, 1, 1.0, False, 0, 0.0, -0.0, "1", "x" * 200, 2.5, -2.5]
+    for value in equal_values:
+        span = tracer.start_span("s", attributes={"v": value}, links=[Link(link, {"v": value})])
+        span.add_event("e", {"v": value}, timestamp=5)
+        span.end()
+    spans = memory.get_finished_spans()
+    for batch in (spans, spans[::-1], spans, spans[3:]):
+        _assert_same_as_sdk(batch)
+    for n in range(otlp._KEY_CACHE_MAX + 10):  # distinct pairs past the bound
+        tracer.start_span("n", attributes={"n": n, "name": f"call-{n}", "v": equal_values[n % 11]}).end()
+    many = list(memory.get_finished_spans()[len(spans) :])
+    _assert_same_as_sdk(many)
+    _assert_same_as_sdk(many[:50] + list(spans))
+
+
 def test_equal_resources_of_distinct_objects_share_one_group_as_in_the_sdk() -> None:
     first, first_memory = _provider(Resource.create({"service.name": "same"}))
     second, second_memory = _provider(Resource.create({"service.name": "same"}))
