@@ -31,6 +31,12 @@ def zero_code_env(directory: Path | None) -> dict[str, str]:
     return env
 
 
+def server_span_only_env() -> dict[str, str]:
+    """``opentelemetry-instrument`` with the capture's instrumentor off and no exporter: the diagnostic rows
+    that measure an HTTP server span alone (the app wraps itself in it)."""
+    return {**zero_code_env(None), "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "otel_capture"}
+
+
 def zero_code_otlp_env(directory: Path, receiver: H.OtlpReceiver) -> dict[str, str]:
     """The README's set-up for Jaeger: records into ``directory`` and spans over OTLP/HTTP to ``receiver``."""
     env = zero_code_env(directory)

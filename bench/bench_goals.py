@@ -125,13 +125,13 @@ def _goal_zero_code(
             R.Spec(
                 "server-span",
                 [R.INSTRUMENT, *H.server_argv("server-span", "--app", "starlette")],
-                env={**R.zero_code_env(None), "OTEL_PYTHON_DISABLED_R.INSTRUMENTATIONS": "otel_capture"},
+                env=R.server_span_only_env(),
                 prefixed=False,
             ),
             R.Spec(
                 "lean-server-span",
                 [R.INSTRUMENT, *H.server_argv("lean-server-span", "--app", "starlette")],
-                env={**R.zero_code_env(None), "OTEL_PYTHON_DISABLED_R.INSTRUMENTATIONS": "otel_capture"},
+                env=R.server_span_only_env(),
                 prefixed=False,
             ),
             R.Spec(

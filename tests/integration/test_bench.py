@@ -155,6 +155,28 @@ def test_the_traced_zero_code_server_sends_its_spans_over_otlp_and_writes_its_re
         assert H.count_lines(tmp_path) == 1
 
 
+@pytest.mark.parametrize("variant", ["server-span", "lean-server-span"])
+def test_the_server_span_rows_run_without_the_capture_s_instrumentor(variant: str) -> None:
+    """Goal 1's diagnostic rows "server span alone" run under ``opentelemetry-instrument`` with the
+    capture's instrumentor off: a model call on the plain path is not seen by a capture middleware (which
+    would warn that it has no rollout id and count it), so the row measures the span alone."""
+    import time
+
+    import httpx
+
+    from bench import _harness as H
+    from bench import _rounds as R
+    from bench._servers import REQUEST_BODY
+
+    argv = [R.INSTRUMENT, *H.server_argv(variant, "--app", "starlette")]
+    for env, seen in ((R.server_span_only_env(), False), (R.zero_code_env(None), True)):
+        with H.ServerProcess(argv, env=env, name=variant) as server:
+            answer = httpx.post(server.url + "/v1/chat/completions", content=REQUEST_BODY, timeout=BOUND)
+            assert answer.status_code == 200
+            time.sleep(0.2)
+            assert ("has no rollout id" in server.log_tail()) is seen, (env, server.log_tail())
+
+
 def test_the_floor_servers_answer_and_the_durable_ones_write_a_line_per_call(tmp_path: Path) -> None:
     """The floors ``bench_goals`` sets beside goals 1-3 do the work they stand for: the captures keep one
     line per call in the call's rollout file (the durable one acknowledges only what it synced), and the
