@@ -404,9 +404,11 @@ def spans_check(servers: Servers, name: str, receiver: H.OtlpReceiver) -> str:
         received = receiver.received()
     lines = H.count_lines(spec.capture_dir)
     per = received["spans"] / lines if lines else 0.0
+    model_calls = receiver.model_call_spans()
     return (
         f"{name}: {received['spans']:,} spans received over OTLP in {received['requests']:,} exports "
-        f"({received['bytes'] / 1e6:.1f} MB), {per:.2f} per record on disk ({lines:,})"
+        f"({received['bytes'] / 1e6:.1f} MB), {per:.2f} per record on disk ({lines:,}); {model_calls:,} "
+        "model-call spans" + ("" if model_calls >= lines else "  << SPANS MISSING")
     )
 
 

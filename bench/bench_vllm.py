@@ -92,6 +92,7 @@ import httpx
 
 from bench import _floors, _pyspy, _vllm_probe
 from bench import _harness as H
+from bench import _rounds as R
 from bench._servers import bind_socket
 from bench._vllm_figures import SHAPES, Group, report
 from otel_capture._store.writer import IDLE_CLOSE, WRITER_THREAD_KERNEL_NAME
@@ -270,16 +271,7 @@ def _tests_vllm() -> Any:
 def zero_code_env(calls: Path, spans_to: H.OtlpReceiver | None) -> dict[str, str]:
     """The zero-code server's ``OTEL_*`` set-up: records into ``calls``; with ``spans_to`` (``--spans``) the
     spans too, over OTLP/HTTP, as the README's Jaeger set-up sends them."""
-    env = {
-        "OTEL_TRACES_EXPORTER": "model_call_jsonl",
-        "OTEL_METRICS_EXPORTER": "none",
-        "OTEL_LOGS_EXPORTER": "none",
-        "OTEL_EXPORTER_MODEL_CALL_JSONL_DIR": str(calls),
-    }
-    if spans_to is not None:
-        env["OTEL_TRACES_EXPORTER"] = "otlp,model_call_jsonl"
-        env.update(spans_to.env())
-    return env
+    return R.zero_code_env(calls) if spans_to is None else R.zero_code_otlp_env(calls, spans_to)
 
 
 def _free_port() -> int:
