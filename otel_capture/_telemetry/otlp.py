@@ -127,27 +127,32 @@ def _attributes(attributes: Mapping[str, object] | None, tag: bytes) -> bytes:
     again: about 1 MB at most)."""
     if not attributes:
         return b""
-    items = attributes.copy() if isinstance(attributes, types.MappingProxyType) else attributes
+    items: Mapping[str, Any] = (
+        attributes.copy() if isinstance(attributes, types.MappingProxyType) else attributes
+    )
     out: list[bytes] = []
     append = out.append
     pairs = _pairs
     for key, value in items.items():
         kind = value.__class__
+        pair = None
         if (
-            (kind is str and len(value) <= _PAIR_TEXT_MAX)  # type: ignore[arg-type]
+            (kind is str and len(value) <= _PAIR_TEXT_MAX)
             or kind is int
             or kind is bool
             or (kind is float and value)
         ):
             pair = (tag, key, kind, value)
             encoded = pairs.get(pair)
-            if encoded is None:
-                if len(pairs) >= _KEY_CACHE_MAX:
-                    pairs.clear()
-                encoded = pairs[pair] = _field(tag, _key(key) + _field(b"\x12", _value(value)))
-            append(encoded)
-        else:
-            append(_field(tag, _key(key) + _field(b"\x12", _value(value))))
+            if encoded is not None:
+                append(encoded)
+                continue
+        encoded = _field(tag, _key(key) + _field(b"\x12", _value(value)))
+        if pair is not None:
+            if len(pairs) >= _KEY_CACHE_MAX:
+                pairs.clear()
+            pairs[pair] = encoded
+        append(encoded)
     return b"".join(out)
 
 
