@@ -328,20 +328,20 @@ class ServerProcess:
 _RECEIVER = """
 import http.server, json, threading
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-counts = {"requests": 0, "spans": 0, "bytes": 0, "names": {}}
+counts = {"requests": 0, "spans": 0, "bytes": 0, "scopes": {}}
 lock = threading.Lock()
 class Receiver(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def do_POST(self):
         body = self.rfile.read(int(self.headers["content-length"]))
         request = ExportTraceServiceRequest.FromString(body)
-        names = [span.name for r in request.resource_spans for s in r.scope_spans for span in s.spans]
+        scopes = [(s.scope.name, len(s.spans)) for r in request.resource_spans for s in r.scope_spans]
         with lock:
             counts["requests"] += 1
-            counts["spans"] += len(names)
             counts["bytes"] += len(body)
-            for name in names:
-                counts["names"][name] = counts["names"].get(name, 0) + 1
+            for name, spans in scopes:
+                counts["spans"] += spans
+                counts["scopes"][name] = counts["scopes"].get(name, 0) + spans
         self._answer(b"", "application/x-protobuf")
     def do_GET(self):
         with lock:
@@ -362,8 +362,8 @@ server.serve_forever()
 
 class OtlpReceiver:
     """An OTLP/HTTP traces receiver in its own process, where a Collector or Jaeger would be (its CPU is not
-    a server's): every export is answered at once with success, and its spans are counted
-    (:meth:`received`), so a run can say whether the spans of its calls arrived."""
+    a server's): every export is answered at once with success, and its spans are counted by
+    instrumentation scope (:meth:`received`), so a run can say whether the spans of its calls arrived."""
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen([PYTHON, "-c", _RECEIVER], stdout=subprocess.PIPE, text=True)
@@ -377,7 +377,8 @@ class OtlpReceiver:
         return {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_ENDPOINT": self.url}
 
     def received(self) -> dict[str, Any]:
-        """Export requests, spans and bytes received so far, and the spans by name (``names``)."""
+        """Export requests, spans and bytes received so far, and the spans by instrumentation scope
+        (``scopes``)."""
         import urllib.request
 
         with urllib.request.urlopen(self.url + "/count", timeout=30) as response:
@@ -385,9 +386,11 @@ class OtlpReceiver:
             return counts
 
     def model_call_spans(self) -> int:
-        """The model-call spans received (named ``chat <model>`` or ``text_completion <model>``)."""
-        names: dict[str, int] = self.received()["names"]
-        return sum(n for name, n in names.items() if name.split(" ")[0] in ("chat", "text_completion"))
+        """The model-call spans received: those of the capture middleware's tracer."""
+        from otel_capture._capture import middleware
+
+        scopes: dict[str, int] = self.received()["scopes"]
+        return scopes.get(middleware.__name__, 0)
 
     def stop(self) -> None:
         self.proc.kill()
