@@ -69,6 +69,8 @@ class CapturedExchange:
     ``send`` (the chunk's parsing is :meth:`InFlightCall.on_body`'s)."""
 
     __slots__ = (
+        "_admission",
+        "_attributes",
         "_body_messages",
         "_call",
         "_content_length",
@@ -81,10 +83,12 @@ class CapturedExchange:
         "_send",
         "_sent",
         "_sink",
+        "_span",
         "_started",
         "_timed",
         "begun",
         "cancelled",
+        "completed",
         "holding",
         "redirected",
     )
@@ -128,6 +132,10 @@ class CapturedExchange:
         self._started = started  # when the middleware took the request
         self._own = 0.0  # seconds in the capture's own code so far
         self._held_at: float | None = None  # when the terminal chunk was held
+        self.completed = False  # finished and its held messages let out (:meth:`_complete`)
+        self._span: trace.Span | None = None  # the call's span, its start attributes and the engine's
+        self._attributes: dict[str, Any] | None = None  # admission: set when the app is about to run
+        self._admission: Admission | None = None
 
     async def run(self, found: Correlation) -> None:
         middleware, scope, sink, call = self._middleware, self._scope, self._sink, self._call
@@ -163,6 +171,7 @@ class CapturedExchange:
             )
         if timed:
             self._own += time.perf_counter() - mark
+        self._span, self._attributes, self._admission = span, attributes, admission
         exception: BaseException | None = None
         try:
             await middleware.app(scope, self.receive, self.send)
@@ -171,7 +180,6 @@ class CapturedExchange:
             if isinstance(exc, asyncio.CancelledError):
                 self.cancelled = True
         finally:
-            mark = time.perf_counter() if timed else 0.0
             otel_context.detach(token)
             if self.redirected:
                 # traced (with its status), not recorded and not counted as a model call
@@ -180,24 +188,39 @@ class CapturedExchange:
                 span.end()
                 if self.begun and sink is not None:
                     sink.discard_call(call.rollout_id, call.model_call_id)
-            else:
-                self.begin()
-                # A disconnect after the app produced the whole response is not a cancelled call.
-                cancelled = self.cancelled and not self.holding
-                finished = middleware._finish(call, span, attributes, exception, cancelled, sink, admission)
-                if timed:
-                    self._own += time.perf_counter() - mark
-                if finished is not None and sink is not None:
-                    await middleware._wait_durable(call, finished, sink)
-                if timed:
-                    held_at = self._held_at
-                    wait = None if held_at is None else time.perf_counter() - held_at
-                    middleware._metrics.record_capture_cost(call.dialect, self._own, wait)
-            # Capture never changes the response: what was held goes out now, durable or not (contract D5).
-            for message in self._held:
-                await self._send(message)
+                for message in self._held:  # capture never changes the response (contract D5)
+                    await self._send(message)
+            elif not self.completed:  # the app ended without its last message, or before it was let out
+                await self._complete(exception)
         if exception is not None:
             raise exception
+
+    async def _complete(self, exception: BaseException | None) -> None:
+        """Finish the call, wait until its record is durable (or failed, or past its deadline), then let out
+        what :meth:`send` held. Once per call: at the app's last response message (the response is whole:
+        its teardown, a loop iteration or more on a busy server, is not waited for), or when the app ends
+        without one (an error, a cancellation, a cut stream)."""
+        self.completed = True
+        middleware, call, sink, timed = self._middleware, self._call, self._sink, self._timed
+        mark = time.perf_counter() if timed else 0.0
+        self.begin()
+        # A disconnect after the app produced the whole response is not a cancelled call.
+        cancelled = self.cancelled and not self.holding
+        span, admission = self._span, self._admission
+        assert span is not None and admission is not None  # set before the app runs, the only sender
+        finished = middleware._finish(call, span, self._attributes, exception, cancelled, sink, admission)
+        if timed:
+            self._own += time.perf_counter() - mark
+        if finished is not None and sink is not None:
+            await middleware._wait_durable(call, finished, sink)
+        if timed:
+            held_at = self._held_at
+            wait = None if held_at is None else time.perf_counter() - held_at
+            middleware._metrics.record_capture_cost(call.dialect, self._own, wait)
+        # Capture never changes the response: what was held goes out now, durable or not (contract D5).
+        held, self._held = self._held, []
+        for message in held:
+            await self._send(message)
 
     def begin(self) -> None:
         """Tell the sink, once, that the call has begun."""
@@ -219,9 +242,14 @@ class CapturedExchange:
     async def send(self, message: Message) -> None:
         call = self._call
         if self.holding:
+            if self.completed:  # nothing follows the last message; the server says so, not the capture
+                await self._send(message)
+                return
+            self._held.append(message)
             if message["type"] == "http.response.body":
                 call.on_body(message.get("body", b""))  # what follows the terminal chunk is captured too
-            self._held.append(message)
+                if not message.get("more_body", False) and not self.redirected:
+                    await self._complete(None)  # the response is whole
             return
         kind = message["type"]
         if kind == "http.response.start":
@@ -259,6 +287,8 @@ class CapturedExchange:
                 self._held.append(message)
                 if call.stream_complete:
                     self._scope[SCOPE_RESPONSE_COMPLETE] = True
+                if not message.get("more_body", False) and not self.redirected:
+                    await self._complete(None)  # the response is whole
                 return
         await self._send(message)
 

@@ -16,7 +16,7 @@ import openai
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from support import ReplayModelServer, Telemetry, recorded_json, serve
+from support import Gate, ReplayModelServer, Telemetry, recorded_json, recorded_streams, serve, sse_chunks
 
 from otel_capture import (
     CaptureSettings,
@@ -293,6 +293,96 @@ def test_client_gets_the_terminal_chunk_only_after_the_record_is_durable(
     assert results[0].status_code == 200 and synced
     assert len(read_model_call_records(CaptureStore(tmp_path / "calls"), "held")) == 1
     provider.shutdown()
+
+
+@pytest.mark.parametrize("streamed", [True, False], ids=["stream", "json"])
+def test_the_whole_response_goes_out_once_durable_while_the_app_is_still_tearing_down(
+    tmp_path: Path, streamed: bool
+) -> None:
+    """An app's work after its last response message (a StreamingResponse's task group ending, a loop
+    iteration or more on a busy server) is not waited for: once the last message is sent and the record is
+    durable, the client has the whole response, while the app has not returned yet."""
+    raw = next(r for name, d, r in recorded_streams() if d == "chat") if streamed else recorded_json("chat")
+    chunks = sse_chunks(raw) if streamed else [raw]
+    teardown, returned = Gate(), threading.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        kind = b"text/event-stream" if streamed else b"application/json"
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
+        for chunk in chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await teardown.wait()  # the app's own work after its response, until the test has looked
+        returned.set()
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(ModelCallJsonlExporter(tmp_path / "calls")))
+    seen: list[tuple[bytes, bool, int]] = []
+
+    def call(url: str) -> None:
+        response = httpx.post(
+            f"{url}/ng-rollout/teardown/v1/chat/completions",
+            json={"model": "m", "messages": [], "stream": streamed},
+            timeout=30,
+        )
+        durable = len(read_model_call_records(CaptureStore(tmp_path / "calls"), "teardown"))
+        seen.append((response.content, returned.is_set(), durable))
+
+    try:
+        with serve(ModelCallCaptureMiddleware(app, tracer_provider=provider)) as url:
+            client = threading.Thread(target=call, args=(url,))
+            client.start()
+            client.join(15)
+            got_it_first = not client.is_alive()
+            teardown.open()
+            client.join(30)
+            assert returned.wait(30)
+    finally:
+        teardown.open()
+        provider.shutdown()
+    assert got_it_first, "the client got the response only when the app returned"
+    ((content, app_had_returned, durable),) = seen
+    assert content == raw and not app_had_returned
+    assert durable == 1  # the record was durable before the last chunk went out (contract D1)
+    (record,) = read_model_call_records(CaptureStore(tmp_path / "calls"), "teardown")
+    assert record.status_code == 200 and record.error_category is None and record.stream is streamed
+
+
+def test_an_error_after_the_final_message_leaves_the_record_as_the_client_saw_the_call(
+    tmp_path: Path,
+) -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": recorded_json("chat"), "more_body": False})
+        raise RuntimeError("the app's teardown failed after its response")
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(ModelCallJsonlExporter(tmp_path / "calls")))
+    try:
+        with serve(ModelCallCaptureMiddleware(app, tracer_provider=provider)) as url:
+            response = httpx.post(
+                f"{url}/ng-rollout/after/v1/chat/completions", json={"model": "m", "messages": []}, timeout=30
+            )
+    finally:
+        provider.shutdown()
+    assert response.status_code == 200 and response.content == recorded_json("chat")
+    (record,) = read_model_call_records(CaptureStore(tmp_path / "calls"), "after")
+    assert record.status_code == 200 and record.error_category is None
+    assert record.response == json.loads(recorded_json("chat"))
 
 
 def test_a_failing_disk_never_touches_the_response_and_marks_the_rollout_incomplete(
