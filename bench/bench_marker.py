@@ -17,7 +17,10 @@ rollout's files). A model server's calls
 (vLLM's: 0.1 s and up on CPU) all take the 30 ms path: this is the writer's share of ``bench_vllm``'s
 per-call cost, without vLLM. The busy row shows what a busy loop adds: each system call of the writer
 lets the GIL go, and the loop, which wants it, takes it; the writer then waits for it again (more
-wake-ups, and the switch interval's delay each time).
+wake-ups, and the switch interval's delay each time). Each row also gives the median wait from a line's
+hand-off until it is durable; no call is begun in a round after ``ROUND_BUDGET_S``, since with the loop
+busy a call can wait seconds (the writer, back from each system call, loses the GIL to a loop that gives
+it up and takes it back at every iteration).
 
 ``--gap MS`` adds two rows of 8 rollouts that call again every MS ms (a multi-turn rollout's tool step), the
 writer's idle close (``IDLE_CLOSE``) at 1 s, as before ``fca04d7``, and at its value now, in the same rotated
@@ -96,9 +99,12 @@ async def _round(
     busy: bool = False,
     at_once: int = 1,
     again: tuple[float, float] | None = None,
-) -> tuple[float, float, float, float]:
-    """One row's round. ``again``: ``(gap_s, idle_close_s)``: the same ``at_once`` rollouts call again
-    every ``gap_s`` seconds, the writer's idle close at ``idle_close_s``; the gaps are in the window."""
+    budget_s: float = float("inf"),
+) -> Figures:
+    """One row's round: at most ``calls`` calls, no new ones after ``budget_s`` seconds (a busy loop can
+    starve the writer of the GIL for seconds per call). ``again``: ``(gap_s, idle_close_s)``: the same
+    ``at_once`` rollouts call again every ``gap_s`` seconds, the writer's idle close at ``idle_close_s``;
+    the gaps are in the window."""
     loop = asyncio.get_running_loop()
     kept_idle = writer_module.IDLE_CLOSE
     if again is not None:
@@ -106,6 +112,8 @@ async def _round(
     stop = asyncio.Event()
     busy_task = asyncio.create_task(_busy(stop)) if busy else None
     before, woken = _writer_cpu(), _writer_wakeups()
+    until = time.monotonic() + budget_s
+    waits: list[float] = []
 
     async def call(i: int) -> None:
         model_call_id = f"{n:08x}{i:024x}"
@@ -116,11 +124,18 @@ async def _round(
         if duration_s:
             await asyncio.sleep(duration_s)
         future = loop.create_future()
+        submitted = time.perf_counter()
         writer.submit(rollout_id, LINE, model_call_id, None, LoopWaiter(loop, future))
         await future
+        waits.append((time.perf_counter() - submitted) * 1000)
 
+    made = 0
     for first in range(0, calls, at_once):
-        await asyncio.gather(*(call(i) for i in range(first, min(calls, first + at_once))))
+        if time.monotonic() > until:
+            break
+        group = range(first, min(calls, first + at_once))
+        await asyncio.gather(*(call(i) for i in group))
+        made += len(group)
         if again is not None:
             await asyncio.sleep(again[0])
     after, woke = _writer_cpu(), _writer_wakeups()
@@ -128,11 +143,16 @@ async def _round(
     stop.set()
     if busy_task is not None:
         await busy_task
-    on_cpu, user, system = ((a - b) * 1000 / calls for a, b in zip(after, before, strict=True))
-    return on_cpu, user, system, (woke - woken) / calls
+    on_cpu, user, system = ((a - b) * 1000 / made for a, b in zip(after, before, strict=True))
+    return on_cpu, user, system, (woke - woken) / made, statistics.median(waits), made
 
 
 Row = tuple[float, bool, int, tuple[float, float] | None]
+Figures = tuple[float, float, float, float, float, int]
+"""A round's writer CPU per call (on CPU, user, system, in us), wake-ups per call, the median wait from a
+line's hand-off until it was durable (ms), and the calls made."""
+ROUND_BUDGET_S = 20.0
+"""No new call in a round after this long: with the loop busy, a call can wait seconds for the writer."""
 ROWS: dict[str, Row] = {
     "0 ms": (0.0, False, 1, None),
     "30 ms": (0.03, False, 1, None),
@@ -144,11 +164,9 @@ than one: each call its own new rollout, as in single-turn RL inside vLLM: every
 and, for ``--gap`` rows, the gap after which the same rollouts call again and the idle close used."""
 
 
-async def _main(
-    calls: int, rounds: int, rows: dict[str, Row]
-) -> tuple[dict[str, list[tuple[float, float, float, float]]], bool]:
+async def _main(calls: int, rounds: int, rows: dict[str, Row]) -> tuple[dict[str, list[Figures]], bool]:
     """The rounds' figures, and whether the lines on disk are exactly the calls made."""
-    found: dict[str, list[tuple[float, float, float, float]]] = {label: [] for label in rows}
+    found: dict[str, list[Figures]] = {label: [] for label in rows}
     with tempfile.TemporaryDirectory(prefix="bench-marker-") as tmp:
         writer = JsonlWriter(Path(tmp) / "calls")
         writer.flush(10)  # its thread has started (and named itself)
@@ -158,11 +176,12 @@ async def _main(
             for n in range(rounds):
                 for label in labels[n % len(labels) :] + labels[: n % len(labels)]:  # rotated each round
                     duration_s, busy, at_once, again = rows[label]
-                    found[label].append(await _round(writer, duration_s, calls, n, busy, at_once, again))
+                    figures = await _round(writer, duration_s, calls, n, busy, at_once, again, ROUND_BUDGET_S)
+                    found[label].append(figures)
         finally:
             writer.close()
         lines = H.count_lines(Path(tmp) / "calls")
-    return found, lines == 10 + len(rows) * rounds * calls
+    return found, lines == 10 + sum(figures[5] for row in found.values() for figures in row)
 
 
 MACHINE_REPEATS = 12
@@ -236,12 +255,13 @@ def main() -> int:
     found, complete = asyncio.run(_main(args.calls, args.rounds, found_rows))
     rows = []
     for label, rounds in found.items():
-        on_cpu, user, system, wakeups = (statistics.median(r[i] for r in rounds) for i in range(4))
-        rows.append([label, on_cpu, user, system, wakeups])
+        on_cpu, user, system, wakeups, waited = (statistics.median(r[i] for r in rounds) for i in range(5))
+        rows.append([label, on_cpu, user, system, wakeups, waited, sum(r[5] for r in rounds)])
     H.print_table(
-        f"writer thread CPU per call, us, and its wake-ups per call (medians of {args.rounds} rounds of "
-        f"{args.calls} calls; the marker delay is {MARKER_DELAY * 1000:.0f} ms)",
-        ["call lasts", "on CPU", "user", "system", "wake-ups"],
+        f"writer thread CPU per call, us, its wake-ups per call and the wait from a line's hand-off until "
+        f"durable, ms (medians of {args.rounds} rounds of up to {args.calls} calls, none begun after "
+        f"{ROUND_BUDGET_S:g} s; the marker delay is {MARKER_DELAY * 1000:.0f} ms)",
+        ["call lasts", "on CPU", "user", "system", "wake-ups", "durable after", "calls"],
         rows,
         [
             f"ratio 30 ms / 0 ms: {H.ratio(rows[1][1], rows[0][1])}; loop busy / idle: "

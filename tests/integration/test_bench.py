@@ -70,6 +70,10 @@ TINY_RUNS = {
     "bench_hotpath": (["--calls", "20"], "JSONL exporter alone"),
     "bench_marker": (["--calls", "3", "--rounds", "1"], "lines on disk equal the calls: True"),
     "bench_stream_memory": (["--mb", "0.2"], "records written by the captured server: 1"),
+    "bench_busy": (
+        ["--seconds", "1", "--loads", "0,2", "--events", "16"],
+        "every probe call answered and recorded: True",
+    ),
 }
 
 
