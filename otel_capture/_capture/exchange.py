@@ -59,7 +59,8 @@ class CaptureHost(Protocol):
 class CapturedExchange:
     """One captured request and its response (starlette's ``GZipResponder`` shape): :meth:`run` reads the
     request, starts the span and runs the app with :meth:`receive` and :meth:`send` in place of the
-    server's, then finishes the call and lets out what :meth:`send` held back.
+    server's; the call is finished, and what :meth:`send` held back let out, at the app's final response
+    message (the app's teardown is not waited for), or when the app ends without one.
 
     :meth:`send` forwards each response message as it comes, except the terminal one and what follows it,
     which wait until the record is durable. A redirect (``3xx``) is traced, not recorded; a call it began
@@ -133,8 +134,10 @@ class CapturedExchange:
         self._own = 0.0  # seconds in the capture's own code so far
         self._held_at: float | None = None  # when the terminal chunk was held
         self.completed = False  # finished and its held messages let out (:meth:`_complete`)
-        self._span: trace.Span | None = None  # the call's span, its start attributes and the engine's
-        self._attributes: dict[str, Any] | None = None  # admission: set when the app is about to run
+        # what finishing the call needs, set just before the app runs: its span, the span's start
+        # attributes and the engine's admission
+        self._span: trace.Span | None = None
+        self._attributes: dict[str, Any] | None = None
         self._admission: Admission | None = None
 
     async def run(self, found: Correlation) -> None:
