@@ -86,9 +86,9 @@ def _rows(server: str, spec: R.Spec, loads: list[int], seconds: int) -> tuple[li
                 ]
             )  # fmt: skip
     assert spec.capture_dir is not None
-    lines = sum(1 for path in spec.capture_dir.glob(f"{PROBE_ROLLOUT}*.jsonl") for _ in path.open("rb"))
-    expected = sum(row[2] for row in rows) + 1  # and the warm-up's call
-    if lines < expected:
+    lines = H.count_lines(spec.capture_dir, f"{PROBE_ROLLOUT}.capture.jsonl")  # the load is not captured
+    expected = sum(row[2] + 1 for row in rows)  # and each probe's warm-up call
+    if lines != expected:
         print(f"<< {server}: {lines} record lines for {expected} captured probe calls")
         ok = False
     return rows, ok

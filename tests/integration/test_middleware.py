@@ -295,27 +295,34 @@ def test_client_gets_the_terminal_chunk_only_after_the_record_is_durable(
     provider.shutdown()
 
 
-@pytest.mark.parametrize("streamed", [True, False], ids=["stream", "json"])
+async def _answer(receive: Any, send: Any, content_type: bytes, bodies: list[bytes]) -> None:
+    """Read the request whole, then answer with ``bodies``: each but the last with ``more_body``, the last
+    as the final message."""
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", content_type)]})
+    for body in bodies[:-1]:
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+    await send({"type": "http.response.body", "body": bodies[-1], "more_body": False})
+
+
+@pytest.mark.parametrize("shape", ["stream", "json", "json-then-empty"])
 def test_the_whole_response_goes_out_once_durable_while_the_app_is_still_tearing_down(
-    tmp_path: Path, streamed: bool
+    tmp_path: Path, shape: str
 ) -> None:
     """An app's work after its last response message (a StreamingResponse's task group ending, a loop
     iteration or more on a busy server) is not waited for: once the last message is sent and the record is
-    durable, the client has the whole response, while the app has not returned yet."""
+    durable, the client has the whole response, while the app has not returned yet. The answer's last
+    message: an empty one after the stream's events, the JSON body itself, an empty one after the body."""
+    streamed = shape == "stream"
     raw = next(r for name, d, r in recorded_streams() if d == "chat") if streamed else recorded_json("chat")
-    chunks = sse_chunks(raw) if streamed else [raw]
+    bodies = {"stream": [*sse_chunks(raw), b""], "json": [raw], "json-then-empty": [raw, b""]}[shape]
     teardown, returned = Gate(), threading.Event()
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        while (await receive()).get("more_body"):
-            pass
-        kind = b"text/event-stream" if streamed else b"application/json"
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
-        for chunk in chunks:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await _answer(receive, send, b"text/event-stream" if streamed else b"application/json", bodies)
         await teardown.wait()  # the app's own work after its response, until the test has looked
         returned.set()
 
@@ -345,6 +352,7 @@ def test_the_whole_response_goes_out_once_durable_while_the_app_is_still_tearing
         teardown.open()
         provider.shutdown()
     assert got_it_first, "the client got the response only when the app returned"
+    assert len(seen) == 1, "the client's call failed"
     ((content, app_had_returned, durable),) = seen
     assert content == raw and not app_had_returned
     assert durable == 1  # the record was durable before the last chunk went out (contract D1)
@@ -358,16 +366,7 @@ def test_an_error_after_the_final_message_leaves_the_record_as_the_client_saw_th
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        while (await receive()).get("more_body"):
-            pass
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": recorded_json("chat"), "more_body": False})
+        await _answer(receive, send, b"application/json", [recorded_json("chat")])
         raise RuntimeError("the app's teardown failed after its response")
 
     provider = TracerProvider()
