@@ -472,6 +472,10 @@ def _run_reaped(argv: Sequence[str], timeout: float) -> tuple[str, float]:
     except BaseException:
         proc.kill()
         raise
+    finally:
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:

@@ -111,6 +111,8 @@ class Run:
     fsyncs: int = 0
     batches: int = 0
     user_us: float | None = None  # the user-space part of cpu_us (the rest is system time: syscalls)
+    loop_us: float | None = None  # the server's main thread (its event loop) alone; the rest of cpu_us is
+    # its other threads (the capture's writer, the batch span processor) and child processes
 
 
 def measure(
@@ -128,6 +130,7 @@ def measure(
     before = server.stats() if spec.stats else None
     busy0, own0 = H.system_busy_seconds(), H.own_cpu_seconds()
     user0, sys0 = H.tree_cpu_split(server.pid)
+    loop0 = _main_thread_cpu(server.pid)
     up0 = H.cpu_seconds(up.pid) if up else 0.0
     t0 = time.monotonic()
     load = H.run_load(
@@ -140,6 +143,7 @@ def measure(
     )
     wall = time.monotonic() - t0
     user1, sys1 = H.tree_cpu_split(server.pid)
+    loop1 = _main_thread_cpu(server.pid)
     cpu, user = (user1 + sys1) - (user0 + sys0), user1 - user0
     up_cpu = (H.cpu_seconds(up.pid) - up0) if up else 0.0
     busy, own = H.system_busy_seconds() - busy0, H.own_cpu_seconds() - own0
@@ -162,7 +166,14 @@ def measure(
         fsyncs=delta.get("fsyncs", 0),
         batches=delta.get("batches", 0),
         user_us=user / n * 1e6 if n else None,
+        loop_us=(loop1 - loop0) / n * 1e6 if (n and loop0 is not None and loop1 is not None) else None,
     )
+
+
+def _main_thread_cpu(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid``'s main thread (the server's event loop), or ``None`` once gone."""
+    main = H.thread_cpu(pid).get(pid)
+    return None if main is None else main.user + main.system
 
 
 def rounds_of(
@@ -352,6 +363,7 @@ def run_table(title: str, runs: Sequence[tuple[str, Run, Run | None]], notes: Se
         "vs",
         "ratio",
         "CPU us/call",
+        "loop us/call",
         "srv cores",
         "upstream us/call",
         "p50 ms",
@@ -370,6 +382,7 @@ def run_table(title: str, runs: Sequence[tuple[str, Run, Run | None]], notes: Se
                 base.name if base else "-",
                 H.ratio(run.rps, base.rps) if base else None,
                 run.cpu_us,
+                run.loop_us,
                 run.server_cores,
                 run.upstream_cpu_us,
                 run.p50_ms,

@@ -131,6 +131,21 @@ def test_the_goal_servers_answer_and_count_what_they_wrote(tmp_path: Path) -> No
             assert H.count_lines(directory) == 1, variant
 
 
+def test_a_measured_run_gives_the_event_loop_thread_s_share_of_the_server_s_cpu(tmp_path: Path) -> None:
+    """``bench_goals``' ``loop us/call`` column: the server's main thread (its event loop) alone, so a row
+    says how much of a call's CPU the loop spent and how much the capture's writer thread did beside it."""
+    from bench import _harness as H
+    from bench import _rounds as R
+
+    spec = R.Spec("capture", H.server_argv("capture", "--capture-dir", str(tmp_path)), capture_dir=tmp_path)
+    with R.Servers() as servers:
+        servers.start(spec)
+        run = R.measure(servers, "capture", 1, force_python=True)
+    assert run.requests > 0 and run.errors == 0, run
+    assert run.loop_us is not None and run.cpu_us is not None, run
+    assert 0 < run.loop_us < run.cpu_us, run  # the writer thread's CPU is the rest, never the loop's
+
+
 def test_the_traced_zero_code_server_sends_its_spans_over_otlp_and_writes_its_records(tmp_path: Path) -> None:
     """Goal 1c's server is the README's Jaeger set-up: a call through it is a record on disk and two spans
     (the HTTP server span and the model call's) at the receiver, decoded from OTLP protobuf; a bench whose
