@@ -45,6 +45,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from bench import _harness as H
 from otel_capture._capture import LoopWaiter
@@ -144,13 +145,24 @@ async def _round(
     if busy_task is not None:
         await busy_task
     on_cpu, user, system = ((a - b) * 1000 / made for a, b in zip(after, before, strict=True))
-    return on_cpu, user, system, (woke - woken) / made, statistics.median(waits), made
+    return Figures(on_cpu, user, system, (woke - woken) / made, statistics.median(waits), made)
 
 
 Row = tuple[float, bool, int, tuple[float, float] | None]
-Figures = tuple[float, float, float, float, float, int]
-"""A round's writer CPU per call (on CPU, user, system, in us), wake-ups per call, the median wait from a
-line's hand-off until it was durable (ms), and the calls made."""
+
+
+class Figures(NamedTuple):
+    """A round's writer CPU per call (on CPU, user, system, in us), wake-ups per call, the median wait from a
+    line's hand-off until it was durable (ms), and the calls made."""
+
+    on_cpu: float
+    user: float
+    system: float
+    wakeups: float
+    waited_ms: float
+    made: int
+
+
 ROUND_BUDGET_S = 20.0
 """No new call in a round after this long: with the loop busy, a call can wait seconds for the writer."""
 ROWS: dict[str, Row] = {
@@ -181,7 +193,7 @@ async def _main(calls: int, rounds: int, rows: dict[str, Row]) -> tuple[dict[str
         finally:
             writer.close()
         lines = H.count_lines(Path(tmp) / "calls")
-    return found, lines == 10 + sum(figures[5] for row in found.values() for figures in row)
+    return found, lines == 10 + sum(figures.made for row in found.values() for figures in row)
 
 
 MACHINE_REPEATS = 12
@@ -255,8 +267,9 @@ def main() -> int:
     found, complete = asyncio.run(_main(args.calls, args.rounds, found_rows))
     rows = []
     for label, rounds in found.items():
-        on_cpu, user, system, wakeups, waited = (statistics.median(r[i] for r in rounds) for i in range(5))
-        rows.append([label, on_cpu, user, system, wakeups, waited, sum(r[5] for r in rounds)])
+        fields = ("on_cpu", "user", "system", "wakeups", "waited_ms")
+        medians = [statistics.median(getattr(r, field) for r in rounds) for field in fields]
+        rows.append([label, *medians, sum(r.made for r in rounds)])
     H.print_table(
         f"writer thread CPU per call, us, its wake-ups per call and the wait from a line's hand-off until "
         f"durable, ms (medians of {args.rounds} rounds of up to {args.calls} calls, none begun after "

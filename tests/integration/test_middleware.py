@@ -355,7 +355,7 @@ def test_the_whole_response_goes_out_once_durable_while_the_app_is_still_tearing
     assert len(seen) == 1, "the client's call failed"
     ((content, app_had_returned, durable),) = seen
     assert content == raw and not app_had_returned
-    assert durable == 1  # the record was durable before the last chunk went out (contract D1)
+    assert durable == 1  # the record was made at the final message, before the app returned
     (record,) = read_model_call_records(CaptureStore(tmp_path / "calls"), "teardown")
     assert record.status_code == 200 and record.error_category is None and record.stream is streamed
 
