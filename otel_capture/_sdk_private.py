@@ -27,6 +27,9 @@ does. What is read, and who needs it:
   without the sampler's per-call result object (:mod:`._telemetry.spans`);
 - ``CompositePropagator._propagators``: the propagators behind the global one, so the capture writes the
   W3C trace headers itself when they are the SDK's default (:mod:`._capture.propagation`);
+- ``Span._attributes`` (a ``BoundedAttributes``: its ``_dict``, ``_lock``, ``maxlen``, ``max_value_len`` and
+  ``_immutable``), ``Span._lock`` and ``Span._end_time``: the model-call span's own attributes stored as the
+  SDK's ``set_attributes`` stores them, without its check of every value (:func:`set_clean_attributes`);
 - ``app._is_instrumented_by_opentelemetry``: the mark contrib's FastAPI/Starlette instrumentation leaves on
   an app it wrapped in its own HTTP server span (:mod:`._instrumentor`).
 
@@ -43,12 +46,15 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.metrics import _internal as metrics_api
 from opentelemetry.sdk import _configuration as sdk_configuration
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler
 
@@ -66,6 +72,7 @@ __all__ = [
     "meter_provider_pending",
     "processor_exporter",
     "provider_disabled",
+    "set_clean_attributes",
     "span_processors",
 ]
 
@@ -76,6 +83,10 @@ _reported: set[str] = set()
 _NO_SINK = "model-call records cannot be routed (no sink is found) and every span is built"
 _METRICS_ASSUMED = "metrics are recorded as if a reader were there"
 _SDK_ENCODER = "spans are encoded by the SDK's OTLP encoder (the same bytes, more CPU)"
+_SDK_CHECKS = "span attributes go through the SDK's check of every value (the same attributes, more CPU)"
+_PLAIN_VALUES = frozenset((str, bool, int, float))  # kept as they are by the SDK's check (no length limit)
+_SEQUENCES = frozenset((list, tuple))  # of plain values: kept as a tuple by the SDK's check
+_PLAIN_OR_SEQUENCE = _PLAIN_VALUES | _SEQUENCES
 # The metrics API's stand-in for the provider set later (``metrics.get_meter_provider()`` before a set).
 _PROXY_METER_PROVIDER: type | None = getattr(metrics_api, "_ProxyMeterProvider", None)
 
@@ -244,3 +255,54 @@ def composite_propagators(composite: object) -> tuple[Any, ...] | None:
 def instrumented_by_contrib(app: object) -> bool:
     """Whether contrib's FastAPI/Starlette instrumentation wrapped ``app`` in its own HTTP server span."""
     return bool(getattr(app, "_is_instrumented_by_opentelemetry", False))
+
+
+def set_clean_attributes(span: Any, attributes: Mapping[str, Any]) -> None:
+    """``span.set_attributes(attributes)`` for attributes the capture built (each key a non-empty ``str``),
+    stored in an SDK span as its ``set_attributes`` stores them (a key set again moves to the end, a list
+    becomes a tuple) without its check of every value, which is about half an SDK span's CPU with the
+    model-call span's thirty attributes. Only when that check would change nothing: every value a ``str``,
+    ``bool``, ``int`` or ``float`` (the exact types), or a list or tuple of them, no value length limit
+    (``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``: the SDK cuts), room under the count limit, a span not ended.
+    Anything else, and any other span, goes through ``set_attributes`` itself."""
+    bounded = getattr(span, "_attributes", None)
+    span_lock = getattr(span, "_lock", None)
+    if type(bounded) is not BoundedAttributes or span_lock is None:
+        if isinstance(span, SdkSpan):
+            _report_missing("Span._attributes (a BoundedAttributes) or Span._lock", _SDK_CHECKS)
+        span.set_attributes(attributes)
+        return
+    clean = _clean(attributes)
+    if clean is None or bounded.max_value_len is not None or bounded._immutable:
+        span.set_attributes(attributes)
+        return
+    with span_lock:
+        target = bounded._dict
+        stored = getattr(span, "_end_time", True) is None and (
+            bounded.maxlen is None or len(target) + len(clean) <= bounded.maxlen
+        )
+        if stored:
+            with bounded._lock:
+                if not target.keys().isdisjoint(clean):
+                    for key in clean:
+                        target.pop(key, None)
+                target.update(clean)
+    if not stored:  # ended (the SDK warns), or the count limit reached (it drops the oldest): its own way
+        span.set_attributes(attributes)
+
+
+def _clean(attributes: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """``attributes`` as the SDK's check would leave them, when it would change no more than a list into a
+    tuple; ``None`` when it might (another type, a value in a list that is not plain)."""
+    types = set(map(type, attributes.values()))
+    if types <= _PLAIN_VALUES:
+        return attributes
+    if not types <= _PLAIN_OR_SEQUENCE:
+        return None
+    clean = dict(attributes)
+    for key in [key for key, value in clean.items() if type(value) in _SEQUENCES]:
+        value = clean[key]
+        if not set(map(type, value)) <= _PLAIN_VALUES:
+            return None
+        clean[key] = tuple(value)
+    return clean

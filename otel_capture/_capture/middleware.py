@@ -53,6 +53,7 @@ from .._correlation import (
 )
 from .._dialects import DIALECTS, Dialect
 from .._notices import RateLimitedNotice, notify
+from .._sdk_private import set_clean_attributes
 from .._settings import (
     ENV_API_KEY_ROLLOUT_PATTERN,
     ENV_SESSION_ID_AS_ROLLOUT,
@@ -267,6 +268,12 @@ class ModelCallCaptureMiddleware:
                 return span, None, parent
             return span, self._start_attributes(call, scope, headers, source, baggage_id), parent
         attributes = self._start_attributes(call, scope, headers, source, baggage_id)
+        if self._spans.attributes_after_start():  # the same span, its attributes stored without the check
+            span = self._tracer.start_span(
+                name, context=parent, kind=self._span_kind, start_time=call.start_time_ns
+            )
+            set_clean_attributes(span, attributes)
+            return span, attributes, parent
         span = self._tracer.start_span(
             name, context=parent, kind=self._span_kind, attributes=attributes, start_time=call.start_time_ns
         )
@@ -318,7 +325,7 @@ class ModelCallCaptureMiddleware:
                     )
                     end_attributes.update(engine_span_attributes(engine))
                 if recording:
-                    span.set_attributes(end_attributes)  # the start attributes are on the span already
+                    set_clean_attributes(span, end_attributes)  # the start attributes are on it already
                 if attributes is not None:
                     attributes.update(end_attributes)
                     self._metrics.record(
@@ -326,7 +333,7 @@ class ModelCallCaptureMiddleware:
                     )
             if recording:
                 if self.settings.content_on_spans:
-                    span.set_attributes(call.content_attributes(self.settings.content_max_length))
+                    set_clean_attributes(span, call.content_attributes(self.settings.content_max_length))
                 if call.error_category is not None:
                     span.set_status(Status(StatusCode.ERROR, call.error_category))
                 if exception is not None and not isinstance(exception, asyncio.CancelledError):

@@ -42,6 +42,7 @@ from opentelemetry.util.http import ExcludeList, parse_excluded_urls
 from .. import _attributes as A
 from .._asgi import ASGIApp, Message, Receive, Scope, Send
 from .._correlation import server_span_details
+from .._sdk_private import set_clean_attributes
 from .._settings import SECRET_HEADERS
 from .._version import __version__
 from .metrics import MeterGate
@@ -126,7 +127,11 @@ class LeanServerSpanMiddleware:
         attributes.update(extra)
         if self._request_headers is not None:
             attributes.update(self._request_headers.attributes(scope.get("headers", ())))
-        span = self._tracer.start_span(name, context=parent, kind=span_kind, attributes=attributes)
+        if self._spans.attributes_after_start():  # the same span, its attributes stored without the check
+            span = self._tracer.start_span(name, context=parent, kind=span_kind)
+            set_clean_attributes(span, attributes)
+        else:
+            span = self._tracer.start_span(name, context=parent, kind=span_kind, attributes=attributes)
         exchange = _Exchange(self, span, attributes, send)
         token = otel_context.attach(trace.set_span_in_context(span, parent))
         try:
@@ -190,7 +195,9 @@ class _Exchange:
         self._trailers = bool(message.get("trailers", False))
         middleware = self._middleware
         if middleware._response_headers is not None and self.span.is_recording():
-            self.span.set_attributes(middleware._response_headers.attributes(message.get("headers", ())))
+            set_clean_attributes(
+                self.span, middleware._response_headers.attributes(message.get("headers", ()))
+            )
         propagator = get_global_response_propagator()  # type: ignore[no-untyped-call]  # contrib's, untyped
         if propagator is not None:
             headers = list(message.get("headers", ()))
@@ -214,7 +221,7 @@ class _Exchange:
             outcome[A.ERROR_TYPE] = str(self.status)
             span.set_status(Status(StatusCode.ERROR))
         if outcome:
-            span.set_attributes(outcome)
+            set_clean_attributes(span, outcome)
         self._middleware._duration.record(time.perf_counter() - self._started, self._attributes, outcome)
         span.end()
 

@@ -38,13 +38,23 @@ from .otlp import use_own_encoder
 from .provider import SinkOnlyProcessor
 
 IGNORES_SPANS = "ignores_spans"  # an exporter's class attribute: True when its export() does nothing
+# processors whose on_start does nothing with the span (the SDK's own, and the proxy's SimpleSpanProcessor)
+_PLAIN_START = frozenset((SimpleSpanProcessor, BatchSpanProcessor, SinkOnlyProcessor))
 
 
 class SpanGate:
     """Whether a tracer provider's spans are seen by anyone, and the span context to use when they are
     not. ``tracer_provider`` ``None`` means the global one, read per call (it may be set later)."""
 
-    __slots__ = ("_default_sampler", "_processors", "_provider", "_sampler", "_unseen")
+    __slots__ = (
+        "_default_sampler",
+        "_plain_start",
+        "_processors",
+        "_provider",
+        "_sampler",
+        "_start_processors",
+        "_unseen",
+    )
 
     def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
         self._provider = tracer_provider
@@ -52,6 +62,8 @@ class SpanGate:
         self._unseen = False
         self._sampler: object = None  # the provider's sampler looked at last
         self._default_sampler = False  # and whether it is the SDK's default (is_default_parent_based)
+        self._start_processors: object = None  # the processors :meth:`attributes_after_start` looked at
+        self._plain_start = False  # and whether none of them reads a span at its start
 
     def _sdk_provider(self) -> Any:
         return self._provider if self._provider is not None else trace.get_tracer_provider()
@@ -77,6 +89,25 @@ class SpanGate:
         if not self.unseen():
             return False
         sampler = self._sdk_provider().sampler
+        if sampler is not self._sampler:
+            self._sampler, self._default_sampler = sampler, is_default_parent_based(sampler)
+        return self._default_sampler
+
+    def attributes_after_start(self) -> bool:
+        """Whether a span's start attributes can be put in just after its start, unseen: the provider is the
+        SDK's, its sampler the SDK's default (which decides without them), and each of its processors one of
+        the SDK's own (or the proxy's), whose ``on_start`` reads nothing of the span. Then they are stored
+        without the SDK's check of every value (:func:`otel_capture._sdk_private.set_clean_attributes`)."""
+        provider = self._sdk_provider()
+        processors = span_processors(provider)
+        if processors is None or provider_disabled(provider):
+            return False
+        if processors is not self._start_processors:
+            self._start_processors = processors
+            self._plain_start = all(type(p) in _PLAIN_START for p in processors)
+        if not self._plain_start:
+            return False
+        sampler = provider.sampler
         if sampler is not self._sampler:
             self._sampler, self._default_sampler = sampler, is_default_parent_based(sampler)
         return self._default_sampler

@@ -15,6 +15,10 @@ import pytest
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import SpanKind, StatusCode
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -231,3 +235,48 @@ def test_uninstrumented_apps_are_left_alone(telemetry: Telemetry) -> None:
     with serve(app) as url:
         httpx.post(f"{url}/v1/chat/completions", json={}, headers={"baggage": "rollout.id=u-1"})
     assert telemetry.spans.get_finished_spans() == ()
+
+
+class _ReadAtStart(SpanProcessor):
+    """A user's processor that reads each span at its start (as one copying attributes to a log would)."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        self.seen.append(dict(span.attributes or {}))
+
+
+class _ByRollout(Sampler):
+    """A user's sampler that decides on a start attribute: calls of rollout ``keep-*`` only."""
+
+    def should_sample(self, parent_context: Any, trace_id: int, name: str, *args: Any, **kw: Any) -> Any:
+        attributes = kw.get("attributes", args[1] if len(args) > 1 else None) or {}
+        keep = str(attributes.get(A.ROLLOUT_ID, "")).startswith("keep-")
+        return SamplingResult(Decision.RECORD_AND_SAMPLE if keep else Decision.DROP, attributes)
+
+    def get_description(self) -> str:
+        return "by rollout"
+
+
+def test_a_processor_and_a_sampler_see_the_start_attributes(
+    replay_server: ReplayModelServer, telemetry: Telemetry, metric_reader: InMemoryMetricReader
+) -> None:
+    """The start attributes are stored without the SDK's per-value check only where nobody reads a span at
+    its start; a user's processor and a user's sampler see them there, as the semconv says."""
+    reader = _ReadAtStart()
+    telemetry.provider.add_span_processor(reader)
+    with serve(_app(replay_server, telemetry, metric_reader)) as url:
+        httpx.post(f"{url}/ng-rollout/r-1/v1/chat/completions", json={"model": "gpt-4o", "messages": []})
+    (span,) = telemetry.spans.get_finished_spans()
+    assert reader.seen[0][A.ROLLOUT_ID] == "r-1" and reader.seen[0][A.GEN_AI_REQUEST_MODEL] == "gpt-4o"
+    assert span.attributes[A.HTTP_RESPONSE_STATUS_CODE] == 200  # and the end attributes after them
+
+    sampled = TracerProvider(sampler=_ByRollout())
+    spans = InMemorySpanExporter()
+    sampled.add_span_processor(SimpleSpanProcessor(spans))
+    app = ModelCallCaptureMiddleware(replay_server, tracer_provider=sampled, settings=CaptureSettings())
+    with serve(app) as url:
+        for rollout in ("drop-1", "keep-1"):
+            httpx.post(f"{url}/ng-rollout/{rollout}/v1/chat/completions", json={"model": "m", "messages": []})
+    assert [s.attributes[A.ROLLOUT_ID] for s in spans.get_finished_spans()] == ["keep-1"]

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
+from opentelemetry import attributes as otel_attributes
 from opentelemetry import metrics, trace
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.metrics import _internal as metrics_api
@@ -15,7 +17,7 @@ from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk import _configuration as sdk_configuration
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import Sampler
@@ -183,3 +185,89 @@ def test_the_default_parent_based_sampler_keeps_its_delegates_where_they_are_rea
     assert sampler._remote_parent_not_sampled is ALWAYS_OFF
     assert sampler._local_parent_not_sampled is ALWAYS_OFF
     assert sdk.is_default_parent_based(sampler)
+
+
+# -- the capture's own span attributes, stored without the SDK's check of every value ----------------------
+
+_OWN_ATTRIBUTES = {
+    "gen_ai.operation.name": "chat",
+    "gen_ai.request.model": "m",
+    "gen_ai.request.max_tokens": 16,
+    "gen_ai.request.temperature": 0.5,
+    "gen_ai.request.stream": False,
+    "gen_ai.response.finish_reasons": ["stop", "length"],  # a list: stored as a tuple
+    "gen_ai.request.stop_sequences": ("\n",),
+}
+
+
+def _two_spans(limits: SpanLimits | None = None) -> tuple[Any, Any]:
+    tracer = TracerProvider(span_limits=limits).get_tracer("t")
+    return tracer.start_span("by the sdk"), tracer.start_span("by the capture")
+
+
+def _stored(span: Any) -> list[tuple[str, Any]]:
+    return list(span.attributes.items())  # in order, with each value's own type
+
+
+def test_the_capture_stores_its_attributes_as_set_attributes_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    by_sdk, by_capture = _two_spans()
+    by_sdk.set_attributes(_OWN_ATTRIBUTES)
+    checked: list[object] = []
+    check = otel_attributes._clean_attribute_value
+    monkeypatch.setattr(otel_attributes, "_clean_attribute_value", lambda *a: checked.append(a) or check(*a))
+    sdk.set_clean_attributes(by_capture, _OWN_ATTRIBUTES)
+    # a key set again moves to the end, as the SDK's own set does; the list is a tuple there too
+    again = {"gen_ai.request.model": "m2", "http.response.status_code": 200}
+    sdk.set_clean_attributes(by_capture, again)
+    monkeypatch.undo()
+    by_sdk.set_attributes(again)
+    assert _stored(by_capture) == _stored(by_sdk)
+    assert dict(by_capture.attributes)["gen_ai.response.finish_reasons"] == ("stop", "length")
+    assert list(by_capture.attributes)[-2:] == ["gen_ai.request.model", "http.response.status_code"]
+    # read where it is stored, no value checked: the private attributes are there on this SDK
+    assert checked == [] and isinstance(by_capture._attributes, otel_attributes.BoundedAttributes)
+    assert by_capture._attributes._dict is not None and by_capture._lock is not None
+
+
+@pytest.mark.parametrize(
+    ("limits", "attributes"),
+    [
+        (SpanLimits(max_span_attribute_length=3), _OWN_ATTRIBUTES),  # values cut, with the SDK's warning
+        (SpanLimits(max_span_attributes=3), _OWN_ATTRIBUTES),  # the oldest dropped and counted
+        (None, {"a": None, "b": b"x", "c": {"d": 1}}),  # types the SDK's check changes or keeps its way
+        (None, {"a": ["x", {"y": 1}], "b": 1}),  # a list of an odd value
+    ],
+    ids=["value length limit", "count limit", "other types", "odd list"],
+)
+def test_whatever_the_sdks_check_would_change_goes_through_it(
+    limits: SpanLimits | None, attributes: dict[str, Any]
+) -> None:
+    by_sdk, by_capture = _two_spans(limits)
+    by_sdk.set_attributes(attributes)
+    sdk.set_clean_attributes(by_capture, attributes)
+    assert _stored(by_capture) == _stored(by_sdk)
+    assert by_capture.dropped_attributes == by_sdk.dropped_attributes
+
+
+def test_an_ended_span_keeps_its_attributes(caplog: pytest.LogCaptureFixture) -> None:
+    _, span = _two_spans()
+    span.set_attributes({"a": 1})
+    span.end()
+    with caplog.at_level(logging.WARNING):
+        sdk.set_clean_attributes(span, {"a": 2, "b": "x"})
+    assert dict(span.attributes) == {"a": 1}
+    assert "Setting attribute on ended span" in caplog.text  # the SDK's own word on it
+
+
+def test_a_span_not_of_the_sdk_gets_set_attributes() -> None:
+    class Recording(trace.NonRecordingSpan):
+        def __init__(self) -> None:
+            super().__init__(trace.INVALID_SPAN_CONTEXT)
+            self.seen: dict[str, Any] = {}
+
+        def set_attributes(self, attributes: Any) -> None:
+            self.seen.update(attributes)
+
+    span = Recording()
+    sdk.set_clean_attributes(span, _OWN_ATTRIBUTES)
+    assert span.seen == _OWN_ATTRIBUTES

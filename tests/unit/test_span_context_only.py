@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
     ALWAYS_ON,
@@ -18,6 +20,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFl
 
 from otel_capture._sdk_private import is_default_parent_based
 from otel_capture._telemetry import SpanGate
+from otel_capture._telemetry.provider import SinkOnlyProcessor
 
 _STATE = TraceState([("vendor", "value")])
 
@@ -71,3 +74,19 @@ def test_a_sampler_set_on_the_provider_later_is_asked_from_then_on() -> None:
     assert gate.context_only("chat m", None, SpanKind.INTERNAL).get_span_context().trace_flags.sampled
     provider.sampler = ALWAYS_OFF  # type: ignore[misc]  # a provider whose sampler is replaced
     assert not gate.context_only("chat m", None, SpanKind.INTERNAL).get_span_context().trace_flags.sampled
+
+
+def test_start_attributes_wait_until_after_the_start_only_where_nobody_reads_them_there() -> None:
+    """``SpanGate.attributes_after_start``: the SDK's default sampler and the SDK's own processors only (the
+    proxy's too); a processor of anyone else's, added now or later, or another sampler, reads them at the
+    start: they go in with it."""
+    provider = TracerProvider()
+    gate = SpanGate(provider)
+    assert gate.attributes_after_start()  # no processor at all
+    provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    provider.add_span_processor(SinkOnlyProcessor(InMemorySpanExporter()))
+    assert gate.attributes_after_start()
+    provider.add_span_processor(SpanProcessor())  # not known to read nothing at the start
+    assert not gate.attributes_after_start()
+    assert not SpanGate(TracerProvider(sampler=TraceIdRatioBased(0.5))).attributes_after_start()
+    assert not SpanGate(trace.NoOpTracerProvider()).attributes_after_start()
