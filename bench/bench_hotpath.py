@@ -2,7 +2,7 @@
 overhead measured, not assumed.
 
     python -m bench.bench_hotpath [--quick] [--calls N]
-    python -m bench.bench_hotpath --drive {alone,floor,capture} [--answer {plain,rl}] --calls N   (callgrind)
+    python -m bench.bench_hotpath --drive {alone,floor,capture,traced} [--answer {plain,rl}] --calls N   (callgrind)
 
 One non-streaming chat call (the non-streaming benchmark's request and response) is driven through the
 ASGI stack with in-memory ``receive``/``send``, ``--calls`` times per variant (default 20,000; quick
@@ -23,8 +23,9 @@ ASGI stack with in-memory ``receive``/``send``, ``--calls`` times per variant (d
 
 ``--drive VARIANT`` only drives ``--calls`` non-streaming chat calls (after 200 to warm up) through one
 variant and prints only how many it recorded, and how many of them with a tokens line: ``alone`` (the app), ``floor`` (``bench/_floors.py``'s ``FloorCapture``,
-its writer resolving each call at once) or ``capture`` (the middleware, records only, a sink resolving each
-call at once: no span built, no writer thread); ``--answer rl`` makes each call an RL run's (token ids and
+its writer resolving each call at once), ``capture`` (the middleware, records only, a sink resolving each
+call at once: no span built, no writer thread) or ``traced`` (the same with each span built and handed to
+the SDK's ``BatchSpanProcessor`` around an exporter that sends nothing: what spans cost before encoding); ``--answer rl`` makes each call an RL run's (token ids and
 log-probs asked for, :data:`RL_RESPONSE_BODY` answered), so the capture also reads, checks and writes its
 tokens. Run under ``valgrind --tool=callgrind`` at two sizes, the
 difference of the instructions over the difference of the calls is each variant's instructions per call, a
@@ -264,7 +265,7 @@ def _pieces(calls: int) -> list[tuple[str, float]]:
 
 # -- --drive: one variant's calls, for callgrind ------------------------------------------------------
 
-DRIVEN = ("alone", "floor", "capture")
+DRIVEN = ("alone", "floor", "capture", "traced")
 DRIVE_WARM = 200
 ANSWERS = ("plain", "rl")
 
@@ -346,25 +347,34 @@ class _ResolvedWriter:
         return future
 
 
-def _driven(variant: str, answer: str = "plain") -> tuple[Any, str, Callable[[], tuple[int, int]]]:
+def _driven(
+    variant: str, answer: str = "plain"
+) -> tuple[Any, str, Callable[[], tuple[int, int]], Callable[[], int]]:
     """The app and path ``--drive`` calls (the upstream app, the floor or the capture around it, answering
-    ``answer``), and how many calls it has recorded so far, and of them with a tokens line (a variant that
-    stopped capturing would count the app's code only)."""
+    ``answer``), how many calls it has recorded so far, and of them with a tokens line (a variant that
+    stopped capturing would count the app's code only), and how many spans it exported."""
     app = rl_upstream_app if answer == "rl" else upstream_app
     if variant == "alone":
-        return app, "/v1/chat/completions", lambda: (0, 0)
+        return app, "/v1/chat/completions", lambda: (0, 0), lambda: 0
     if variant == "floor":
         from bench._floors import FloorCapture
 
         writer = _ResolvedWriter()
         floor = FloorCapture(app, writer)  # type: ignore[arg-type]
-        return floor, CAPTURED_PATH, lambda: (writer.written, 0)
+        return floor, CAPTURED_PATH, lambda: (writer.written, 0), lambda: 0
     settings = CaptureSettings.from_environ({})
     sink = MemorySink()
-    middleware = ModelCallCaptureMiddleware(
-        app, tracer_provider=TracerProvider(), settings=settings, sink=sink
-    )
-    return middleware, CAPTURED_PATH, lambda: (sink.written, sink.with_tokens)
+    provider = TracerProvider()
+    exporter = _NothingExporter()
+    if variant == "traced":  # each span built, batched and handed to an exporter (that sends nothing)
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    middleware = ModelCallCaptureMiddleware(app, tracer_provider=provider, settings=settings, sink=sink)
+
+    def recorded() -> tuple[int, int]:
+        provider.force_flush()  # the batch thread's export of what it holds, counted with the calls
+        return sink.written, sink.with_tokens
+
+    return middleware, CAPTURED_PATH, recorded, lambda: exporter.exported
 
 
 # -- per SSE event -----------------------------------------------------------------------------------
@@ -493,7 +503,10 @@ def _per_event(make_events: Callable[[int], list[bytes]], title: str, calls: int
 
 
 class _NothingExporter(SpanExporter):
+    exported = 0  # spans handed to it
+
     def export(self, spans: Any) -> SpanExportResult:
+        self.exported += len(spans)
         return SpanExportResult.SUCCESS
 
 
@@ -600,7 +613,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     calls = args.calls or (5_000 if args.quick else 20_000)
     if args.drive:
-        app, path, recorded = _driven(args.drive, args.answer)
+        app, path, recorded, spans = _driven(args.drive, args.answer)
         body = RL_REQUEST_BODY if args.answer == "rl" else REQUEST_BODY
 
         async def drive() -> None:
@@ -611,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
         lines, tokens = recorded()
         print(
             f"drove {calls} {args.answer} calls through {args.drive} (after {DRIVE_WARM}), {lines} recorded, "
-            f"{tokens} with a tokens line"
+            f"{tokens} with a tokens line, {spans()} spans exported"
         )
         return 0
     rounds = args.rounds or (2 if args.quick else 3)
