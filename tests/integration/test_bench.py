@@ -86,24 +86,27 @@ def test_a_tiny_run_passes_its_own_checks(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("variant", "answer", "recorded", "tokens"),
+    ("variant", "answer", "recorded", "tokens", "spans"),
     [
-        ("alone", "plain", 0, 0),
-        ("floor", "plain", 205, 0),
-        ("capture", "plain", 205, 0),
-        ("capture", "rl", 205, 205),
+        ("alone", "plain", 0, 0, 0),
+        ("floor", "plain", 205, 0, 0),
+        ("capture", "plain", 205, 0, 0),
+        ("capture", "rl", 205, 205, 0),
+        ("traced", "plain", 205, 0, 205),
     ],
 )
 def test_hotpath_drives_each_variant_for_callgrind(
-    variant: str, answer: str, recorded: int, tokens: int
+    variant: str, answer: str, recorded: int, tokens: int, spans: int
 ) -> None:
     """Each variant's instructions per call are only what they say if the floor and the capture record every
     call they are driven through (the warm-up's 200 too), and the app alone none; an RL call's only if its
-    tokens are read and written too (a tokens line for every call)."""
+    tokens are read and written too (a tokens line for every call); the traced variant's only if each call's
+    span is built and exported (no span anywhere else)."""
     result = run_module("bench_hotpath", "--drive", variant, "--answer", answer, "--calls", "5")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout == (
-        f"drove 5 {answer} calls through {variant} (after 200), {recorded} recorded, {tokens} with a tokens line\n"
+        f"drove 5 {answer} calls through {variant} (after 200), {recorded} recorded, {tokens} with a tokens "
+        f"line, {spans} spans exported\n"
     ), result.stdout
 
 
