@@ -87,6 +87,10 @@ _SDK_CHECKS = "span attributes go through the SDK's check of every value (the sa
 _PLAIN_VALUES = frozenset((str, bool, int, float))  # kept as they are by the SDK's check (no length limit)
 _SEQUENCES = frozenset((list, tuple))  # of plain values: kept as a tuple by the SDK's check
 _PLAIN_OR_SEQUENCE = _PLAIN_VALUES | _SEQUENCES
+# what set_clean_attributes reads of a BoundedAttributes, in this order, and of the span
+_BOUNDED_READ = ("_dict", "_lock", "maxlen", "max_value_len", "_immutable")
+_SPAN_LOCK = "_lock"
+_MISSING = object()
 # The metrics API's stand-in for the provider set later (``metrics.get_meter_provider()`` before a set).
 _PROXY_METER_PROVIDER: type | None = getattr(metrics_api, "_ProxyMeterProvider", None)
 
@@ -265,30 +269,49 @@ def set_clean_attributes(span: Any, attributes: Mapping[str, Any]) -> None:
     ``bool``, ``int`` or ``float`` (the exact types), or a list or tuple of them, no value length limit
     (``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``: the SDK cuts), room under the count limit, a span not ended.
     Anything else, and any other span, goes through ``set_attributes`` itself."""
-    bounded = getattr(span, "_attributes", None)
-    span_lock = getattr(span, "_lock", None)
-    if type(bounded) is not BoundedAttributes or span_lock is None:
-        if isinstance(span, SdkSpan):
-            _report_missing("Span._attributes (a BoundedAttributes) or Span._lock", _SDK_CHECKS)
+    store = _attribute_store(span)
+    clean = None if store is None else _clean(attributes)
+    if store is None or clean is None:
         span.set_attributes(attributes)
         return
-    clean = _clean(attributes)
-    if clean is None or bounded.max_value_len is not None or bounded._immutable:
-        span.set_attributes(attributes)
-        return
+    target, maxlen, span_lock, lock = store
     with span_lock:
-        target = bounded._dict
         stored = getattr(span, "_end_time", True) is None and (
-            bounded.maxlen is None or len(target) + len(clean) <= bounded.maxlen
+            maxlen is None or len(target) + len(clean) <= maxlen
         )
         if stored:
-            with bounded._lock:
+            with lock:
                 if not target.keys().isdisjoint(clean):
                     for key in clean:
                         target.pop(key, None)
                 target.update(clean)
     if not stored:  # ended (the SDK warns), or the count limit reached (it drops the oldest): its own way
         span.set_attributes(attributes)
+
+
+def _attribute_store(span: Any) -> tuple[dict[str, Any], int | None, Any, Any] | None:
+    """An SDK span's ``(attribute dict, count limit, the span's lock, the attributes' lock)`` when values go
+    in unchecked there: no value length limit (the SDK cuts), not made immutable. ``None`` for any other
+    span, or an SDK span whose private attributes are not where they are read (logged once: a newer SDK
+    renamed one, and its own ``set_attributes`` does the work; never an error in a call's path)."""
+    bounded = getattr(span, "_attributes", None)
+    if type(bounded) is not BoundedAttributes:
+        if isinstance(span, SdkSpan):
+            _report_missing("Span._attributes (a BoundedAttributes)", _SDK_CHECKS)
+        return None
+    target: Any
+    lock: Any
+    maxlen: Any
+    target, lock, maxlen, max_value_len, immutable = (
+        getattr(bounded, name, _MISSING) for name in _BOUNDED_READ
+    )
+    span_lock: Any = getattr(span, _SPAN_LOCK, _MISSING)
+    if not isinstance(target, dict) or _MISSING in (lock, maxlen, max_value_len, immutable, span_lock):
+        _report_missing(f"BoundedAttributes.{', .'.join(_BOUNDED_READ)} or Span.{_SPAN_LOCK}", _SDK_CHECKS)
+        return None
+    if max_value_len is not None or immutable is not False:
+        return None
+    return target, maxlen, span_lock, lock
 
 
 def _clean(attributes: Mapping[str, Any]) -> Mapping[str, Any] | None:

@@ -271,3 +271,26 @@ def test_a_span_not_of_the_sdk_gets_set_attributes() -> None:
     span = Recording()
     sdk.set_clean_attributes(span, _OWN_ATTRIBUTES)
     assert span.seen == _OWN_ATTRIBUTES
+
+
+@pytest.mark.parametrize("read", [*sdk._BOUNDED_READ, "span lock"])
+def test_a_renamed_private_attribute_costs_the_check_not_the_attributes(
+    read: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An SDK that keeps one of them under another name (looked for here under a name it does not have):
+    one error in the log, and the attributes set by the SDK's own ``set_attributes``, never an exception in
+    a call's path."""
+    monkeypatch.setattr(sdk, "_reported", set())
+    if read == "span lock":
+        monkeypatch.setattr(sdk, "_SPAN_LOCK", "_renamed")
+    else:
+        names = tuple("_renamed" if name == read else name for name in sdk._BOUNDED_READ)
+        monkeypatch.setattr(sdk, "_BOUNDED_READ", names)
+    by_sdk, by_capture = _two_spans()
+    by_sdk.set_attributes(_OWN_ATTRIBUTES)
+    with caplog.at_level(logging.ERROR, logger="otel_capture._sdk_private"):
+        sdk.set_clean_attributes(by_capture, _OWN_ATTRIBUTES)
+        sdk.set_clean_attributes(by_capture, _OWN_ATTRIBUTES)
+    errors = [r for r in caplog.records if "BoundedAttributes" in r.getMessage()]
+    assert len(errors) == 1 and "opentelemetry-sdk" in errors[0].getMessage()
+    assert _stored(by_capture) == _stored(by_sdk)
