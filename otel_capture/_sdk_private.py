@@ -90,7 +90,7 @@ _PLAIN_OR_SEQUENCE = _PLAIN_VALUES | _SEQUENCES
 # what set_clean_attributes reads of a BoundedAttributes, in this order, and of the span
 _BOUNDED_READ = ("_dict", "_lock", "maxlen", "max_value_len", "_immutable")
 _SPAN_LOCK = "_lock"
-_MISSING = object()
+_READABLE: dict[type, bool] = {}  # span class -> whether its spans keep them where they are read
 # The metrics API's stand-in for the provider set later (``metrics.get_meter_provider()`` before a set).
 _PROXY_METER_PROVIDER: type | None = getattr(metrics_api, "_ProxyMeterProvider", None)
 
@@ -292,26 +292,28 @@ def set_clean_attributes(span: Any, attributes: Mapping[str, Any]) -> None:
 def _attribute_store(span: Any) -> tuple[dict[str, Any], int | None, Any, Any] | None:
     """An SDK span's ``(attribute dict, count limit, the span's lock, the attributes' lock)`` when values go
     in unchecked there: no value length limit (the SDK cuts), not made immutable. ``None`` for any other
-    span, or an SDK span whose private attributes are not where they are read (logged once: a newer SDK
-    renamed one, and its own ``set_attributes`` does the work; never an error in a call's path)."""
+    span, or when this SDK does not keep them where they are read (looked at once per span class, on its
+    first span; logged once: a newer SDK renamed one, and its own ``set_attributes`` does the work, never an
+    error in a call's path)."""
     bounded = getattr(span, "_attributes", None)
     if type(bounded) is not BoundedAttributes:
         if isinstance(span, SdkSpan):
             _report_missing("Span._attributes (a BoundedAttributes)", _SDK_CHECKS)
         return None
-    target: Any
-    lock: Any
-    maxlen: Any
-    target, lock, maxlen, max_value_len, immutable = (
-        getattr(bounded, name, _MISSING) for name in _BOUNDED_READ
-    )
-    span_lock: Any = getattr(span, _SPAN_LOCK, _MISSING)
-    if not isinstance(target, dict) or _MISSING in (lock, maxlen, max_value_len, immutable, span_lock):
-        _report_missing(f"BoundedAttributes.{', .'.join(_BOUNDED_READ)} or Span.{_SPAN_LOCK}", _SDK_CHECKS)
+    readable = _READABLE.get(type(span))
+    if readable is None:
+        readable = _READABLE[type(span)] = (
+            isinstance(getattr(bounded, _BOUNDED_READ[0], None), dict)
+            and all(hasattr(bounded, name) for name in _BOUNDED_READ[1:])
+            and hasattr(span, _SPAN_LOCK)
+        )
+        if not readable:
+            _report_missing(
+                f"BoundedAttributes.{', .'.join(_BOUNDED_READ)} or Span.{_SPAN_LOCK}", _SDK_CHECKS
+            )
+    if not readable or bounded.max_value_len is not None or bounded._immutable is not False:
         return None
-    if max_value_len is not None or immutable is not False:
-        return None
-    return target, maxlen, span_lock, lock
+    return bounded._dict, bounded.maxlen, span._lock, bounded._lock
 
 
 def _clean(attributes: Mapping[str, Any]) -> Mapping[str, Any] | None:
