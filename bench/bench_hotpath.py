@@ -347,21 +347,19 @@ class _ResolvedWriter:
         return future
 
 
-def _driven(
-    variant: str, answer: str = "plain"
-) -> tuple[Any, str, Callable[[], tuple[int, int]], Callable[[], int]]:
+def _driven(variant: str, answer: str = "plain") -> tuple[Any, str, Callable[[], tuple[int, int, int]]]:
     """The app and path ``--drive`` calls (the upstream app, the floor or the capture around it, answering
     ``answer``), how many calls it has recorded so far, and of them with a tokens line (a variant that
     stopped capturing would count the app's code only), and how many spans it exported."""
     app = rl_upstream_app if answer == "rl" else upstream_app
     if variant == "alone":
-        return app, "/v1/chat/completions", lambda: (0, 0), lambda: 0
+        return app, "/v1/chat/completions", lambda: (0, 0, 0)
     if variant == "floor":
         from bench._floors import FloorCapture
 
         writer = _ResolvedWriter()
         floor = FloorCapture(app, writer)  # type: ignore[arg-type]
-        return floor, CAPTURED_PATH, lambda: (writer.written, 0), lambda: 0
+        return floor, CAPTURED_PATH, lambda: (writer.written, 0, 0)
     settings = CaptureSettings.from_environ({})
     sink = MemorySink()
     provider = TracerProvider()
@@ -370,11 +368,11 @@ def _driven(
         provider.add_span_processor(BatchSpanProcessor(exporter))
     middleware = ModelCallCaptureMiddleware(app, tracer_provider=provider, settings=settings, sink=sink)
 
-    def recorded() -> tuple[int, int]:
+    def recorded() -> tuple[int, int, int]:
         provider.force_flush()  # the batch thread's export of what it holds, counted with the calls
-        return sink.written, sink.with_tokens
+        return sink.written, sink.with_tokens, exporter.exported
 
-    return middleware, CAPTURED_PATH, recorded, lambda: exporter.exported
+    return middleware, CAPTURED_PATH, recorded
 
 
 # -- per SSE event -----------------------------------------------------------------------------------
@@ -613,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     calls = args.calls or (5_000 if args.quick else 20_000)
     if args.drive:
-        app, path, recorded, spans = _driven(args.drive, args.answer)
+        app, path, recorded = _driven(args.drive, args.answer)
         body = RL_REQUEST_BODY if args.answer == "rl" else REQUEST_BODY
 
         async def drive() -> None:
@@ -621,10 +619,10 @@ def main(argv: list[str] | None = None) -> int:
             await _drive(app, path, calls, body)
 
         asyncio.run(drive())
-        lines, tokens = recorded()
+        lines, tokens, spans = recorded()
         print(
             f"drove {calls} {args.answer} calls through {args.drive} (after {DRIVE_WARM}), {lines} recorded, "
-            f"{tokens} with a tokens line, {spans()} spans exported"
+            f"{tokens} with a tokens line, {spans} spans exported"
         )
         return 0
     rounds = args.rounds or (2 if args.quick else 3)

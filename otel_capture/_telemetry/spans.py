@@ -52,18 +52,16 @@ class SpanGate:
         "_processors",
         "_provider",
         "_sampler",
-        "_start_processors",
         "_unseen",
     )
 
     def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
         self._provider = tracer_provider
-        self._processors: object = None
-        self._unseen = False
+        self._processors: object = None  # the provider's processors looked at last (by identity)
+        self._unseen = False  # and whether every one of them ignores spans
+        self._plain_start = False  # and whether none of them reads a span at its start
         self._sampler: object = None  # the provider's sampler looked at last
         self._default_sampler = False  # and whether it is the SDK's default (is_default_parent_based)
-        self._start_processors: object = None  # the processors :meth:`attributes_after_start` looked at
-        self._plain_start = False  # and whether none of them reads a span at its start
 
     def _sdk_provider(self) -> Any:
         return self._provider if self._provider is not None else trace.get_tracer_provider()
@@ -75,23 +73,31 @@ class SpanGate:
         processors = span_processors(provider)
         if processors is None or provider_disabled(provider):
             return False
-        if processors is not self._processors:  # a processor was added: look again
-            unseen = all(ignores_spans(p) for p in processors)
-            if not unseen:
-                _encode_own(processors)
-            self._unseen, self._processors = unseen, processors
+        self._look_at(processors)
         return self._unseen
+
+    def _look_at(self, processors: tuple[Any, ...]) -> None:
+        """What the provider's processors mean for a span, looked at again only when one was added."""
+        if processors is self._processors:
+            return
+        unseen = all(ignores_spans(p) for p in processors)
+        if not unseen:
+            _encode_own(processors)
+        self._unseen, self._processors = unseen, processors
+        self._plain_start = all(type(p) in _PLAIN_START for p in processors)
+
+    def _default(self, sampler: object) -> bool:
+        """Whether ``sampler`` is the SDK's default (:func:`is_default_parent_based`), looked at again only
+        when the provider has another."""
+        if sampler is not self._sampler:
+            self._sampler, self._default_sampler = sampler, is_default_parent_based(sampler)
+        return self._default_sampler
 
     def unread(self) -> bool:
         """:meth:`unseen`, and the span's name decides nothing either: the provider's sampler is the SDK's
         default (parent-based, always on), which :meth:`context_only` does not ask. Then a context-only
         span can be named before the request is read (by its operation alone)."""
-        if not self.unseen():
-            return False
-        sampler = self._sdk_provider().sampler
-        if sampler is not self._sampler:
-            self._sampler, self._default_sampler = sampler, is_default_parent_based(sampler)
-        return self._default_sampler
+        return self.unseen() and self._default(self._sdk_provider().sampler)
 
     def attributes_after_start(self) -> bool:
         """Whether a span's start attributes can be put in just after its start, unseen: the provider is the
@@ -102,15 +108,8 @@ class SpanGate:
         processors = span_processors(provider)
         if processors is None or provider_disabled(provider):
             return False
-        if processors is not self._start_processors:
-            self._start_processors = processors
-            self._plain_start = all(type(p) in _PLAIN_START for p in processors)
-        if not self._plain_start:
-            return False
-        sampler = provider.sampler
-        if sampler is not self._sampler:
-            self._sampler, self._default_sampler = sampler, is_default_parent_based(sampler)
-        return self._default_sampler
+        self._look_at(processors)
+        return self._plain_start and self._default(provider.sampler)
 
     def context_only(
         self, name: str, context: otel_context.Context | None, kind: SpanKind
@@ -130,9 +129,7 @@ class SpanGate:
             is_random = getattr(ids, "is_trace_id_random", None)  # newer SDKs' generators say
             random_id = is_random is not None and is_random()
         sampler = provider.sampler
-        if sampler is not self._sampler:
-            self._sampler, self._default_sampler = sampler, is_default_parent_based(sampler)
-        if self._default_sampler:  # what it decides, without its result object: the parent's flag
+        if self._default(sampler):  # what it decides, without its result object: the parent's flag
             sampled = parent.trace_flags.sampled if parent.is_valid else True
             trace_state = parent.trace_state if parent.is_valid else None
         else:
