@@ -18,11 +18,18 @@ without systemd, once per test session, and torn down after it:
   the network namespace: the mount stays visible here), attribute, entry and negative timeouts 0.
 
 A node is cut off by setting its veth down (:meth:`Gluster.cut`).
+
+One cluster runs on a machine at a time (the names above, ``glusterd``'s socket): :func:`running_gluster`
+holds ``/run/lock/otel-capture-gluster.lock`` while it runs, and waits for another session's cluster to
+go down. Holding the lock, whatever of these names is still there was left by a session killed before its
+teardown (its daemons, FUSE mounts and namespaces): it is cleared first, so one killed run does not fail
+the next one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -58,6 +65,8 @@ STRICT_OPTIONS = {
 }
 """The volume options of ``docs/scaling.md``, plus the shorter ping timeout (42 s by default)."""
 FUSE_OPTIONS = ("--attribute-timeout=0", "--entry-timeout=0", "--negative-timeout=0")
+LOCK = Path("/run/lock/otel-capture-gluster.lock")
+LOCK_WAIT_S = 900
 _TOOLS = ("glusterd", "gluster", "glusterfs", "ip", "nsenter")
 
 
@@ -213,8 +222,74 @@ def running_gluster(work: Path) -> Iterator[Gluster]:
     reason = unavailable()
     if reason is not None:
         raise GlusterUnavailable(reason)
-    if any(Path("/run/netns", ns).exists() for ns in (SERVER_NS, *NODE_NS)):
-        raise GlusterUnavailable(f"network namespaces {SERVER_NS}/{NODE_NS} exist already (another session?)")
+    with _one_cluster_at_a_time():
+        _clear_leftovers()
+        with _cluster(work) as cluster:
+            yield cluster
+
+
+@contextlib.contextmanager
+def _one_cluster_at_a_time() -> Iterator[None]:
+    """Hold the machine's GlusterFS lock; wait (``LOCK_WAIT_S``) while another session's cluster is up."""
+    LOCK.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise GlusterUnavailable(
+                        f"another session's GlusterFS cluster has held {LOCK} for over {LOCK_WAIT_S} s"
+                    ) from None
+                time.sleep(1)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _stale_mounts() -> list[str]:
+    """This file's FUSE mounts still in the mount table (``/proc/mounts`` escapes a space as ``\\040``)."""
+    found = []
+    for line in Path("/proc/mounts").read_text().splitlines():
+        source, target, fstype = line.split()[:3]
+        if fstype == "fuse.glusterfs" and source.startswith(f"{BRICK_HOST}:ocg"):
+            found.append(target.encode().decode("unicode_escape"))
+    return found
+
+
+def _leftover_daemons() -> list[int]:
+    """This file's GlusterFS processes: ``glusterd``, the brick and the clients, each started in one of the
+    namespaces above (a killed session's may be in namespaces already deleted) or naming the brick's host."""
+    own_net = os.readlink("/proc/self/ns/net")
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if (proc / "comm").read_text().strip() not in ("glusterd", "glusterfsd", "glusterfs"):
+                continue
+            names_brick = BRICK_HOST.encode() in (proc / "cmdline").read_bytes()
+            if names_brick or os.readlink(proc / "ns" / "net") != own_net:
+                found.append(int(proc.name))
+    return found
+
+
+def _clear_leftovers() -> None:
+    """Clear what a killed session left: only called under the lock, so none of it belongs to a live one."""
+    for target in _stale_mounts():
+        subprocess.run(["umount", "-l", target], capture_output=True, check=False, timeout=30)
+    for pid in _leftover_daemons():
+        _kill(pid)
+    for ns in (SERVER_NS, *NODE_NS):
+        if Path("/run/netns", ns).exists():
+            _run("ip", "netns", "del", ns)
+
+
+@contextlib.contextmanager
+def _cluster(work: Path) -> Iterator[Gluster]:
     volume = f"ocg{uuid.uuid4().hex[:8]}"
     mounts = (work / "node1", work / "node2")
     pids: list[int] = []

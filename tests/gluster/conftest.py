@@ -1,4 +1,4 @@
-"""The GlusterFS volume with two FUSE clients ("nodes"), brought up once per session (tests/gluster_cluster.py).
+"""The GlusterFS volume with two FUSE clients ("nodes"), brought up once for this folder (tests/gluster_cluster.py), so another session waiting on it waits only for these tests.
 Where this machine cannot run it (not root, no FUSE, no packages), the tests skip and say why; under
 ``CI=true`` they fail instead: CI must run them (``.ci/run`` installs the packages)."""
 
@@ -11,7 +11,7 @@ import pytest
 from gluster_cluster import Gluster, GlusterUnavailable, running_gluster, unavailable
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def gluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gluster]:
     reason = unavailable()
     if reason is None:
