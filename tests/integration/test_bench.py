@@ -378,3 +378,37 @@ def test_bench_vllm_sends_the_rl_asks_on_the_wire(rl: bool, monkeypatch: pytest.
     for body in sent:
         asked = {key: body.get(key) for key in bench_vllm.RL_ASKS}
         assert asked == (bench_vllm.RL_ASKS if rl else dict.fromkeys(bench_vllm.RL_ASKS))
+
+
+def test_a_round_pairs_the_chat_call_chat_quads_times_and_each_stream_once() -> None:
+    """``bench_vllm --chat-quads 3``: a round makes the chat call's groups in three quads, ABBA then BAAB
+    then ABBA (the next round starts the other way), each stream's in one; the figures pair each quad on its
+    own (three per round for the chat call, one for each stream and for the per-token figure)."""
+    from bench._vllm_figures import Group, _paired_calls, _paired_tokens
+    from bench.bench_vllm import Caller
+
+    made: list[tuple[int, str, str, int]] = []
+    cost = {"chat16": 2.0, "stream8": 3.0, "stream72": 10.0}
+
+    class Recording(Caller):
+        def group(self, mode: str, shape: str, round_: int, quad: int = 0) -> Group:
+            made.append((round_, shape, mode, quad))
+            cpu = cost[shape] * 8 * (1.25 if mode == "captured" else 1.0) * (1 + quad / 10)
+            return Group("zero-code", 8, round_, mode, shape, 8, cpu, cpu, 0.0, 1.0, None, None, quad)
+
+    caller = Recording(0, "http://unused", "zero-code", 8)
+    try:
+        groups = [*caller.round(0, ("captured", "passed", "passed", "captured"), 3)]
+        groups += caller.round(1, ("captured", "passed", "passed", "captured"), 3)
+    finally:
+        caller.close()
+    abba, baab = ["captured", "passed", "passed", "captured"], ["passed", "captured", "captured", "passed"]
+    assert [mode for r, shape, mode, _ in made if (r, shape) == (0, "chat16")] == [*abba, *baab, *abba]
+    assert [mode for r, shape, mode, _ in made if (r, shape) == (1, "chat16")] == [*baab, *abba, *baab]
+    assert [mode for r, shape, mode, _ in made if (r, shape) == (1, "stream72")] == baab
+    chat = _paired_calls(groups, 8, "chat16")
+    assert len(chat) == 6 and all(c == pytest.approx(p * 1.25) for c, p in chat), (
+        chat
+    )  # each quad paired on its own
+    assert len(_paired_calls(groups, 8, "stream72")) == 2
+    assert len(_paired_tokens(groups, 8)) == 2
