@@ -260,7 +260,8 @@ def test_the_floors_table_prints_a_floor_row_beside_each_goal_s_server(
 def test_a_kept_vllm_run_is_read_again_from_its_json(tmp_path: Path) -> None:
     """``python -m bench._vllm_figures RUN`` prints ``bench_vllm``'s tables from the JSON a run left, without
     vLLM: groups whose captured calls cost exactly 1.25x the passed ones come out at 1.25x, missed; a
-    ``--floor`` run's floor groups (ABCCBA, the passed groups shared) at their own 1.10x beside them."""
+    ``--floor`` run's floor groups (ABCCBA, the passed groups shared) at their own 1.10x beside them; the
+    goal the run kept (a ``--spans`` run's +8 %) is the one they are judged against."""
     import orjson
 
     groups = []
@@ -292,6 +293,11 @@ def test_a_kept_vllm_run_is_read_again_from_its_json(tmp_path: Path) -> None:
     assert "1.1000x" in floor and "+0.200 ms" in floor, result.stdout
     assert "c=8 captured chat call missed (+25.0 %)" in result.stdout, result.stdout
     assert "c=8 floor chat call missed (+10.0 %)" in result.stdout, result.stdout
+    # a --spans run keeps its own goal (+8 %) in its JSON, and is judged against it when read again
+    run.write_bytes(orjson.dumps({"groups": groups, "idle": {"zero-code": 2.0}, "goal": 1.3}) + b"\n")
+    result = run_module("_vllm_figures", str(run))
+    assert "goal mode/passed <= 1.30" in result.stdout, result.stdout
+    assert "c=8 captured chat call met (+25.0 %)" in result.stdout, result.stdout
 
 
 def test_the_capture_s_idle_close_is_counted_in_the_captured_group_it_follows() -> None:
