@@ -69,12 +69,17 @@ class SpanGate:
     def unseen(self) -> bool:
         """True when the provider is the SDK's and every one of its processors ignores spans (or it has
         none). Any other provider (the API's proxy before one is set, a vendor's) decides for itself."""
+        return self._looked_at() is not None and self._unseen
+
+    def _looked_at(self) -> Any:
+        """The provider when it is the SDK's and enabled, its processors looked at (:meth:`_look_at`);
+        ``None`` for any other provider (which decides for itself) or a disabled one."""
         provider = self._sdk_provider()
         processors = span_processors(provider)
         if processors is None or provider_disabled(provider):
-            return False
+            return None
         self._look_at(processors)
-        return self._unseen
+        return provider
 
     def _look_at(self, processors: tuple[Any, ...]) -> None:
         """What the provider's processors mean for a span, looked at again only when one was added."""
@@ -97,19 +102,16 @@ class SpanGate:
         """:meth:`unseen`, and the span's name decides nothing either: the provider's sampler is the SDK's
         default (parent-based, always on), which :meth:`context_only` does not ask. Then a context-only
         span can be named before the request is read (by its operation alone)."""
-        return self.unseen() and self._default(self._sdk_provider().sampler)
+        provider = self._looked_at()
+        return provider is not None and self._unseen and self._default(provider.sampler)
 
     def attributes_after_start(self) -> bool:
         """Whether a span's start attributes can be put in just after its start, unseen: the provider is the
         SDK's, its sampler the SDK's default (which decides without them), and each of its processors one of
         the SDK's own (or the proxy's), whose ``on_start`` reads nothing of the span. Then they are stored
         without the SDK's check of every value (:func:`otel_capture._sdk_private.set_clean_attributes`)."""
-        provider = self._sdk_provider()
-        processors = span_processors(provider)
-        if processors is None or provider_disabled(provider):
-            return False
-        self._look_at(processors)
-        return self._plain_start and self._default(provider.sampler)
+        provider = self._looked_at()
+        return provider is not None and self._plain_start and self._default(provider.sampler)
 
     def context_only(
         self, name: str, context: otel_context.Context | None, kind: SpanKind

@@ -1,14 +1,14 @@
-"""The GlusterFS volume with two FUSE clients ("nodes"), brought up once for this folder (tests/gluster_cluster.py), so another session waiting on it waits only for these tests.
-Where this machine cannot run it (not root, no FUSE, no packages), the tests skip and say why; under
-``CI=true`` they fail instead: CI must run them (``.ci/run`` installs the packages)."""
+"""The GlusterFS volume with two FUSE clients ("nodes") (tests/gluster_cluster.py), brought up once for this
+folder, so another session waiting for the machine's cluster waits for these tests only. Where this machine
+cannot run it (not root, no FUSE, no packages), the tests skip and say why; under ``CI=true`` they fail
+instead (:func:`gluster_cluster.not_here`)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
-from gluster_cluster import Gluster, GlusterUnavailable, running_gluster, unavailable
+from gluster_cluster import Gluster, GlusterUnavailable, not_here, running_gluster, unavailable
 
 
 @pytest.fixture(scope="package")
@@ -21,6 +21,4 @@ def gluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gluster]:
             return
         except GlusterUnavailable as exc:
             reason = str(exc)
-    if os.environ.get("CI", "").lower() in ("true", "1"):
-        pytest.fail(f"{reason}; CI=true: the GlusterFS tests must run here", pytrace=False)
-    pytest.skip(reason)
+    not_here(reason)

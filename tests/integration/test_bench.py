@@ -412,9 +412,7 @@ def test_a_round_pairs_the_chat_call_chat_quads_times_and_each_stream_once() -> 
     assert [mode for r, shape, mode, _ in made if (r, shape) == (0, "chat16")] == [*abba, *baab, *abba]
     assert [mode for r, shape, mode, _ in made if (r, shape) == (1, "chat16")] == [*baab, *abba, *baab]
     assert [mode for r, shape, mode, _ in made if (r, shape) == (1, "stream72")] == baab
-    chat = _paired_calls(groups, 8, "chat16")
-    assert len(chat) == 6 and all(c == pytest.approx(p * 1.25) for c, p in chat), (
-        chat
-    )  # each quad paired on its own
+    chat = _paired_calls(groups, 8, "chat16")  # each quad paired on its own
+    assert len(chat) == 6 and all(c == pytest.approx(p * 1.25) for c, p in chat), chat
     assert len(_paired_calls(groups, 8, "stream72")) == 2
     assert len(_paired_tokens(groups, 8)) == 2
