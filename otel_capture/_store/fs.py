@@ -98,13 +98,23 @@ def open_file(
 ) -> tuple[int, os.stat_result]:
     """Open ``name`` in ``dir_fd`` (a path when ``None``) without following a link or blocking: a regular
     file (with one link when ``single_link``) or :class:`DamagedEntryError`. Returns the descriptor and its
-    ``fstat`` (contract D24, D25)."""
-    try:
-        fd = os.open(name, flags | _NOFOLLOW, mode, dir_fd=dir_fd)
-    except OSError as exc:
-        if exc.errno in _NOT_A_FILE:
-            raise _describe_failed_open(dir_fd, name, label, exc) from None
-        raise
+    ``fstat`` (contract D24, D25).
+
+    With ``O_CREAT`` and without ``O_EXCL``, a name another node creates at the same moment is opened, not
+    refused: GlusterFS's FUSE client answers such a create that lost the race with ``EEXIST`` (its create
+    must find no entry: ``tests/gluster/test_racing_creates.py``), and the next try finds the file
+    (contract D27)."""
+    for tries_left in range(OPEN_TRIES - 1, -1, -1):
+        try:
+            fd = os.open(name, flags | _NOFOLLOW, mode, dir_fd=dir_fd)
+            break
+        except FileExistsError:
+            if flags & os.O_EXCL or not tries_left:
+                raise
+        except OSError as exc:
+            if exc.errno in _NOT_A_FILE:
+                raise _describe_failed_open(dir_fd, name, label, exc) from None
+            raise
     try:
         st = os.fstat(fd)
         what = problem(st, single_link=single_link)
