@@ -44,7 +44,8 @@ passed groups, and the goal's +5 % can be read against what any durable capture 
 ``--rl`` makes every call an RL run's: it asks for token ids and log-probs (``logprobs``, ``top_logprobs:
 1``, ``return_token_ids``), so vLLM answers with the prompt's and the generated tokens' ids and the log-probs
 (in every streamed chunk too), and the capture reads, checks and writes them (a tokens line per call); the
-floor keeps the bytes as they come, as before.
+floor keeps the bytes as they come, as before. The run fails unless every captured call wrote its tokens
+line with the prompt's and each generation's ids and log-probs, none empty or ``null`` (:func:`tokens_lines`).
 
 ``--spans`` runs the zero-code server as the README's Jaeger set-up does, ``OTEL_TRACES_EXPORTER=otlp,
 model_call_jsonl`` over OTLP/HTTP, to a receiver in its own process (``_harness.OtlpReceiver``, not
@@ -267,6 +268,22 @@ class Caller:
 
 def _other(mode: str) -> str:
     return {"captured": "passed", "passed": "captured"}.get(mode, mode)
+
+
+def tokens_lines(directory: Path) -> tuple[int, int]:
+    """The bench rollouts' tokens lines in ``directory`` (the start's warm-up call apart), and how many of
+    them hold what an RL run trains on: the prompt's ids and, for every generation, its ids and log-probs,
+    none of them empty or with an odd (``null``) entry. Under ``--rl`` every captured call must give one."""
+    lines = whole = 0
+    for path in directory.glob("bench-*.tokens.jsonl"):
+        for line in path.read_bytes().splitlines():
+            lines += 1
+            tokens = json.loads(line)
+            lists = [tokens.get("prompt_token_ids")]
+            generations = tokens.get("generations") or [{}]
+            lists += [g.get(key) for g in generations for key in ("token_ids", "log_probs")]
+            whole += all(isinstance(v, list) and v and None not in v for v in lists)
+    return lines, whole
 
 
 def _idle_ms_per_s(pid: int) -> float:
@@ -571,10 +588,16 @@ def main() -> int:
         records = H.count_lines(work / "calls", "bench-*.capture.jsonl")  # the start's warm-up call apart
         all_records = H.count_lines(work / "calls")  # with it: its span is received too
         floor_lines = H.count_lines(work / "floor") if args.floor else 0
+        tokens, whole_tokens = tokens_lines(work / "calls")
         spans = -1 if receiver is None else receiver.model_call_spans()  # flushed at the server's stop
         if args.drift:
             alone("alone-2")
     print(f"records written by the captured calls: {records} (captured calls made: {expected})")
+    if args.rl:
+        print(
+            f"tokens lines written by the captured calls: {tokens}, {whole_tokens} of them with the prompt's and"
+            f" every generation's ids and log-probs, none empty or null (captured calls made: {expected})"
+        )
     if args.floor:
         print(f"lines written by the floor: {floor_lines} (floor calls made: {floor_calls})")
     if args.spans:
@@ -592,7 +615,8 @@ def main() -> int:
         f"\nwall time of the whole run: {(time.monotonic() - began) / 60:.1f} min (budget {args.minutes:g} min)"
     )
     spans_ok = not args.spans or spans >= all_records
-    return 0 if records == expected and floor_lines == floor_calls and spans_ok else 1
+    tokens_ok = not args.rl or tokens == whole_tokens == expected
+    return 0 if records == expected and floor_lines == floor_calls and spans_ok and tokens_ok else 1
 
 
 if __name__ == "__main__":

@@ -360,6 +360,26 @@ def test_bench_vllm_rl_calls_ask_for_what_an_rl_run_asks_for() -> None:
     assert plain["max_tokens"] == 16 and plain["ignore_eos"] is True
 
 
+def test_bench_vllm_rl_counts_the_tokens_lines_a_trainer_can_use(tmp_path: Path) -> None:
+    """``bench_vllm --rl`` fails a run unless every captured call wrote a tokens line with the prompt's and
+    each generation's ids and log-probs: an empty list or an odd (``null``) entry is counted apart, and the
+    start's warm-up call is not counted."""
+    from bench.bench_vllm import tokens_lines
+    from otel_capture._records.codec import encode_tokens_line
+
+    def line(prompt: list[int], ids: list[int], log_probs: list[float | None]) -> bytes:
+        found = {
+            "prompt_token_ids": prompt,
+            "generations": [{"index": 0, "token_ids": ids, "log_probs": log_probs}],
+        }
+        return encode_tokens_line(found, {"model": "m"}, rollout_id="bench-0", model_call_id="c")
+
+    (tmp_path / "bench-0.tokens.jsonl").write_bytes(line([2, 9], [5, 6], [-0.1, -0.2]) + line([2, 9], [], []))
+    (tmp_path / "bench-1.tokens.jsonl").write_bytes(line([2, 9], [5], [None]) + line([2], [7], [-1.5]))
+    (tmp_path / "warm-up.tokens.jsonl").write_bytes(line([2], [7], [-1.5]))
+    assert tokens_lines(tmp_path) == (4, 2)
+
+
 @pytest.mark.parametrize("rl", [True, False])
 def test_bench_vllm_sends_the_rl_asks_on_the_wire(rl: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """What ``bench_vllm``'s calls send, chat and streamed, is what ``--rl`` set (``main`` puts
