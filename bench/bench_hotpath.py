@@ -2,7 +2,7 @@
 overhead measured, not assumed.
 
     python -m bench.bench_hotpath [--quick] [--calls N]
-    python -m bench.bench_hotpath --drive {alone,floor,capture,traced} [--answer {plain,rl}] --calls N   (callgrind)
+    python -m bench.bench_hotpath --drive {alone,floor,capture,traced} [--answer {plain,rl,stream,rl-stream}] --calls N   (callgrind)
 
 One non-streaming chat call (the non-streaming benchmark's request and response) is driven through the
 ASGI stack with in-memory ``receive``/``send``, ``--calls`` times per variant (default 20,000; quick
@@ -27,7 +27,9 @@ its writer resolving each call at once), ``capture`` (the middleware, records on
 call at once: no span built, no writer thread) or ``traced`` (the same with each span built and handed to
 the SDK's ``BatchSpanProcessor`` around an exporter that sends nothing: what spans cost before encoding); ``--answer rl`` makes each call an RL run's (token ids and
 log-probs asked for, :data:`RL_RESPONSE_BODY` answered), so the capture also reads, checks and writes its
-tokens. Run under ``valgrind --tool=callgrind`` at two sizes, the
+tokens; ``--answer stream`` (``rl-stream``) answers each call with a 512-event chat stream (vLLM's RL chunks,
+token ids and log-probs in each), after 5 calls to warm up: its instructions per call over 515 are the
+instructions per event (the app alone's beside them). Run under ``valgrind --tool=callgrind`` at two sizes, the
 difference of the instructions over the difference of the calls is each variant's instructions per call, a
 count that does not move with the machine's load: the code the event loop runs per call, the capture's
 against the floor's (docs/performance.md, "Inside vLLM").
@@ -267,7 +269,8 @@ def _pieces(calls: int) -> list[tuple[str, float]]:
 
 DRIVEN = ("alone", "floor", "capture", "traced")
 DRIVE_WARM = 200
-ANSWERS = ("plain", "rl")
+ANSWERS = ("plain", "rl", "stream", "rl-stream")
+STREAM_WARM = 5  # a streamed call is ~40 plain ones
 
 # ``--answer rl``: a call as an RL run makes it to vLLM (token ids and log-probs asked for), answered as vLLM
 # answers it: a 200-token prompt's ids, 16 generated tokens with their ids and log-probs (one top log-prob
@@ -351,7 +354,12 @@ def _driven(variant: str, answer: str = "plain") -> tuple[Any, str, Callable[[],
     """The app and path ``--drive`` calls (the upstream app, the floor or the capture around it, answering
     ``answer``), how many calls it has recorded so far, and of them with a tokens line (a variant that
     stopped capturing would count the app's code only), and how many spans it exported."""
-    app = rl_upstream_app if answer == "rl" else upstream_app
+    if answer in ("stream", "rl-stream"):
+        from bench._servers import chat_events
+
+        app = _streaming_app((rl_events if answer == "rl-stream" else chat_events)(STREAM_LENGTHS[0]))
+    else:
+        app = rl_upstream_app if answer == "rl" else upstream_app
     if variant == "alone":
         return app, "/v1/chat/completions", lambda: (0, 0, 0)
     if variant == "floor":
@@ -612,16 +620,20 @@ def main(argv: list[str] | None = None) -> int:
     calls = args.calls or (5_000 if args.quick else 20_000)
     if args.drive:
         app, path, recorded = _driven(args.drive, args.answer)
-        body = RL_REQUEST_BODY if args.answer == "rl" else REQUEST_BODY
+        body = RL_REQUEST_BODY if args.answer.startswith("rl") else REQUEST_BODY
+        warm = DRIVE_WARM
+        if args.answer in ("stream", "rl-stream"):
+            body = orjson.dumps({**orjson.loads(body), "stream": True})
+            warm = STREAM_WARM
 
         async def drive() -> None:
-            await _drive(app, path, DRIVE_WARM, body)
+            await _drive(app, path, warm, body)
             await _drive(app, path, calls, body)
 
         asyncio.run(drive())
         lines, tokens, spans = recorded()
         print(
-            f"drove {calls} {args.answer} calls through {args.drive} (after {DRIVE_WARM}), {lines} recorded, "
+            f"drove {calls} {args.answer} calls through {args.drive} (after {warm}), {lines} recorded, "
             f"{tokens} with a tokens line, {spans} spans exported"
         )
         return 0

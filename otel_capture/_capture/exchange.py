@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from opentelemetry import context as otel_context
@@ -242,7 +243,48 @@ class CapturedExchange:
             self.cancelled = True
         return message
 
-    async def send(self, message: Message) -> None:
+    def send(self, message: Message) -> Awaitable[None]:
+        """The ``send`` the app is given. A body chunk that passes (every event of a stream but its terminal
+        one) is handed to the server's ``send`` as it is: what is returned is the server's own awaitable,
+        with no coroutine of the capture's in between (ASGI's ``send`` is any callable whose result is
+        awaited). Everything else goes through :meth:`_send_other`."""
+        if self.holding or message["type"] != "http.response.body":
+            return self._send_other(message)
+        call = self._call
+        body = message.get("body", b"")
+        sent = self._sent = self._sent + len(body)
+        if self._timed:
+            mark = time.perf_counter()
+            terminal = call.on_body(body)
+            self._own += time.perf_counter() - mark
+        else:
+            terminal = call.on_body(body)
+        # The end of a response is whichever comes first: the dialect's terminal event, the byte that
+        # completes Content-Length (a client may stop reading there, before any final empty message), or the
+        # last body message. It is held until the record is durable (contract D1); every chunk before it
+        # went out as it came (contract D2).
+        content_length = self._content_length
+        if (
+            terminal
+            or not message.get("more_body", False)
+            or (content_length is not None and sent >= content_length)
+        ):
+            return self._hold(message)
+        return self._send(message)
+
+    async def _hold(self, message: Message) -> None:
+        """Hold the response's end (its terminal chunk) until the record is durable."""
+        self.holding = True
+        if self._timed:
+            self._held_at = time.perf_counter()
+        self._held.append(message)
+        if self._call.stream_complete:
+            self._scope[SCOPE_RESPONSE_COMPLETE] = True
+        if not message.get("more_body", False) and not self.redirected:
+            await self._complete(None)  # the response is whole
+
+    async def _send_other(self, message: Message) -> None:
+        """The response's start, and every message once its end is held."""
         call = self._call
         if self.holding:
             if self.completed:  # nothing follows the last message; the server says so, not the capture
@@ -254,8 +296,7 @@ class CapturedExchange:
                 if not message.get("more_body", False) and not self.redirected:
                     await self._complete(None)  # the response is whole
             return
-        kind = message["type"]
-        if kind == "http.response.start":
+        if message["type"] == "http.response.start":
             # 3xx: routing redirected it (a trailing slash; then the call never began), or the app or
             # the upstream did after reading it; the call the client makes next is the model call
             self.redirected = 300 <= message["status"] < 400
@@ -265,34 +306,6 @@ class CapturedExchange:
                 message.get("headers", ())
             )
             call.on_response_start(message["status"], content_type, content_encoding)
-        elif kind == "http.response.body":
-            body = message.get("body", b"")
-            sent = self._sent = self._sent + len(body)
-            if self._timed:
-                mark = time.perf_counter()
-                terminal = call.on_body(body)
-                self._own += time.perf_counter() - mark
-            else:
-                terminal = call.on_body(body)
-            # The end of a response is whichever comes first: the dialect's terminal event, the byte
-            # that completes Content-Length (a client may stop reading there, before any final empty
-            # message), or the last body message. It is held until the record is durable (contract D1);
-            # every chunk before it went out as it came (contract D2).
-            content_length = self._content_length
-            if (
-                terminal
-                or not message.get("more_body", False)
-                or (content_length is not None and sent >= content_length)
-            ):
-                self.holding = True
-                if self._timed:
-                    self._held_at = time.perf_counter()
-                self._held.append(message)
-                if call.stream_complete:
-                    self._scope[SCOPE_RESPONSE_COMPLETE] = True
-                if not message.get("more_body", False) and not self.redirected:
-                    await self._complete(None)  # the response is whole
-                return
         await self._send(message)
 
 

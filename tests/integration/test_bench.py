@@ -93,6 +93,9 @@ def test_a_tiny_run_passes_its_own_checks(name: str) -> None:
         ("capture", "plain", 205, 0, 0),
         ("capture", "rl", 205, 205, 0),
         ("traced", "plain", 205, 0, 205),
+        ("alone", "stream", 0, 0, 0),
+        ("capture", "stream", 10, 0, 0),
+        ("capture", "rl-stream", 10, 10, 0),
     ],
 )
 def test_hotpath_drives_each_variant_for_callgrind(
@@ -101,11 +104,13 @@ def test_hotpath_drives_each_variant_for_callgrind(
     """Each variant's instructions per call are only what they say if the floor and the capture record every
     call they are driven through (the warm-up's 200 too), and the app alone none; an RL call's only if its
     tokens are read and written too (a tokens line for every call); the traced variant's only if each call's
-    span is built and exported (no span anywhere else)."""
+    span is built and exported (no span anywhere else); a streamed call's only if each 512-event stream is
+    recorded (an RL stream's with its tokens line), after 5 calls to warm up."""
     result = run_module("bench_hotpath", "--drive", variant, "--answer", answer, "--calls", "5")
     assert result.returncode == 0, result.stderr[-3000:]
+    warm = 5 if answer.endswith("stream") else 200
     assert result.stdout == (
-        f"drove 5 {answer} calls through {variant} (after 200), {recorded} recorded, {tokens} with a tokens "
+        f"drove 5 {answer} calls through {variant} (after {warm}), {recorded} recorded, {tokens} with a tokens "
         f"line, {spans} spans exported\n"
     ), result.stdout
 
