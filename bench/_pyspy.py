@@ -62,14 +62,15 @@ def shares(raw: Path) -> tuple[collections.Counter[str], int]:
 
 
 @contextlib.contextmanager
-def sampling(pid: int, raw: Path) -> Iterator[None]:
-    """py-spy records ``pid`` (samples holding the GIL, 1,000 a second) into ``raw`` while the block runs."""
+def sampling(pid: int, raw: Path, *, threads: bool = False) -> Iterator[None]:
+    """py-spy records ``pid`` (samples holding the GIL, 1,000 a second) into ``raw`` while the block runs;
+    ``threads``: each stack begins with its thread (``thread (TID): NAME``)."""
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(py_spy).exists():
         raise SystemExit("--profile needs py-spy: pip install py-spy")
     sampler = subprocess.Popen(
         [py_spy, "record", "--pid", str(pid), "--format", "raw", "--gil", "--nonblocking",
-         "--rate", "1000", "--full-filenames", "--output", str(raw)],
+         "--rate", "1000", "--full-filenames", "--output", str(raw), *(["--threads"] if threads else [])],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:

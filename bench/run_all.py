@@ -2,7 +2,7 @@
 
     python -m bench.run_all [--quick] [--only NAME[,NAME...]]
 
-Runs each ``bench/bench_*.py`` (``bench_vllm`` and ``bench_gluster`` only when ``--only`` names them) as ``python -m bench.<name>`` in its own process, one after the other
+Runs each ``bench/bench_*.py`` (``bench_vllm``, ``bench_gluster`` and ``bench_where``, which needs py-spy, only when ``--only`` names them) as ``python -m bench.<name>`` in its own process, one after the other
 (never two at once: they would measure each other), ``bench_goals.py`` first (issue #12's goals, each
 against its baseline, met or missed), passing ``--quick`` along, streaming its output as it comes. Exits
 non-zero when a benchmark fails (its own checks included: the writers benchmark fails when a line is torn
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-ON_REQUEST = {"bench_vllm.py", "bench_gluster.py"}  # heavy: run only when named
+ON_REQUEST = {"bench_vllm.py", "bench_gluster.py", "bench_where.py"}  # heavy, or py-spy: only when named
 
 
 def main() -> int:

@@ -262,6 +262,43 @@ def test_the_floors_table_prints_a_floor_row_beside_each_goal_s_server(
             ), (goal, name, out)
 
 
+def test_bench_where_gives_each_sample_to_the_innermost_code_outside_the_standard_library() -> None:
+    """py-spy's raw lines (``--threads --full-filenames``, as ``bench_where`` records them): a sample goes to
+    the innermost frame that is not the standard library's (an ``otel_capture`` module by its path, the
+    exporter, uvicorn, the bench's app), to the event loop when every frame is the standard library's, and a
+    writer thread's samples are kept apart; a frame without a path (``<string>``, a dataclass' ``__init__``)
+    passes its sample to its caller."""
+    from bench.bench_where import LOOP, by_owner
+
+    venv = "/home/u/otel-capture/.venv/lib/python3.11/site-packages"
+    stdlib = "/usr/lib/python3.11"
+    main = "thread (101): MainThread"
+    raw = "\n".join(
+        [
+            f"{main};run (/usr/lib/python3.11/asyncio/runners.py:118) 7",
+            f"{main};run (/usr/lib/python3.11/asyncio/runners.py:118);run_asgi ({venv}/uvicorn/protocols/"
+            "http/httptools_impl.py:420);send (/home/u/otel-capture/otel_capture/_capture/exchange.py:296) 3",
+            f"{main};run_asgi ({venv}/uvicorn/protocols/http/httptools_impl.py:420);send ({venv}/uvicorn/"
+            f"protocols/http/httptools_impl.py:522);write ({stdlib}/asyncio/transports.py:30) 5",
+            f"{main};write_call (/home/u/otel-capture/exporters/model_call_jsonl.py:99);__init__ (<string>:7) 2",
+            f"{main};app (/home/u/otel-capture/bench/_servers.py:176) 1",
+            "thread (102): otel-capture-writer;_run (/home/u/otel-capture/otel_capture/_store/writer.py:386);"
+            "still_named (/home/u/otel-capture/otel_capture/_store/fs.py:163) 4",
+            "thread (103): floor-writer;run (/usr/lib/python3.11/threading.py:982) 6",
+            "",
+        ]
+    )
+    assert by_owner(raw) == {
+        LOOP: 7,
+        "otel_capture/_capture/exchange.py": 3,
+        "uvicorn": 5,
+        "exporters/model_call_jsonl.py": 2,
+        "bench (the app, the floor)": 1,
+        "writer: otel_capture/_store/fs.py": 4,
+        f"writer: {LOOP}": 6,
+    }
+
+
 def test_a_kept_vllm_run_is_read_again_from_its_json(tmp_path: Path) -> None:
     """``python -m bench._vllm_figures RUN`` prints ``bench_vllm``'s tables from the JSON a run left, without
     vLLM: groups whose captured calls cost exactly 1.25x the passed ones come out at 1.25x, missed; a
