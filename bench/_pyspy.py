@@ -31,6 +31,7 @@ OWNERS = (
     ("/transformers/", "transformers/tokenizers"),
     ("/tokenizers/", "transformers/tokenizers"),
     ("/zmq/", "zmq"),
+    ("/aiohttp/", "aiohttp"),
     ("/torch/", "torch"),
 )
 

@@ -1,22 +1,29 @@
-"""Where a captured call's time goes over HTTP, by whose code: goal 2's servers under load, py-spy on each.
+"""Where a captured call's time goes over HTTP, by whose code: a goal's servers under load, py-spy on each.
 
-    python -m bench.bench_where [--seconds N] [--top N]
+    python -m bench.bench_where [--goal 1|2|3] [--seconds N] [--top N]
 
-Goal 2's servers (``bench_goals``), each in its own process under ``wrk`` at 64 connections: the raw ASGI
-app alone, the capture middleware with no exporter (every call passes: correlation and its span context,
-no record), the library capture (durable records) and the barest durable capture (``bench/_floors.py``).
+A goal's servers (as ``bench_goals`` starts them), each in its own process under ``wrk`` at 64 connections,
+one after the other. Goal 2 (the default): the raw ASGI app alone, the capture middleware with no exporter
+(every call passes: correlation and its span context, no record), the library capture (durable records) and
+the barest durable capture (``bench/_floors.py``). Goal 1: the Starlette app alone, under
+``opentelemetry-instrument`` with no exporter, with the ``model_call_jsonl`` exporter, and inside the durable
+floor. Goal 3: the raw ASGI app alone, then in front of it (in its own process, not sampled) the proxy
+without a capture directory, the proxy with one, and the barest forwarding ASGI app on the proxy's stack.
+
 While each serves, ``py-spy`` (needs ``pip install py-spy``) samples whichever thread holds the GIL 1,000
 times a second; a sample is one millisecond of that thread's Python (or the C it called, the kernel's
-included) and goes to the innermost frame outside the standard library: each module of ``otel_capture``
-by name, uvicorn, OpenTelemetry, the bench's app and floor, or the event loop itself (a sample wholly in
-the standard library: asyncio, uvloop's callbacks). The writer threads' samples are counted apart.
+included) and goes to the innermost frame outside the standard library: each module of ``otel_capture`` by
+name, uvicorn, OpenTelemetry, the bench's app and floor, or the event loop itself (a sample wholly in the
+standard library: asyncio, uvloop's callbacks). The writer threads' samples are counted apart. py-spy takes
+the GIL's last holder for its holder, so the event loop waiting to take the GIL back from the writer is
+counted on the line where it waits (a call, where the interpreter lets the GIL go): read modules, not single
+lines, and a column's sum as an upper bound of the GIL's held time.
 
-Printed per call (the samples' milliseconds over the calls served while sampling), in microseconds, side
-by side, with each server's CPU per call (user + system, all threads) in the same window: what the
-capture's own code costs on the event loop and in its writer, module by module, against what the middleware
-alone and the floor cost. The sum of a column is the GIL's held time per call, below its CPU per call by
-the time the threads spent in system calls without the GIL (the writer's ``fsync``, the loop's
-``epoll_wait``).
+Printed per call (the samples' milliseconds over the calls served while sampling), in microseconds, side by
+side, with each server's CPU per call (user + system, all threads) in the same window: what the capture's
+own code costs on the event loop and in its writer, module by module, against what the servers beside it
+cost. The sum of a column is the GIL's held time per call, below its CPU per call by the time the threads
+spent in system calls without the GIL (the writer's ``fsync``, the loop's ``epoll_wait``).
 """
 
 from __future__ import annotations
@@ -26,21 +33,71 @@ import collections
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from bench import _harness as H
 from bench import _pyspy
+from bench import _rounds as R
 from bench._servers import REQUEST_BODY
 
 CONCURRENCY = 64
+UPSTREAM = "{upstream}"  # replaced by the upstream's URL (goal 3)
 
-# (key, label, bench._servers variant, whether it writes records)
-SERVERS = (
-    ("bare", "app alone", "bare", False),
-    ("passing", "middleware, no record", "spans", False),
-    ("capture", "library capture", "capture", True),
-    ("floor", "durable floor", "floor", True),
-)
+
+def _starlette(*extra: str) -> list[str]:
+    return H.server_argv("bare", "--app", "starlette", *extra)
+
+
+def _durable(name: str, argv: list[str], work: Path, upstream: str | None = None) -> R.Spec:
+    """A server writing records into its own directory under ``work``."""
+    directory = work / name
+    return R.Spec(name, [*argv, "--capture-dir", str(directory)], capture_dir=directory, upstream=upstream)
+
+
+Server = tuple[str, Callable[[Path], R.Spec]]  # the column's label, its Spec in a work directory
+
+# per goal: its servers; the column of the capture (the rows are ordered by it) is the third
+GOALS: dict[str, list[Server]] = {
+    "1": [
+        ("app alone", lambda w: R.Spec("app", _starlette(), prefixed=False)),
+        (
+            "zero-code, no exporter",
+            lambda w: R.Spec("passing", [R.INSTRUMENT, *_starlette()], env=R.zero_code_env(None)),
+        ),
+        (
+            "zero-code capture",
+            lambda w: R.Spec(
+                "capture",
+                [R.INSTRUMENT, *_starlette()],
+                env=R.zero_code_env(w / "capture"),
+                capture_dir=w / "capture",
+            ),
+        ),
+        ("durable floor", lambda w: _durable("floor", H.server_argv("floor", "--app", "starlette"), w)),
+    ],
+    "2": [
+        ("app alone", lambda w: R.Spec("app", H.server_argv("bare"))),
+        ("middleware, no record", lambda w: R.Spec("passing", H.server_argv("spans"))),
+        ("library capture", lambda w: _durable("capture", H.server_argv("capture"), w)),
+        ("durable floor", lambda w: _durable("floor", H.server_argv("floor"), w)),
+    ],
+    "3": [
+        ("upstream alone", lambda w: R.Spec("app", H.server_argv("bare"))),
+        (
+            "proxy, no capture dir",
+            lambda w: R.Spec("passing", H.server_argv("proxy", "--upstream", UPSTREAM), upstream="app"),
+        ),
+        (
+            "proxy with capture",
+            lambda w: _durable("capture", H.server_argv("proxy", "--upstream", UPSTREAM), w, upstream="app"),
+        ),
+        (
+            "ASGI forwarding floor",
+            lambda w: R.Spec("floor", H.server_argv("floor-forward", "--upstream", UPSTREAM), upstream="app"),
+        ),
+    ],
+}
 
 WRITER_THREADS = ("otel-capture-writer", "floor-writer")
 LOOP = "event loop (stdlib, uvloop)"
@@ -82,57 +139,75 @@ def by_owner(raw: str) -> collections.Counter[str]:
     return found
 
 
-def measure(variant: str, records: bool, seconds: int, work: Path) -> tuple[dict[str, float], float, int]:
+def measure(
+    spec: R.Spec, seconds: int, work: Path, upstream: str | None
+) -> tuple[dict[str, float], float, int]:
     """One server under load with py-spy attached: microseconds per call by owner, CPU per call, calls."""
-    extra = ("--capture-dir", str(work / variant)) if records else ()
-    raw = work / f"{variant}.raw"
-    with H.ServerProcess(H.server_argv(variant, *extra)) as server:
-        H.run_load(server.url, body=REQUEST_BODY, concurrency=CONCURRENCY, seconds=1)  # warm up
+    argv = [upstream if a == UPSTREAM and upstream else a for a in spec.argv]
+    if spec.capture_dir is not None:
+        spec.capture_dir.mkdir(parents=True, exist_ok=True)
+    raw = work / f"{spec.name}.raw"
+    rollouts = R.ROLLOUTS if spec.prefixed else 0
+    with H.ServerProcess(argv, env=spec.env, name=spec.name) as server:
+        H.run_load(server.url, body=REQUEST_BODY, concurrency=CONCURRENCY, seconds=1, rollouts=rollouts)
         with _pyspy.sampling(server.pid, raw, threads=True):
             cpu = H.cpu_seconds(server.pid)
-            load = H.run_load(server.url, body=REQUEST_BODY, concurrency=CONCURRENCY, seconds=seconds)
+            load = H.run_load(
+                server.url, body=REQUEST_BODY, concurrency=CONCURRENCY, seconds=seconds, rollouts=rollouts
+            )
             cpu = H.cpu_seconds(server.pid) - cpu
         if load.errors:
-            raise SystemExit(f"{variant}: {load.errors} calls failed")
+            raise SystemExit(f"{spec.name}: {load.errors} calls failed")
     calls = load.requests
     samples = by_owner(raw.read_text(errors="replace")) if raw.exists() else None
     if not samples:  # py-spy could not attach (ptrace refused) or wrote nothing: no figure, not zeros
-        raise SystemExit(f"{variant}: py-spy recorded no sample of pid {server.pid} (can it ptrace here?)")
+        raise SystemExit(f"{spec.name}: py-spy recorded no sample of pid {server.pid} (can it ptrace here?)")
     return {o: n * 1000 / calls for o, n in samples.items()}, cpu / calls * 1e6, calls
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--goal", choices=sorted(GOALS), default="2", help="whose servers (default 2)")
     parser.add_argument("--seconds", type=int, default=8, help="seconds of load per server (default 8)")
     parser.add_argument("--top", type=int, default=30, help="rows: the owners costing the capture most")
     args = parser.parse_args(argv)
+    servers = GOALS[args.goal]
     work = Path(tempfile.mkdtemp(prefix="otel-capture-bench-where-"))
-    print("== bench_where: a call's GIL time by whose code, goal 2's servers under wrk, py-spy ==")
+    print(f"== bench_where: a call's GIL time by whose code, goal {args.goal}'s servers under wrk, py-spy ==")
     print(H.machine_line(work))
     print(
         f"{H.loadgen_name()}, {CONCURRENCY} connections, {args.seconds} s per server, py-spy --gil 1,000 Hz"
     )
+    specs = [make(work) for _, make in servers]
+    results = []
     try:
-        results = {key: measure(variant, records, args.seconds, work) for key, _, variant, records in SERVERS}
+        upstream = None
+        if any(spec.upstream for spec in specs):  # the upstream runs throughout, in its own process
+            upstream = H.ServerProcess(specs[0].argv, name="upstream")
+        try:
+            for spec in specs:
+                results.append(measure(spec, args.seconds, work, upstream.url if upstream else None))
+        finally:
+            if upstream is not None:
+                upstream.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    keys = [key for key, *_ in SERVERS]
-    owners = sorted(
-        {o for us, _, _ in results.values() for o in us}, key=lambda o: -results["capture"][0].get(o, 0)
-    )
-    rows = [[o, *(results[k][0].get(o, 0.0) for k in keys)] for o in owners[: args.top]]
-    rows.append(["GIL held, all owners", *(sum(results[k][0].values()) for k in keys)])
-    rows.append(["CPU per call (process)", *(results[k][1] for k in keys)])
+    labels = [label for label, _ in servers]
+    capture = results[2][0]
+    owners = sorted({o for us, _, _ in results for o in us}, key=lambda o: -capture.get(o, 0))
+    rows = [[o, *(us.get(o, 0.0) for us, _, _ in results)] for o in owners[: args.top]]
+    rows.append(["GIL held, all owners", *(sum(us.values()) for us, _, _ in results)])
+    rows.append(["CPU per call (process)", *(cpu for _, cpu, _ in results)])
     ours = [o for o in owners if o.removeprefix("writer: ").startswith(("otel_capture/", "exporters/"))]
     rows.append(
-        ["otel_capture's own code, all modules", *(sum(results[k][0].get(o, 0) for o in ours) for k in keys)]
+        ["otel_capture's own code, all modules", *(sum(us.get(o, 0) for o in ours) for us, _, _ in results)]
     )
     H.print_table(
         "us per call of GIL held, by the innermost code outside the standard library",
-        ["code", *(label for _, label, _, _ in SERVERS)],
+        ["code", *labels],
         rows,
         [
-            f"calls sampled: {', '.join(f'{label} {results[k][2]:,}' for k, label, _, _ in SERVERS)}",
+            f"calls sampled: {', '.join(f'{label} {calls:,}' for label, (_, _, calls) in zip(labels, results, strict=True))}",
             "a server's CPU per call is above its GIL time by its threads' system calls without the GIL",
         ],
     )
