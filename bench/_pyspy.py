@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,19 +47,33 @@ def owner_of(frame: str) -> str | None:
     return None
 
 
-def shares(raw: Path) -> tuple[collections.Counter[str], int]:
-    """Samples per owner in a py-spy ``--format raw`` file (``frame;frame;... count``, outermost first)."""
+def by_owner(
+    text: str,
+    owner: Callable[[str], str | None] = owner_of,
+    default: str = "stdlib (loop)",
+    writers: tuple[str, ...] = (),
+) -> collections.Counter[str]:
+    """Samples per owner in py-spy's ``--format raw`` text (``frame;frame;... count``, outermost first):
+    each to the innermost frame ``owner`` names, ``default`` when it names none. With ``--threads`` a stack
+    begins with its thread (``thread (TID): NAME``, named by no owner); a sample of a thread named in
+    ``writers`` is counted apart, as ``writer: <owner>``."""
     owners: collections.Counter[str] = collections.Counter()
-    total = 0
-    for line in raw.read_text(errors="replace").splitlines():
+    for line in text.splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
             continue
-        count = int(count_text)
-        total += count
-        owner = next((o for o in map(owner_of, reversed(stack.split(";"))) if o is not None), "stdlib (loop)")
-        owners[owner] += count
-    return owners, total
+        frames = stack.split(";")
+        name = next((o for o in map(owner, reversed(frames)) if o is not None), default)
+        if writers and any(frames[0].endswith(": " + thread) for thread in writers):
+            name = "writer: " + name
+        owners[name] += int(count_text)
+    return owners
+
+
+def shares(raw: Path) -> tuple[collections.Counter[str], int]:
+    """Samples per owner in a py-spy ``--format raw`` file, and all its samples."""
+    owners = by_owner(raw.read_text(errors="replace"))
+    return owners, sum(owners.values())
 
 
 @contextlib.contextmanager

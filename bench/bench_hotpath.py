@@ -269,7 +269,8 @@ def _pieces(calls: int) -> list[tuple[str, float]]:
 
 DRIVEN = ("alone", "floor", "capture", "traced")
 DRIVE_WARM = 200
-ANSWERS = ("plain", "rl", "stream", "rl-stream")
+STREAMED = ("stream", "rl-stream")  # answered with a 512-event chat stream
+ANSWERS = ("plain", "rl", *STREAMED)
 STREAM_WARM = 5  # a streamed call is ~40 plain ones
 
 # ``--answer rl``: a call as an RL run makes it to vLLM (token ids and log-probs asked for), answered as vLLM
@@ -354,7 +355,7 @@ def _driven(variant: str, answer: str = "plain") -> tuple[Any, str, Callable[[],
     """The app and path ``--drive`` calls (the upstream app, the floor or the capture around it, answering
     ``answer``), how many calls it has recorded so far, and of them with a tokens line (a variant that
     stopped capturing would count the app's code only), and how many spans it exported."""
-    if answer in ("stream", "rl-stream"):
+    if answer in STREAMED:
         from bench._servers import chat_events
 
         app = _streaming_app((rl_events if answer == "rl-stream" else chat_events)(STREAM_LENGTHS[0]))
@@ -622,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
         app, path, recorded = _driven(args.drive, args.answer)
         body = RL_REQUEST_BODY if args.answer.startswith("rl") else REQUEST_BODY
         warm = DRIVE_WARM
-        if args.answer in ("stream", "rl-stream"):
+        if args.answer in STREAMED:
             body = orjson.dumps({**orjson.loads(body), "stream": True})
             warm = STREAM_WARM
 

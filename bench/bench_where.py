@@ -42,7 +42,7 @@ from bench import _rounds as R
 from bench._servers import REQUEST_BODY
 
 CONCURRENCY = 64
-UPSTREAM = "{upstream}"  # replaced by the upstream's URL (goal 3)
+UPSTREAM = "{upstream}"  # _rounds.Servers puts the upstream's URL there (goal 3)
 
 
 def _starlette(*extra: str) -> list[str]:
@@ -104,64 +104,49 @@ LOOP = "event loop (stdlib, uvloop)"
 _FRAME_PATH = re.compile(r"\((.*):\d+\)$")
 
 
-def owner(path: str) -> str | None:
-    """Whose code a frame's file is: an ``otel_capture`` module by its path from the package (exporters
-    too), the bench's own files as one, else :func:`bench._pyspy.owner_of`'s name; ``None`` for the
-    standard library."""
+def owner(frame: str) -> str | None:
+    """Whose code a py-spy frame (``function (path:line)``) is in: an ``otel_capture`` module by its path
+    from the package (the exporter too), the bench's own files as one, else :func:`bench._pyspy.owner_of`'s
+    name; ``None`` for the standard library and a frame without a path."""
+    match = _FRAME_PATH.search(frame)
+    if match is None:
+        return None
+    path = match.group(1)
     for package in ("otel_capture/", "exporters/"):
         at = path.rfind("/" + package)
         if at >= 0 or path.startswith(package):
             return path[at + 1 :] if at >= 0 else path
     if "/bench/" in path or path.startswith("bench/"):
         return "bench (the app, the floor)"
-    return _pyspy.owner_of(f"x ({path}:1)")
+    return _pyspy.owner_of(frame)
 
 
 def by_owner(raw: str) -> collections.Counter[str]:
-    """Samples per owner in py-spy's ``--format raw --threads`` text (``thread (TID): NAME;frame;...
-    count``): each to its innermost frame's owner, the event loop's when every frame is the standard
-    library's; a writer thread's prefixed ``writer:``."""
-    found: collections.Counter[str] = collections.Counter()
-    for line in raw.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        thread, *frames = stack.split(";")
-        writer = any(thread.endswith(": " + name) for name in WRITER_THREADS)
-        name = LOOP
-        for frame in reversed(frames):
-            match = _FRAME_PATH.search(frame)
-            found_owner = owner(match.group(1)) if match else None
-            if found_owner is not None:
-                name = found_owner
-                break
-        found[("writer: " + name) if writer else name] += int(count)
-    return found
+    """Samples per owner in py-spy's ``--format raw --threads`` text: each to its innermost frame's
+    :func:`owner`, the event loop's when every frame is the standard library's; a writer thread's apart."""
+    return _pyspy.by_owner(raw, owner, LOOP, WRITER_THREADS)
 
 
 def measure(
-    spec: R.Spec, seconds: int, work: Path, upstream: str | None
+    server: H.ServerProcess, prefixed: bool, seconds: int, raw: Path
 ) -> tuple[dict[str, float], float, int]:
     """One server under load with py-spy attached: microseconds per call by owner, CPU per call, calls."""
-    argv = [upstream if a == UPSTREAM and upstream else a for a in spec.argv]
-    if spec.capture_dir is not None:
-        spec.capture_dir.mkdir(parents=True, exist_ok=True)
-    raw = work / f"{spec.name}.raw"
-    rollouts = R.ROLLOUTS if spec.prefixed else 0
-    with H.ServerProcess(argv, env=spec.env, name=spec.name) as server:
-        H.run_load(server.url, body=REQUEST_BODY, concurrency=CONCURRENCY, seconds=1, rollouts=rollouts)
-        with _pyspy.sampling(server.pid, raw, threads=True):
-            cpu = H.cpu_seconds(server.pid)
-            load = H.run_load(
-                server.url, body=REQUEST_BODY, concurrency=CONCURRENCY, seconds=seconds, rollouts=rollouts
-            )
-            cpu = H.cpu_seconds(server.pid) - cpu
-        if load.errors:
-            raise SystemExit(f"{spec.name}: {load.errors} calls failed")
-    calls = load.requests
+    rollouts = R.ROLLOUTS if prefixed else 0
+    H.run_load(server.url, body=REQUEST_BODY, concurrency=CONCURRENCY, seconds=1, rollouts=rollouts)
+    with _pyspy.sampling(server.pid, raw, threads=True):
+        cpu = H.cpu_seconds(server.pid)
+        load = H.run_load(
+            server.url, body=REQUEST_BODY, concurrency=CONCURRENCY, seconds=seconds, rollouts=rollouts
+        )
+        cpu = H.cpu_seconds(server.pid) - cpu
+    if load.errors:
+        raise SystemExit(f"{server.name}: {load.errors} calls failed")
     samples = by_owner(raw.read_text(errors="replace")) if raw.exists() else None
     if not samples:  # py-spy could not attach (ptrace refused) or wrote nothing: no figure, not zeros
-        raise SystemExit(f"{spec.name}: py-spy recorded no sample of pid {server.pid} (can it ptrace here?)")
+        raise SystemExit(
+            f"{server.name}: py-spy recorded no sample of pid {server.pid} (can it ptrace here?)"
+        )
+    calls = load.requests
     return {o: n * 1000 / calls for o, n in samples.items()}, cpu / calls * 1e6, calls
 
 
@@ -181,15 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     specs = [make(work) for _, make in servers]
     results = []
     try:
-        upstream = None
-        if any(spec.upstream for spec in specs):  # the upstream runs throughout, in its own process
-            upstream = H.ServerProcess(specs[0].argv, name="upstream")
-        try:
+        # all started first (an upstream before the proxies that name it; goal 3's is its first column too),
+        # then measured one at a time: a server nobody calls costs the others nothing
+        with R.Servers() as running:
             for spec in specs:
-                results.append(measure(spec, args.seconds, work, upstream.url if upstream else None))
-        finally:
-            if upstream is not None:
-                upstream.stop()
+                running.start(spec)
+            for spec in specs:
+                raw = work / f"{spec.name}.raw"
+                results.append(measure(running.running[spec.name], spec.prefixed, args.seconds, raw))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     labels = [label for label, _ in servers]

@@ -1,10 +1,11 @@
 """Two nodes creating the same file at the same moment. GlusterFS's FUSE client answers a create that lost
 the race to the other node's with ``EEXIST``, even without ``O_EXCL`` (its create must find no entry): the
 stripe lock files, the journal's lock and the weight declarations are created that way outside any lock two
-nodes share (a marker too, but under its stripe's lock), so a writer's first call of a new stripe failed (the call marked incomplete: "FileExistsError: EEXIST File
-exists") about once in eight runs of the SIGKILL test. Here both nodes open the same new names through
-:func:`otel_capture._store.fs.open_file`, ``O_CREAT`` without ``O_EXCL``, at once, as the writers on two nodes
-do. Before the fix, 1 to 8 of 4,000 names failed on a node in each of three runs here."""
+nodes share (a marker too, but under its stripe's lock), so a writer's first call of a new stripe failed
+(the call marked incomplete: "FileExistsError: EEXIST File exists") about once in eight runs of the SIGKILL
+test. Here both nodes open the same new names through :func:`otel_capture._store.fs.open_file`, ``O_CREAT``
+without ``O_EXCL``, at once, as the writers on two nodes do. Before the fix, 1 to 8 of 4,000 names failed
+on a node in each of three runs here."""
 
 from __future__ import annotations
 
